@@ -1,0 +1,119 @@
+"""Per-node launcher command lines (torchrun, DeepSpeed's per-node launcher), as argv lists."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+from launcher.batch import BatchPlan
+from launcher.spec.job import JobSpec
+
+TORCHRUN_MODULE = "torch.distributed.run"
+DEEPSPEED_MODULE = "deepspeed.launcher.launch"
+RECIPE_MODULE = "launcher.recipes.train"
+
+
+def program_args(job: JobSpec, batch: BatchPlan, ds_config: dict | None) -> tuple[bool, list[str]]:
+    """What each rank runs: (is_python, args). Python programs omit the interpreter."""
+    if job.entrypoint is None:
+        return True, ["-m", RECIPE_MODULE, *recipe_args(job, batch, ds_config)]
+    argv = list(job.entrypoint)
+    if os.path.basename(argv[0]).startswith("python"):
+        return True, argv[1:]
+    return False, argv
+
+
+def recipe_args(job: JobSpec, batch: BatchPlan, ds_config: dict | None) -> list[str]:
+    """Flags of ``python -m launcher.recipes.train`` for a built-in recipe."""
+    args = [
+        "--recipe", job.recipe,
+        "--strategy", job.strategy,
+        "--precision", job.precision,
+        "--micro-batch", str(batch.micro_batch),
+        "--grad-accum", str(batch.grad_accum),
+        "--max-steps", str(job.max_steps),
+        "--seed", str(job.seed),
+        "--metrics-every", str(job.metrics.every),
+    ]
+    optional = {
+        "--model-size": job.model.size,
+        "--seq-len": job.model.seq_len,
+        "--num-layers": job.model.num_layers,
+        "--lr": job.lr,
+        "--data-path": job.data.path,
+        "--checkpoint-dir": job.checkpoint.dir,
+        "--checkpoint-every": job.checkpoint.every_steps or None,
+        "--compile-mode": job.compile_mode,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            args += [flag, str(value)]
+    if ds_config is not None:
+        args += ["--ds-config-json", json.dumps(ds_config, sort_keys=True, separators=(",", ":"))]
+    return args
+
+
+def torchrun_argv(
+    python: str,
+    nnodes: int,
+    nproc: int,
+    node_rank: int,
+    endpoint: str,
+    rdzv_id: str,
+    local_addr: str,
+    program: tuple[bool, list[str]],
+) -> list[str]:
+    """``torchrun`` for one node, with a fixed node count and c10d rendezvous."""
+    is_python, args = program
+    argv = [
+        python, "-m", TORCHRUN_MODULE,
+        "--nnodes", str(nnodes),
+        "--nproc-per-node", str(nproc),
+        "--node-rank", str(node_rank),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", rdzv_id,
+        "--local-addr", local_addr,
+        "--max-restarts", "0",
+        "--monitor-interval", "0.5",
+        "--tee", "3",
+    ]
+    if not is_python:
+        argv.append("--no-python")
+    if args and args[0] == "-m":
+        argv.append("-m")
+        args = args[1:]
+    return argv + args
+
+
+def deepspeed_argv(
+    python: str,
+    procs_per_node: list[int],
+    node_rank: int,
+    master_addr: str,
+    master_port: int,
+    program: tuple[bool, list[str]],
+) -> list[str]:
+    """DeepSpeed's per-node launcher (what ``deepspeed`` runs on each node through pdsh).
+
+    ``procs_per_node`` lists the processes of each node in node order; it becomes
+    ``--world_info`` (keyed ``node0``, ``node1``...: DeepSpeed only counts them).
+    """
+    is_python, args = program
+    world = {f"node{index}": list(range(nproc)) for index, nproc in enumerate(procs_per_node)}
+    world_info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+    argv = [
+        python, "-u", "-m", DEEPSPEED_MODULE,
+        f"--world_info={world_info}",
+        f"--node_rank={node_rank}",
+        f"--master_addr={master_addr}",
+        f"--master_port={master_port}",
+        "--no_local_rank",
+    ]
+    if not is_python:
+        argv.append("--no_python")
+    if args and args[0] == "-m":
+        argv.append("--module")
+        args = args[1:]
+    return argv + args

@@ -1,0 +1,39 @@
+"""The errors `launch` reports to users. The CLI maps each to its exit code."""
+
+from __future__ import annotations
+
+
+class LaunchError(Exception):
+    """A problem the user can act on: one paragraph, no traceback."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
+
+class SpecError(LaunchError):
+    """A job or cluster spec (or a --set override) is invalid."""
+
+    exit_code = 2
+
+
+class PlanError(SpecError):
+    """The job and the cluster do not fit together (batch, slots, nodes)."""
+
+
+class PreflightError(LaunchError):
+    """A host or resource failed the checks made before anything starts."""
+
+    exit_code = 3
+
+
+class JobNotFound(LaunchError):
+    """No job in the store matches the id given."""
+
+    exit_code = 4

@@ -1,0 +1,191 @@
+"""Submit and cancel: load -> plan -> preflight -> record -> supervise (here or detached)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets as token
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import LaunchError, PreflightError, SpecError
+from launcher.spec.cluster import ClusterSpec
+from launcher.spec.job import JobSpec
+from launcher.store import CANCELLED, TERMINAL, Store
+
+DEFAULT_CLUSTER_FILE = "cluster.yaml"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated job, its cluster, and the plan made from them."""
+
+    job: JobSpec
+    cluster: ClusterSpec
+    plan: object
+
+
+def new_job_id(name: str) -> str:
+    """``<name>-<6 hex>``: readable, unique enough, and a valid rendezvous id."""
+    return f"{name}-{token.token_hex(3)}"
+
+
+def load_cluster_spec(path: str | None) -> ClusterSpec:
+    """The cluster from ``--cluster``, else ./cluster.yaml, else the embedded local default."""
+    from launcher.spec.load import load_cluster
+
+    if path is None and os.path.exists(DEFAULT_CLUSTER_FILE):
+        path = DEFAULT_CLUSTER_FILE
+    cluster = load_cluster(path) if path else ClusterSpec(name="local", backend="local")
+    if cluster.backend == "local":
+        updates = {}
+        if cluster.python is None:
+            updates["python"] = sys.executable
+        if cluster.workdir is None:
+            updates["workdir"] = os.getcwd()
+        cluster = cluster.model_copy(update=updates)
+    return cluster
+
+
+def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] = ()) -> Prepared:
+    """Validate the specs and make the plan; contacts nothing."""
+    from launcher.backends.local import free_port
+    from launcher.plan import make_plan
+    from launcher.spec.load import load_job
+
+    job = load_job(job_path, overrides)
+    cluster = load_cluster_spec(cluster_path)
+    ds_config = deepspeed_config(job)
+    port = cluster.rendezvous.port or free_port()
+    plan = make_plan(job, cluster, new_job_id(job.name), rdzv_port=port, ds_config=ds_config)
+    return Prepared(job, cluster, plan)
+
+
+def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None:
+    """The DeepSpeed config for a recipe under a DeepSpeed strategy, else None."""
+    if not (job.recipe and job.uses_deepspeed):
+        return None
+    from launcher.batch import resolve_batch
+    from launcher.dsconfig import make_ds_config
+    from launcher.errors import PlanError
+
+    world = world_size or job.resources.nodes * job.resources.nproc_per_node
+    try:
+        batch = resolve_batch(job.batch, world)
+    except PlanError:
+        return None
+    user = None
+    if job.deepspeed.config:
+        try:
+            user = json.loads(Path(job.deepspeed.config).expanduser().read_text())
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"deepspeed.config: cannot read '{job.deepspeed.config}' as JSON: {exc}") from None
+    try:
+        return make_ds_config(
+            job.strategy, job.precision, batch.micro_batch, batch.grad_accum, world,
+            gradient_clipping=job.deepspeed.gradient_clipping, user_config=user,
+        )
+    except ValueError as exc:
+        raise SpecError(f"deepspeed: {exc}") from None
+
+
+def submit(
+    prepared: Prepared,
+    *,
+    detach: bool,
+    echo: Callable[[str], None] | None,
+    on_recorded: Callable[[str], None] | None = None,
+) -> tuple[str, str]:
+    """Preflight, record and run the job; (job id, state). Nothing starts if preflight fails."""
+    from launcher.backends.base import get_backend
+    from launcher.secrets import read_secrets
+    from launcher.supervisor import Supervisor
+
+    job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
+    secret_values = read_secrets(job.secrets)
+    backend = get_backend(cluster.backend, cluster)
+    problems = backend.preflight(plan)
+    if problems:
+        backend.close()
+        raise PreflightError(
+            f"preflight failed on {len(problems)} check(s); nothing was started:\n" + "\n".join(f"  {p}" for p in problems)
+        )
+    plan = backend.resolve(plan)
+    if plan.unresolved():
+        backend.close()
+        raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))
+    store = Store()
+    store.create_job(plan, {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")})
+    if on_recorded:
+        on_recorded(plan.job_id)
+    if detach:
+        backend.close()
+        _spawn_supervisor(store, plan.job_id)
+        return plan.job_id, "PENDING"
+    supervisor = Supervisor(store, plan, backend, echo=echo, secrets=secret_values, grace=job.watch.grace_period)
+    supervisor.install_signal_handlers()
+    return plan.job_id, supervisor.run()
+
+
+def _spawn_supervisor(store: Store, job_id: str) -> None:
+    log = open(store.run_dir(job_id) / "supervisor.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.supervisor", job_id],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=os.environ.copy(),
+    )
+    log.close()
+    store.update_job(job_id, supervisor_pid=proc.pid)
+
+
+def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
+    """Cancel a job: signal its supervisor, or clean up directly if it is gone; the final job row."""
+    job = store.job(job_ref)
+    if job["state"] in TERMINAL:
+        raise LaunchError(f"job {job['id']} already ended {job['state']}; nothing to cancel")
+    store.add_event(job["id"], "cancel_requested", "cancel requested by `launch cancel`")
+    pid = job.get("supervisor_pid")
+    if pid and _is_supervisor(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            job = store.job(job["id"])
+            if job["state"] in TERMINAL:
+                return job
+            time.sleep(0.1)
+    _cancel_orphaned(store, job)
+    return store.job(job["id"])
+
+
+def _is_supervisor(pid: int) -> bool:
+    """True if ``pid`` is alive and is a `launch` process (a detached or foreground supervisor)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"launch" in handle.read()
+    except OSError:
+        return False
+
+
+def _cancel_orphaned(store: Store, job: dict) -> None:
+    """The supervisor is gone: end the job's processes ourselves and record CANCELLED."""
+    from launcher.backends.base import get_backend
+    from launcher.plan import Plan
+
+    plan = Plan.model_validate(job["plan"])
+    cluster = ClusterSpec.model_validate(job["spec"]["cluster"])
+    backend = get_backend(plan.backend, cluster)
+    try:
+        left = backend.sweep(plan, job["spec"]["job"]["watch"]["grace_period"])
+    finally:
+        backend.close()
+    if left:
+        raise LaunchError(f"job {job['id']}: processes still alive after cancel: {left}")
+    store.transition(job["id"], CANCELLED, reason="cancelled by user (supervisor was gone)")

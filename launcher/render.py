@@ -1,0 +1,181 @@
+"""Turn plans and store rows into what users read: text, tables and JSON objects."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from typing import Any
+
+from launcher.metrics.aggregate import summarize
+
+_SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+MASK = "****"
+
+
+def masked_env(env: dict[str, str], secrets: tuple[str, ...] = ()) -> dict[str, str]:
+    """Env for display: secret names and secret-looking names show ``****``."""
+    return {k: MASK if k in secrets or _SECRETISH.search(k) else v for k, v in env.items()}
+
+
+def plan_json(plan: Any) -> dict[str, Any]:
+    """The plan as JSON data, with secrets shown only by name."""
+    data = plan.model_dump(mode="json")
+    for node in data["nodes"]:
+        node["env"] = masked_env(node["env"], plan.secrets)
+        for name in plan.secrets:
+            node["env"][name] = MASK
+            node["env_sources"][name] = "secret: the submitter's environment"
+    data["batch"]["formula"] = "global_batch = micro_batch x grad_accum x world_size"
+    return data
+
+
+def plan_text(plan: Any) -> str:
+    """A readable dry-run of the plan."""
+    b = plan.batch
+    lines = [
+        f"job {plan.job_id}  (dry run: nothing was contacted or started)",
+        f"  cluster     {plan.cluster_name} (backend {plan.backend})",
+        f"  launcher    {plan.launcher}   strategy {plan.strategy or '(entrypoint)'}   precision {plan.precision}"
+        f"   process group {plan.dist_backend}",
+        f"  world       {plan.nnodes} node(s) x {plan.nproc_per_node} process(es) = {plan.world_size} ranks",
+        f"  batch       global {b.global_batch} = micro {b.micro_batch} x accumulation {b.grad_accum}"
+        f" x world {b.world_size}",
+        f"  steps       {plan.max_steps}",
+        f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",
+    ]
+    data = plan_json(plan)
+    for node in data["nodes"]:
+        lines.append(f"  node {node['index']}  {node['host']} ({node['address']})  {node['nproc']} proc  cwd {node['cwd']}")
+        lines.append(f"    argv  {shlex.join(node['argv'])}")
+        width = max((len(k) + len(v) for k, v in node["env"].items()), default=0) + 1
+        for key, value in node["env"].items():
+            lines.append(f"    env   {f'{key}={value}':<{width}}  # {node['env_sources'][key]}")
+    if plan.ds_config is not None:
+        import json
+
+        lines.append("  deepspeed config (generated):")
+        lines.extend("    " + line for line in json.dumps(plan.ds_config, indent=2, sort_keys=True).splitlines())
+    return "\n".join(lines)
+
+
+def job_summary(job: dict[str, Any], records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A job's metric summary: from the records when given (live), else the stored one."""
+    if records is not None:
+        return summarize(records)
+    return job.get("summary") or summarize([])
+
+
+def job_object(job: dict[str, Any], summary: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``status --json`` object of one job."""
+    obj = {
+        "id": job["id"],
+        "name": job["name"],
+        "state": job["state"],
+        "backend": job["backend"],
+        "cluster": job["cluster"],
+        "launcher": job["launcher"],
+        "strategy": job["strategy"],
+        "precision": job["precision"],
+        "nnodes": job["nnodes"],
+        "nproc_per_node": job["nproc_per_node"],
+        "world_size": job["world_size"],
+        "micro_batch": job["micro_batch"],
+        "grad_accum": job["grad_accum"],
+        "global_batch": job["global_batch"],
+        "max_steps": job["max_steps"],
+        "attempt": job["attempt"],
+        "created_at": job["created_at"],
+        "started_at": job["started_at"],
+        "ended_at": job["ended_at"],
+        "reason": job["reason"],
+        "first_failure": job["first_failure"],
+        "metrics": {k: v for k, v in summary.items() if k != "records"},
+    }
+    if nodes is not None:
+        obj["nodes"] = nodes
+    return obj
+
+
+def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _age(t: float | None) -> str:
+    if not t:
+        return "-"
+    seconds = time.time() - t
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def jobs_table(objects: list[dict[str, Any]]):
+    """A rich table of jobs."""
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    table.add_column("ID", no_wrap=True)
+    for column in ("STATE", "NODES", "STEPS", "SAMPLES/S", "STEP P50", "PEAK MEM", "CREATED"):
+        table.add_column(column, no_wrap=True)
+    for obj in objects:
+        m = obj["metrics"]
+        table.add_row(
+            obj["id"], _state(obj["state"]), f"{obj['nnodes']}x{obj['nproc_per_node']}",
+            f"{m.get('steps') or 0}/{obj['max_steps']}", _fmt(m.get("samples_per_sec")),
+            _fmt(m.get("step_time_ms_p50"), ".0f", " ms"), _fmt(m.get("peak_mem_mb"), ".0f", " MB"),
+            _age(obj["created_at"]),
+        )
+    return table
+
+
+def _state(state: str) -> str:
+    color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
+    return f"[{color}]{state}[/]"
+
+
+def job_detail(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[Any]:
+    """Renderables for one job: header, nodes, metrics per rank, first failure, events."""
+    from rich.table import Table
+    from rich.text import Text
+
+    m = obj["metrics"]
+    out: list[Any] = [
+        f"[bold]{obj['id']}[/]  {_state(obj['state'])}  {obj['reason'] or ''}",
+        f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
+        f"{obj['precision']}, {obj['nnodes']} node(s) x {obj['nproc_per_node']} = {obj['world_size']} ranks, attempt {obj['attempt']}",
+        f"  batch: global {obj['global_batch']} = micro {obj['micro_batch']} x accumulation {obj['grad_accum']}"
+        f" x world {obj['world_size']}",
+        f"  metrics: {m.get('steps') or 0}/{obj['max_steps']} steps, {_fmt(m.get('samples_per_sec'))} samples/s, "
+        f"{_fmt(m.get('tokens_per_sec'), '.0f')} tokens/s, step p50 {_fmt(m.get('step_time_ms_p50'), '.1f', ' ms')}"
+        f" p95 {_fmt(m.get('step_time_ms_p95'), '.1f', ' ms')}, peak memory {_fmt(m.get('peak_mem_mb'), '.0f', ' MB')}"
+        f", GPU util {_fmt(m.get('gpu_util'), '.0%')}, loss {_fmt(m.get('loss'), '.4f')}",
+    ]
+    nodes = Table(title="nodes", box=None, header_style="bold", title_justify="left")
+    for column in ("ATTEMPT", "NODE", "HOST", "ADDRESS", "STATE", "PID", "EXIT"):
+        nodes.add_column(column)
+    for n in obj.get("nodes", []):
+        nodes.add_row(*(str(n.get(k)) if n.get(k) is not None else "-" for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
+    out.append(nodes)
+    if m.get("per_rank"):
+        ranks = Table(title="ranks", box=None, header_style="bold", title_justify="left")
+        for column in ("RANK", "NODE", "HOST", "SAMPLES/S", "STEP P50", "PEAK MEM", "STEPS"):
+            ranks.add_column(column)
+        for r in m["per_rank"]:
+            ranks.add_row(
+                str(r["rank"]), str(r["node"]), str(r["host"]), _fmt(r["samples_per_sec"]),
+                _fmt(r["step_time_ms_p50"], ".1f", " ms"), _fmt(r["peak_mem_mb"], ".0f", " MB"), str(r["steps"]),
+            )
+        out.append(ranks)
+    failure = obj.get("first_failure")
+    if failure:
+        from launcher.failures import describe
+
+        out.append(f"[red]{describe(failure)}[/]")
+        for line in failure.get("last_lines", [])[-10:]:
+            out.append(Text("    " + line))
+    out.append("events:")
+    for e in events[-12:]:
+        out.append(Text(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))}  {e['kind']:<16} {e['message']}"))
+    return out

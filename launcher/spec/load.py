@@ -1,0 +1,181 @@
+"""Read YAML specs into pydantic models, keeping line numbers for errors.
+
+Every problem in a file is reported at once, each as
+``jobs/x.yaml:12: batch.micro_batch: Input should be greater than or equal to 1``,
+with a did-you-mean suggestion for unknown keys. ``--set key.path=value``
+overrides are applied before validation and are named in errors as such.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from launcher.errors import SpecError
+from launcher.spec.cluster import ClusterSpec
+from launcher.spec.job import JobSpec
+
+M = TypeVar("M", bound=BaseModel)
+Loc = tuple[Any, ...]
+
+
+def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
+    """Load and validate a job spec, applying ``--set`` overrides."""
+    return load_spec(JobSpec, path, overrides)
+
+
+def load_cluster(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ClusterSpec:
+    """Load and validate a cluster spec."""
+    return load_spec(ClusterSpec, path, overrides)
+
+
+def load_spec(model: type[M], path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> M:
+    """Load ``path`` as ``model``; every problem is reported in one SpecError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
+    data, lines = parse_yaml(text, str(path))
+    set_locs: dict[Loc, str] = {}
+    for item in overrides:
+        loc = apply_override(data, item)
+        set_locs[loc] = item
+    return validate(model, data, str(path), lines, set_locs)
+
+
+def parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[Loc, int]]:
+    """Parse YAML into plain data and a map from key path to 1-based line."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"{where}: not valid YAML: {problem}") from None
+    if node is None:
+        raise SpecError(f"{source}: the file is empty; expected a mapping of spec keys")
+    if not isinstance(node, yaml.MappingNode):
+        raise SpecError(f"{source}:{node.start_mark.line + 1}: expected a mapping of spec keys at the top level")
+    lines: dict[Loc, int] = {}
+    _record_lines(node, (), lines)
+    data = yaml.safe_load(text)
+    return data, lines
+
+
+def _record_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+    lines[loc] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            lines[loc + (key,)] = key_node.start_mark.line + 1
+            _record_lines(value_node, loc + (key,), lines)
+            lines[loc + (key,)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _record_lines(item, loc + (index,), lines)
+
+
+def apply_override(data: dict[str, Any], item: str) -> Loc:
+    """Apply one ``key.path=value`` override in place; the value is parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise SpecError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set resources.nproc_per_node=2")
+    parts = key.strip().split(".")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    target = data
+    for part in parts[:-1]:
+        child = target.get(part)
+        if child is None:
+            child = target[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {item!r}: '{part}' is not a section, cannot set '{key}' inside it")
+        target = child
+    target[parts[-1]] = value
+    return tuple(parts)
+
+
+def validate(model: type[M], data: Any, source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> M:
+    """Validate plain data as ``model``; turn every pydantic error into one SpecError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = [_describe(model, err, source, lines, set_locs) for err in exc.errors()]
+    noun = "problem" if len(problems) == 1 else "problems"
+    raise SpecError(f"{source}: {len(problems)} {noun} in the {_kind(model)} spec:\n" + "\n".join(problems))
+
+
+def _kind(model: type[BaseModel]) -> str:
+    return "job" if model is JobSpec else "cluster" if model is ClusterSpec else model.__name__
+
+
+def _describe(model: type[BaseModel], err: dict[str, Any], source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> str:
+    loc = tuple(err["loc"])
+    field = ".".join(str(p) for p in loc) or "(top level)"
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+        suggestion = _did_you_mean(model, loc)
+        if suggestion:
+            message += f"; did you mean '{suggestion}'?"
+        else:
+            known = _known_keys(model, loc[:-1])
+            if known:
+                message += f"; expected one of: {', '.join(known)}"
+    elif err["type"] == "missing":
+        message = "required field is missing"
+    elif "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], dict):
+        message += f" (got {err['input']!r})"
+    for set_loc, item in set_locs.items():
+        if loc[: len(set_loc)] == set_loc:
+            return f"  --set {item}: {field}: {message}"
+    return f"  {source}:{_line_of(loc, lines)}: {field}: {message}"
+
+
+def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return 1
+
+
+def _did_you_mean(model: type[BaseModel], loc: Loc) -> str | None:
+    known = _known_keys(model, loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _known_keys(model: type[BaseModel], loc: Loc) -> list[str]:
+    """Field names of the section of ``model`` at ``loc`` (list indexes skipped)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return []
+        current = _section_model(current.model_fields[part].annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _section_model(annotation: Any) -> Any:
+    """The BaseModel inside an annotation such as ``NodeSpec``, ``list[NodeSpec]`` or ``X | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _section_model(arg)
+            if found is not None:
+                return found
+    return None

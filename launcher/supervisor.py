@@ -1,0 +1,256 @@
+"""The supervisor: starts a plan's nodes, follows them, and ends the job cleanly.
+
+It relays every line with a ``[node/rank]`` prefix (to the console in the
+foreground, always to per-node log files), files metric records in the
+store, notices the first node that fails and tears the others down, obeys
+cancel requests (SIGTERM/SIGINT), and checks that no process of the job is
+left before it records the final state.
+
+Run detached as ``python -m launcher.supervisor JOB_ID``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from launcher import failures
+from launcher.backends.base import Backend, NodeHandle
+from launcher.metrics.aggregate import summarize
+from launcher.metrics.reporter import parse_record
+from launcher.plan import Plan
+from launcher.shell import mask
+from launcher.store import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store
+
+_RANK_PREFIX = re.compile(r"^\[(\d+)\]:")
+TAIL_LINES = 200
+POLL_S = 0.1
+
+
+class NodeWatcher:
+    """Reads one node's output: log file, console echo, metric records, last lines."""
+
+    def __init__(
+        self,
+        handle: NodeHandle,
+        log_path: Path,
+        store: Store,
+        job_id: str,
+        attempt: int,
+        echo: Callable[[str], None] | None,
+        secrets: Mapping[str, str],
+    ) -> None:
+        self.handle = handle
+        self.log_path = log_path
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.last_progress = time.monotonic()
+        self.last_step = 0
+        self._store, self._job_id, self._attempt = store, job_id, attempt
+        self._echo, self._secrets = echo, secrets
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"node{handle.index}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        node = self.handle.index
+        with open(self.log_path, "a", encoding="utf-8", errors="replace") as log:
+            for raw in self.handle.lines():
+                line = mask(raw, self._secrets) if self._secrets else raw
+                record = parse_record(line)
+                if record is not None:
+                    record.setdefault("node", node)
+                    self.last_step = max(self.last_step, int(record.get("step", 0)))
+                    self.last_progress = time.monotonic()
+                    self._store.add_metrics(self._job_id, self._attempt, [record])
+                    continue
+                match = _RANK_PREFIX.match(line)
+                text = f"[{node}/{match[1]}] {line[match.end():]}" if match else f"[{node}] {line}"
+                log.write(text + "\n")
+                log.flush()
+                self.tail.append(text)
+                if self._echo is not None:
+                    self._echo(text)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+class Supervisor:
+    """Runs one job to its end: SUCCEEDED, FAILED or CANCELLED."""
+
+    def __init__(
+        self,
+        store: Store,
+        plan: Plan,
+        backend: Backend,
+        *,
+        echo: Callable[[str], None] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        grace: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.plan = plan
+        self.backend = backend
+        self.echo = echo
+        self.secrets = dict(secrets or {})
+        self.grace = grace
+        self.run_dir = store.run_dir(plan.job_id)
+        self._cancel = threading.Event()
+        self._cancel_reason = ""
+
+    def request_cancel(self, reason: str = "cancelled by user") -> None:
+        """Ask the watch loop to tear the job down and end it CANCELLED (thread- and signal-safe)."""
+        self._cancel_reason = reason
+        self._cancel.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM (launch cancel) and SIGINT (Ctrl-C) cancel the job."""
+        signal.signal(signal.SIGTERM, lambda *_: self.request_cancel("cancelled (SIGTERM to the supervisor)"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_cancel("cancelled (Ctrl-C)"))
+
+    def run(self) -> str:
+        """Start every node, watch until the end, clean up; the final state."""
+        job_id, attempt = self.plan.job_id, 0
+        self.store.update_job(job_id, supervisor_pid=os.getpid())
+        if not self.store.transition(job_id, LAUNCHING, attempt=attempt):
+            return self.store.job(job_id)["state"]
+        self.store.add_event(job_id, "launching", f"starting {self.plan.nnodes} node(s) on {self.plan.backend}")
+        try:
+            state, reason, failure = self._run_attempt(attempt)
+        finally:
+            left = self.backend.sweep(self.plan, self.grace)
+            self.backend.close()
+        if left:
+            self.store.add_event(job_id, "leftovers", f"processes still alive after teardown: {left}", {"pids": left})
+        summary = summarize(self.store.metrics(job_id))
+        self.store.transition(job_id, state, reason=reason, first_failure=failure, summary=summary)
+        self.store.add_event(job_id, state.lower(), reason or state)
+        return state
+
+    def _run_attempt(self, attempt: int) -> tuple[str, str | None, dict[str, Any] | None]:
+        job_id = self.plan.job_id
+        watchers = self._start_nodes(attempt)
+        if isinstance(watchers, tuple):
+            return watchers
+        if not self.store.transition(job_id, RUNNING):
+            self._teardown(watchers)
+            return CANCELLED, "cancelled while launching", None
+        self.store.add_event(job_id, "running", "all nodes started")
+        exits: dict[int, int] = {}
+        first_failure = None
+        while True:
+            for watcher in watchers:
+                index = watcher.handle.index
+                if index in exits:
+                    continue
+                code = watcher.handle.poll()
+                if code is None:
+                    continue
+                exits[index] = code
+                self.store.set_node(job_id, attempt, index, state="EXITED", exit_code=code, ended_at=time.time())
+                if code != 0 and first_failure is None:
+                    first_failure = self._failure(watcher, code)
+            if first_failure is not None:
+                self.store.add_event(job_id, "node_failed", failures.describe(first_failure), first_failure)
+                self._teardown(watchers)
+                self._record_exits(watchers, attempt, exits)
+                return FAILED, failures.describe(first_failure), first_failure
+            if len(exits) == len(watchers):
+                self._drain(watchers)
+                return SUCCEEDED, None, None
+            if self._cancel.is_set():
+                self._teardown(watchers)
+                self._record_exits(watchers, attempt, exits)
+                return CANCELLED, self._cancel_reason, None
+            time.sleep(POLL_S)
+
+    def _start_nodes(self, attempt: int) -> list[NodeWatcher] | tuple[str, str, dict[str, Any]]:
+        """Start every node in parallel; on any failure stop those started."""
+        job_id = self.plan.job_id
+
+        def start(node):
+            log_path = self.run_dir / f"attempt{attempt}-node{node.index}.log"
+            self.store.set_node(
+                job_id, attempt, node.index, host=node.host, address=node.address,
+                state="STARTING", log_path=str(log_path), started_at=time.time(),
+            )
+            handle = self.backend.start(node, self.plan, self.run_dir, self.secrets)
+            self.store.set_node(job_id, attempt, node.index, state="RUNNING", pid=handle.pid)
+            return NodeWatcher(handle, log_path, self.store, job_id, attempt, self.echo, self.secrets)
+
+        watchers, errors = [], []
+        with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
+            futures = [(node, pool.submit(start, node)) for node in self.plan.nodes]
+            for node, future in futures:
+                try:
+                    watchers.append(future.result())
+                except Exception as exc:  # noqa: BLE001 - any start failure fails the job, reported below
+                    errors.append((node, exc))
+        if errors:
+            self._teardown(watchers)
+            node, exc = errors[0]
+            failure = {"node": node.index, "host": node.host, "reason": f"could not start: {exc}"}
+            return FAILED, failures.describe(failure), failure
+        return watchers
+
+    def _failure(self, watcher: NodeWatcher, code: int) -> dict[str, Any]:
+        node = self.plan.nodes[watcher.handle.index]
+        watcher.join(2.0)
+        tail = list(watcher.tail)
+        failure: dict[str, Any] = {
+            "node": node.index,
+            "host": node.host,
+            "exit_code": code,
+            "signal": failures.signal_name(code),
+            "detected_at": time.time(),
+        }
+        failure.update({k: v for k, v in failures.parse_agent_failure(tail).items() if k != "host"})
+        failure["last_lines"] = tail[-20:]
+        return failure
+
+    def _teardown(self, watchers: list[NodeWatcher]) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(watchers)))) as pool:
+            list(pool.map(lambda w: w.handle.terminate(self.grace), watchers))
+        self._drain(watchers)
+
+    def _drain(self, watchers: list[NodeWatcher]) -> None:
+        for watcher in watchers:
+            watcher.join(5.0)
+
+    def _record_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> None:
+        for watcher in watchers:
+            index = watcher.handle.index
+            if index not in exits:
+                code = watcher.handle.poll()
+                self.store.set_node(self.plan.job_id, attempt, index, state="STOPPED", exit_code=code, ended_at=time.time())
+
+
+def main(argv: list[str]) -> int:
+    """Entry of a detached supervisor: ``python -m launcher.supervisor JOB_ID``."""
+    from launcher.backends.base import get_backend
+    from launcher.secrets import read_secrets
+    from launcher.spec.cluster import ClusterSpec
+
+    store = Store()
+    job = store.job(argv[0])
+    plan = Plan.model_validate(job["plan"])
+    cluster = ClusterSpec.model_validate(job["spec"]["cluster"])
+    supervisor = Supervisor(
+        store, plan, get_backend(plan.backend, cluster), secrets=read_secrets(plan.secrets),
+        grace=job["spec"]["job"]["watch"]["grace_period"],
+    )
+    supervisor.install_signal_handlers()
+    state = supervisor.run()
+    return 0 if state == SUCCEEDED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

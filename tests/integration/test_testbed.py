@@ -1,0 +1,150 @@
+"""The namespaced SSH testbed itself: real namespaces, real sshd, paramiko with RejectPolicy."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import paramiko
+import pytest
+
+from launcher import testbed as tb
+from tests.testbed_fixture import (
+    host_key_rotated, link_cut, needs_root, ssh_client, ssh_run, sshd_stopped,
+)
+
+pytest_plugins = ["tests.testbed_fixture"]
+pytestmark = needs_root
+
+
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _start_stray_sleep(bed: tb.Testbed, host: tb.Host) -> int:
+    """A process detached from its SSH session, as a launched job would leave behind."""
+    status, out, err = ssh_run(bed, host, "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!")
+    assert status == 0, err
+    return int(out)
+
+
+def test_each_host_answers_with_its_own_name_and_address(testbed: tb.Testbed) -> None:
+    for host in testbed.hosts:
+        status, out, err = ssh_run(testbed, host, "hostname; hostname -I")
+        assert status == 0, err
+        assert out.split() == [host.name, host.address]
+
+
+def test_hosts_reach_each_other_by_name(testbed: tb.Testbed) -> None:
+    h1, h2 = testbed.hosts[:2]
+    status, out, err = ssh_run(testbed, h1, f"getent hosts {h2.name} {h1.name}")
+    assert status == 0, err
+    assert out.split() == [h2.address, h2.name, h1.address, h1.name]
+    banner = tb.exec_in(h1, [sys.executable, "-c",
+                             f"import socket; print(socket.create_connection(('{h2.name}', 22), 2).recv(8))"])
+    assert "SSH-2.0" in banner.stdout
+
+
+def test_ssh_commands_skip_root_dotfiles_and_the_machine_nameserver(testbed: tb.Testbed) -> None:
+    status, out, err = ssh_run(testbed, testbed.hosts[0],
+                               'wc -c < /root/.bashrc; echo "${PYENV_ROOT:-unset}"; cat /etc/resolv.conf')
+    assert status == 0, err
+    assert out.splitlines() == ["0", "unset", "nameserver 127.0.0.1", "options timeout:1 attempts:1"]
+
+
+def test_stopped_sshd_refuses_connections_until_started(testbed: tb.Testbed) -> None:
+    host = testbed.hosts[1]
+    with sshd_stopped(host):
+        assert tb.sshd_pid(host) is None
+        with pytest.raises(paramiko.ssh_exception.NoValidConnectionsError):
+            ssh_client(testbed, host, timeout=2)
+    assert ssh_run(testbed, host, "true")[0] == 0
+
+
+def test_rotated_host_key_is_refused(testbed: tb.Testbed) -> None:
+    host = testbed.hosts[2]
+    with host_key_rotated(testbed, host):
+        with pytest.raises(paramiko.BadHostKeyException):
+            ssh_client(testbed, host)
+    assert ssh_run(testbed, host, "true")[0] == 0
+
+
+def test_cut_link_makes_the_host_unreachable(testbed: tb.Testbed) -> None:
+    host = testbed.hosts[3]
+    with link_cut(host):
+        assert not tb.status(testbed)[3].link_up
+        with pytest.raises(OSError):
+            ssh_client(testbed, host, timeout=1)
+    assert ssh_run(testbed, host, "true")[0] == 0
+
+
+def test_pids_lists_host_processes_but_not_the_sshd_listener(testbed: tb.Testbed) -> None:
+    host = testbed.hosts[0]
+    stray = _start_stray_sleep(testbed, host)
+    try:
+        assert stray in tb.pids(host)
+        assert tb.sshd_pid(host) not in tb.pids(host)
+    finally:
+        os.kill(stray, signal.SIGKILL)
+
+
+def test_exec_in_sees_the_host_without_its_sshd(testbed: tb.Testbed) -> None:
+    host = testbed.hosts[1]
+    with sshd_stopped(host):
+        assert tb.exec_in(host, ["hostname"]).stdout.strip() == host.name
+        etc_hosts = tb.exec_in(host, ["cat", "/etc/hosts"]).stdout
+    assert all(f"{h.address} {h.name}" in etc_hosts for h in testbed.hosts)
+
+
+def test_sshd_that_cannot_start_is_named(testbed: tb.Testbed) -> None:
+    host = testbed.hosts[2]
+    config = host.sshd_config.read_text()
+    with sshd_stopped(host):
+        host.sshd_config.write_text(config + "NoSuchOption yes\n")
+        try:
+            with pytest.raises(tb.TestbedError, match=f"{host.name}: sshd exited at start"):
+                tb.start_sshd(host)
+        finally:
+            host.sshd_config.write_text(config)
+
+
+def test_cluster_yaml_lists_the_first_n_hosts(testbed: tb.Testbed) -> None:
+    base = testbed.base_dir
+    assert testbed.cluster_yaml("/tmp/venv-probe/bin/python", n=2) == (
+        "name: testbed\n"
+        "backend: ssh\n"
+        f"ssh: {{user: root, port: 22, key_file: {base}/id_ed25519, known_hosts: {base}/known_hosts}}\n"
+        "nodes:\n"
+        "  - {host: lt-h1, address: 10.77.0.11, gpus: 0}\n"
+        "  - {host: lt-h2, address: 10.77.0.12, gpus: 0}\n"
+        "python: /tmp/venv-probe/bin/python\n"
+        "workdir: /tmp\n"
+    )
+    assert testbed.cluster_yaml("/p y", workdir="/w").endswith('python: "/p y"\nworkdir: /w\n')
+    with pytest.raises(tb.TestbedError, match="n must be between 1 and 4"):
+        testbed.cluster_yaml("/p", n=5)
+
+
+def test_up_on_a_running_testbed_replaces_it(testbed: tb.Testbed) -> None:
+    old = [tb.sshd_pid(h) for h in testbed.hosts]
+    tb.up(len(testbed.hosts), testbed.base_dir)
+    assert not any(tb.pid_alive(pid) for pid in old)
+    assert all(ssh_run(testbed, h, "true")[0] == 0 for h in testbed.hosts)
+
+
+def test_down_leaves_nothing_behind_and_is_idempotent(testbed: tb.Testbed) -> None:
+    recorded = [tb.sshd_pid(h) for h in testbed.hosts] + [_start_stray_sleep(testbed, testbed.hosts[1])]
+    keep = testbed.base_dir / "not-ours.txt"
+    keep.write_text("left alone")
+    try:
+        tb.down(testbed.base_dir)
+        tb.down(testbed.base_dir)
+        assert not [ns for ns in _ip("netns", "list").split() if ns.startswith("lt-")]
+        assert " lt-" not in _ip("-o", "link")
+        assert not [pid for pid in recorded if tb.pid_alive(pid)]
+        assert not testbed.known_hosts.exists() and keep.exists()
+    finally:
+        tb.up(len(testbed.hosts), testbed.base_dir)
+    assert ssh_run(testbed, testbed.hosts[0], "hostname")[1].strip() == "lt-h1"
