@@ -227,6 +227,10 @@ def schema(kind):
     click.echo(json.dumps(model.model_json_schema(), indent=2))
 
 
+# Commands defined in their own modules (each imports only click at module level).
+# One import and one add_command line per command, in this block.
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI, print LaunchErrors as one paragraph, exit with their code."""
     try:

@@ -109,13 +109,20 @@ def submit(
     job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
     secret_values = read_secrets(job.secrets)
     backend = get_backend(cluster.backend, cluster)
-    problems = backend.preflight(plan)
-    if problems:
+    found = backend.preflight(plan)
+    if found.problems:
         backend.close()
         raise PreflightError(
-            f"preflight failed on {len(problems)} check(s); nothing was started:\n" + "\n".join(f"  {p}" for p in problems)
+            f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
+            + "\n".join(f"  {p}" for p in found.problems)
         )
-    plan = backend.resolve(plan)
+    if found.nodes is not None or found.probes:
+        from launcher.plan import make_plan
+
+        plan = make_plan(
+            job, cluster, plan.job_id, rdzv_port=plan.rendezvous.port,
+            nodes=found.nodes, probes=found.probes, ds_config=plan.ds_config,
+        )
     if plan.unresolved():
         backend.close()
         raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))

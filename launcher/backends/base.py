@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from launcher.netenv import NodeNetwork
 from launcher.plan import NodePlan, Plan
+from launcher.spec.cluster import NodeSpec
+
+
+@dataclass
+class Preflight:
+    """What a backend learnt before launch.
+
+    ``problems`` stop the launch (every host checked, all listed). ``nodes``
+    (concrete nodes, e.g. with probed addresses or from a Ray placement) and
+    ``probes`` (per-node network facts) make the planner re-plan before launch.
+    """
+
+    problems: list[str] = field(default_factory=list)
+    nodes: list[NodeSpec] | None = None
+    probes: dict[int, NodeNetwork] = field(default_factory=dict)
 
 
 class NodeHandle(Protocol):
@@ -30,11 +47,8 @@ class Backend(Protocol):
 
     name: str
 
-    def preflight(self, plan: Plan) -> list[str]:
-        """Problems that must stop the launch; every host checked, all problems listed."""
-
-    def resolve(self, plan: Plan) -> Plan:
-        """The plan with values probed on the nodes (network env, addresses) filled in."""
+    def preflight(self, plan: Plan) -> Preflight:
+        """Check every host in parallel and probe what the plan left to ``auto``; starts nothing."""
 
     def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> NodeHandle:
         """Start one node of the plan; the node's processes carry the job tag."""

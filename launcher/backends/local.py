@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from launcher import proctree
+from launcher.backends.base import Preflight
 from launcher.plan import NodePlan, Plan
 from launcher.spec.cluster import ClusterSpec
 
@@ -60,7 +61,10 @@ class LocalBackend:
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
 
-    def preflight(self, plan: Plan) -> list[str]:
+    def preflight(self, plan: Plan) -> Preflight:
+        return Preflight(problems=self._problems(plan))
+
+    def _problems(self, plan: Plan) -> list[str]:
         problems = []
         python = plan.nodes[0].argv[0]
         if shutil.which(python) is None and not os.access(python, os.X_OK):
@@ -79,9 +83,6 @@ class LocalBackend:
         if not port_is_free(plan.rendezvous.port):
             problems.append(f"localhost: rendezvous port {plan.rendezvous.port} is in use")
         return problems
-
-    def resolve(self, plan: Plan) -> Plan:
-        return plan
 
     def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> LocalNode:
         env = {**os.environ, **node.env, **secrets}
