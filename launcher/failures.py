@@ -10,6 +10,8 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _ROOT = "Root Cause (first observed failure)"
+_DISPLAY_PREFIX = re.compile(r"^\[\d+(?:/\d+)?\] ")
+_FAILED_AT = re.compile(r"^[EWI]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) .*\] failed \(exitcode: (-?\d+)\)")
 
 
 def signal_name(code: int | None) -> str | None:
@@ -23,10 +25,19 @@ def signal_name(code: int | None) -> str | None:
 
 
 def parse_agent_failure(lines: list[str]) -> dict[str, Any]:
-    """The root-cause rank and exit code from torchrun's failure report, if present."""
+    """The root-cause rank and exit code from torchrun's failure report, if present.
+
+    Lines may carry the ``[node/rank] `` display prefix. ``failed_at`` is the
+    time of day (seconds) of the agent's "failed (exitcode...)" line, which
+    orders failures across nodes more finely than their exits are noticed.
+    """
     found: dict[str, Any] = {}
+    failed_at = None
     in_root = False
-    for line in lines:
+    for raw in lines:
+        line = _DISPLAY_PREFIX.sub("", raw, count=1)
+        if failed_at is None and (match := _FAILED_AT.match(line)):
+            failed_at = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
         if _ROOT in line:
             in_root, found = True, {}
             continue
@@ -40,6 +51,8 @@ def parse_agent_failure(lines: list[str]) -> dict[str, Any]:
             found["host"] = match[1]
     if "exit_code" in found:
         found["signal"] = signal_name(found["exit_code"])
+    if failed_at is not None:
+        found["failed_at"] = failed_at
     return found
 
 

@@ -31,7 +31,8 @@ from launcher.plan import Plan
 from launcher.shell import mask
 from launcher.store import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store
 
-_RANK_PREFIX = re.compile(r"^\[(\d+)\]:")
+_RANK_PREFIX = re.compile(r"^\[(\d+)\]:(?=.)")
+SETTLE_S = 1.0
 TAIL_LINES = 200
 POLL_S = 0.1
 
@@ -145,20 +146,10 @@ class Supervisor:
             return CANCELLED, "cancelled while launching", None
         self.store.add_event(job_id, "running", "all nodes started")
         exits: dict[int, int] = {}
-        first_failure = None
         while True:
-            for watcher in watchers:
-                index = watcher.handle.index
-                if index in exits:
-                    continue
-                code = watcher.handle.poll()
-                if code is None:
-                    continue
-                exits[index] = code
-                self.store.set_node(job_id, attempt, index, state="EXITED", exit_code=code, ended_at=time.time())
-                if code != 0 and first_failure is None:
-                    first_failure = self._failure(watcher, code)
-            if first_failure is not None:
+            self._collect_exits(watchers, attempt, exits)
+            if any(code != 0 for code in exits.values()):
+                first_failure = self._first_failure(watchers, attempt, exits)
                 self.store.add_event(job_id, "node_failed", failures.describe(first_failure), first_failure)
                 self._teardown(watchers)
                 self._record_exits(watchers, attempt, exits)
@@ -171,6 +162,26 @@ class Supervisor:
                 self._record_exits(watchers, attempt, exits)
                 return CANCELLED, self._cancel_reason, None
             time.sleep(POLL_S)
+
+    def _collect_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> None:
+        for watcher in watchers:
+            index = watcher.handle.index
+            if index in exits:
+                continue
+            code = watcher.handle.poll()
+            if code is not None:
+                exits[index] = code
+                self.store.set_node(self.plan.job_id, attempt, index, state="EXITED", exit_code=code, ended_at=time.time())
+
+    def _first_failure(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> dict[str, Any]:
+        """The failure that came first: other nodes get a moment to report theirs, then the
+        earliest agent "failed" line wins (exits alone are noticed in poll order)."""
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and len(exits) < len(watchers):
+            time.sleep(POLL_S)
+            self._collect_exits(watchers, attempt, exits)
+        failed = [self._failure(w, exits[w.handle.index]) for w in watchers if exits.get(w.handle.index, 0) != 0]
+        return min(failed, key=lambda f: (f.get("failed_at") is None, f.get("failed_at") or 0.0, f["node"]))
 
     def _start_nodes(self, attempt: int) -> list[NodeWatcher] | tuple[str, str, dict[str, Any]]:
         """Start every node in parallel; on any failure stop those started."""
@@ -213,7 +224,9 @@ class Supervisor:
             "detected_at": time.time(),
         }
         failure.update({k: v for k, v in failures.parse_agent_failure(tail).items() if k != "host"})
-        failure["last_lines"] = tail[-20:]
+        rank_prefix = f"[{node.index}/{failure.get('rank')}] "
+        rank_lines = [line for line in tail if line.startswith(rank_prefix)]
+        failure["last_lines"] = rank_lines[-20:] or tail[-20:]
         return failure
 
     def _teardown(self, watchers: list[NodeWatcher]) -> None:

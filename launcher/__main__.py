@@ -1,0 +1,5 @@
+"""``python -m launcher`` runs the `launch` CLI."""
+
+from launcher.cli import main
+
+main()

@@ -1,0 +1,80 @@
+"""Shared helpers for tests that drive the real `launch` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "tests" / "programs" / "rank_probe.py"
+
+
+def launch_argv(*args: str) -> list[str]:
+    """Argv of the `launch` CLI in this interpreter."""
+    return [sys.executable, "-m", "launcher", *args]
+
+
+def cli_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "LAUNCH_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.update(extra)
+    return env
+
+
+def run_cli(home: Path, *args: str, timeout: float = 120, env: dict | None = None, cwd: Path | None = None):
+    """Run `launch ARGS` to completion with LAUNCH_HOME=home."""
+    return subprocess.run(
+        launch_argv(*args), capture_output=True, text=True, timeout=timeout,
+        env=env or cli_env(home), cwd=cwd or ROOT,
+    )
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def probe_job(path: Path, name: str = "probe", nodes: int = 1, nproc: int = 2, args: list[str] | None = None,
+              env: dict | None = None, **extra) -> Path:
+    """A job spec that runs tests/programs/rank_probe.py."""
+    job = {
+        "name": name,
+        "entrypoint": ["python", str(PROBE), *(args or [])],
+        "batch": {"micro_batch": 8},
+        "resources": {"nodes": nodes, "nproc_per_node": nproc},
+        "env": env or {},
+        **extra,
+    }
+    return write_yaml(path, job)
+
+
+def status_json(home: Path, job_id: str) -> dict:
+    result = run_cli(home, "status", job_id, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def wait_for_state(home: Path, job_id: str, states: tuple[str, ...], timeout: float = 60) -> dict:
+    """Poll status until the job is in one of ``states``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        obj = status_json(home, job_id)
+        if obj["state"] in states or time.monotonic() > deadline:
+            return obj
+        time.sleep(0.3)
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy; that value, or None on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return None

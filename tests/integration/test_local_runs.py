@@ -1,0 +1,161 @@
+"""Real torchrun agents on the local backend (gloo on CPU), driven through the CLI."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+import pytest
+
+from launcher import proctree
+from tests.helpers import cli_env, launch_argv, probe_job, run_cli, status_json, wait_for, wait_for_state
+
+pytestmark = pytest.mark.slow
+
+HOSTILE = ["semi;colon", "$(touch /tmp/pwned)", "it's", 'say "hi"', "two words", "line\nbreak", "naïve ☃ 漢字"]
+
+
+def _ranks(out_dir):
+    return {int(p.stem[4:]): json.loads(p.read_text(encoding="utf-8")) for p in out_dir.glob("rank*.json")}
+
+
+def test_two_nodes_two_procs_rendezvous_and_report(tmp_path, home):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = probe_job(tmp_path / "job.yaml", nodes=2, nproc=2, env={"PROBE_OUT": str(out), "PROBE_STEPS": "6"})
+    result = run_cli(home, "submit", str(job))
+    assert result.returncode == 0, result.stderr + result.stdout
+
+    ranks = _ranks(out)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, seen in ranks.items():
+        ident = seen["identity"]
+        assert ident["RANK"] == str(rank) and ident["WORLD_SIZE"] == "4" and ident["LOCAL_WORLD_SIZE"] == "2"
+        assert ident["MASTER_ADDR"] == "127.0.0.1"
+        assert seen["all_reduce"] == 0 + 1 + 2 + 3
+    by_node = {}
+    for seen in ranks.values():
+        by_node.setdefault(seen["identity"]["LAUNCH_NODE"], []).append(seen["identity"]["LOCAL_RANK"])
+    assert {node: sorted(local) for node, local in by_node.items()} == {"0": ["0", "1"], "1": ["0", "1"]}
+
+    job_id = result.stderr.split()[1].rstrip(":")
+    obj = status_json(home, job_id)
+    assert obj["state"] == "SUCCEEDED"
+    assert obj["world_size"] == 4 and obj["grad_accum"] == 1
+    metrics = obj["metrics"]
+    assert sorted(r["rank"] for r in metrics["per_rank"]) == [0, 1, 2, 3]
+    assert {r["node"] for r in metrics["per_rank"]} == {0, 1}
+    assert all(r["host"] and r["samples_per_sec"] > 0 and r["peak_mem_mb"] > 10 for r in metrics["per_rank"])
+    assert metrics["samples_per_sec"] > 0 and metrics["step_time_ms_p50"] >= 50
+    assert metrics["peak_mem_mb"] == max(r["peak_mem_mb"] for r in metrics["per_rank"])
+
+    lines = [line for line in result.stdout.splitlines() if "ready, all_reduce" in line]
+    assert sorted(line.split("]")[0] for line in lines) == ["[0/0", "[0/1", "[1/2", "[1/3"] or len(lines) == 4
+    logs = run_cli(home, "logs", job_id, "--rank", "3").stdout.splitlines()
+    assert logs and all(line.startswith("[") and "/3] " in line for line in logs)
+    assert any("rank 3 of 4 ready" in line for line in logs)
+    assert proctree.job_pids(job_id) == []
+
+
+def test_a_failing_rank_fails_the_job_and_names_it(tmp_path, home):
+    job = probe_job(tmp_path / "job.yaml", nodes=2, nproc=2, env={"PROBE_FAIL_RANK": "3", "PROBE_STEPS": "200"})
+    result = run_cli(home, "submit", str(job))
+    assert result.returncode == 1
+    job_id = result.stderr.split()[1].rstrip(":")
+    obj = status_json(home, job_id)
+    assert obj["state"] == "FAILED"
+    failure = obj["first_failure"]
+    assert failure["rank"] == 3 and failure["exit_code"] == 1
+    assert failure["node"] in (0, 1)
+    node_exits = {n["node"]: n["exit_code"] for n in obj["nodes"]}
+    assert node_exits[failure["node"]] != 0
+    assert any("failing on purpose" in line for line in failure["last_lines"])
+    text = run_cli(home, "status", job_id).stdout
+    assert "first failure: node" in text and "rank 3" in text and "exit code 1" in text
+    assert proctree.job_pids(job_id) == []
+
+
+def test_cancel_ends_exactly_that_job(tmp_path, home):
+    slow = {"PROBE_STEPS": "2000", "PROBE_STEP_S": "0.05"}
+    victim = probe_job(tmp_path / "victim.yaml", name="victim", nodes=2, nproc=1, env=slow)
+    bystander = probe_job(tmp_path / "bystander.yaml", name="bystander", nodes=1, nproc=1, env=slow)
+    victim_id = run_cli(home, "submit", str(victim), "--detach").stdout.strip()
+    bystander_id = run_cli(home, "submit", str(bystander), "--detach").stdout.strip()
+    try:
+        assert wait_for_state(home, victim_id, ("RUNNING",))["state"] == "RUNNING"
+        assert wait_for(lambda: status_json(home, victim_id)["metrics"]["steps"] >= 2, timeout=60)
+        victim_pids = proctree.job_pids(victim_id)
+        bystander_pids = proctree.job_pids(bystander_id)
+        assert len(victim_pids) >= 4 and bystander_pids
+
+        result = run_cli(home, "cancel", victim_id)
+        assert result.returncode == 0, result.stderr
+        assert f"job {victim_id}: CANCELLED" in result.stdout
+        assert status_json(home, victim_id)["state"] == "CANCELLED"
+        assert proctree.job_pids(victim_id) == []
+        assert all(proctree._is_zombie(str(p)) or _alive(p) for p in bystander_pids), "bystander was touched"
+        assert status_json(home, bystander_id)["state"] == "RUNNING"
+    finally:
+        run_cli(home, "cancel", bystander_id)
+    assert proctree.job_pids(bystander_id) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat"):
+            return True
+    except OSError:
+        return False
+
+
+def test_ctrl_c_of_a_foreground_submit_cancels_everything(tmp_path, home):
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=2, env={"PROBE_STEPS": "2000"})
+    proc = subprocess.Popen(launch_argv("submit", str(job)), env=cli_env(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        job_id = first.split()[1].rstrip(":")
+        assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 2, timeout=60)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+    obj = status_json(home, job_id)
+    assert obj["state"] == "CANCELLED" and "Ctrl-C" in obj["reason"]
+    assert proctree.job_pids(job_id) == []
+
+
+def test_hostile_argv_and_env_reach_the_ranks_verbatim(tmp_path, home):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {f"HOSTILE_{i}": value for i, value in enumerate(HOSTILE)}
+    env.update({"PROBE_OUT": str(out), "PROBE_ENV_KEYS": ",".join(env), "PROBE_STEPS": "1"})
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=2, args=HOSTILE, env=env)
+    result = run_cli(home, "submit", str(job))
+    assert result.returncode == 0, result.stderr
+    for seen in _ranks(out).values():
+        assert seen["argv"] == HOSTILE
+        assert [seen["env"][f"HOSTILE_{i}"] for i in range(len(HOSTILE))] == HOSTILE
+
+
+def test_secrets_reach_ranks_but_no_output_of_launch(tmp_path, home):
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = "s3cr3t-value-1234"
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=1, secrets=["MY_TOKEN"],
+                    env={"PROBE_OUT": str(out), "PROBE_ENV_KEYS": "MY_TOKEN", "PROBE_STEPS": "1"},
+                    args=["--echo"])
+    missing = run_cli(home, "submit", str(job))
+    assert missing.returncode == 2 and "MY_TOKEN not set in your environment" in missing.stderr
+    env = cli_env(home, MY_TOKEN=secret)
+    dry = subprocess.run(launch_argv("submit", str(job), "--dry-run"), env=env, capture_output=True, text=True)
+    assert "MY_TOKEN=****" in dry.stdout and secret not in dry.stdout
+    result = subprocess.run(launch_argv("submit", str(job)), env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert _ranks(out)[0]["env"]["MY_TOKEN"] == secret
+    job_id = result.stderr.split()[1].rstrip(":")
+    status = run_cli(home, "status", job_id, "--json").stdout + run_cli(home, "status", job_id).stdout
+    everything = status + result.stdout + result.stderr + (home / "jobs.db").read_bytes().decode("latin-1")
+    everything += "".join(p.read_text() for p in (home / "runs").rglob("*.log"))
+    assert secret not in everything

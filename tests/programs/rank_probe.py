@@ -1,0 +1,62 @@
+"""A small distributed program the tests launch: it reports what each rank saw.
+
+Each rank writes ``rank<R>.json`` (argv, identity env, selected env, hostname,
+all_reduce result) into ``$PROBE_OUT``, then trains nothing for ``PROBE_STEPS``
+steps while reporting metrics. ``PROBE_FAIL_RANK=R`` makes rank R exit 1
+after the all_reduce; ``PROBE_STEP_S`` sets a step's duration; ``--echo`` prints
+the watched env values (to check that `launch` masks secrets in its logs).
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from launcher.metrics import Reporter
+
+IDENTITY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "LAUNCH_JOB_ID", "LAUNCH_NODE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total)
+    watched = [k for k in os.environ.get("PROBE_ENV_KEYS", "").split(",") if k]
+    out = os.environ.get("PROBE_OUT")
+    if out:
+        report = {
+            "argv": sys.argv[1:],
+            "identity": {k: os.environ.get(k) for k in IDENTITY},
+            "env": {k: os.environ.get(k) for k in watched},
+            "hostname": socket.gethostname(),
+            "all_reduce": total.item(),
+            "pid": os.getpid(),
+        }
+        with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+            json.dump(report, handle, ensure_ascii=False)
+    print(f"rank {rank} of {dist.get_world_size()} ready, all_reduce={total.item()}", flush=True)
+    if "--echo" in sys.argv:
+        print("echo: " + " ".join(f"{k}={os.environ.get(k)}" for k in watched), flush=True)
+    if os.environ.get("PROBE_FAIL_RANK") == str(rank):
+        print(f"rank {rank} failing on purpose", flush=True)
+        os._exit(1)
+    reporter = Reporter(every=int(os.environ.get("PROBE_EVERY", "2")), flops_per_sample=1e6)
+    step_s = float(os.environ.get("PROBE_STEP_S", "0.05"))
+    for step in range(int(os.environ.get("PROBE_STEPS", "6"))):
+        time.sleep(step_s)
+        grad = torch.ones(4)
+        dist.all_reduce(grad)
+        reporter.step(samples=8, tokens=8 * 16, loss=1.0 / (step + 1))
+    reporter.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The job store: legal transitions only, prefix lookup, private files."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from launcher.errors import JobNotFound
+from launcher.plan import make_plan
+from launcher.spec import ClusterSpec, JobSpec
+from launcher.store import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
+
+
+def _plan(job_id: str):
+    job = JobSpec(name="s", entrypoint=["python", "t.py"], batch={"micro_batch": 2})
+    return make_plan(job, ClusterSpec(name="local"), job_id, rdzv_port=29500)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "home")
+    yield s
+    s.close()
+
+
+def test_states_move_only_along_legal_transitions(store):
+    store.create_job(_plan("s-000001"), {})
+    assert store.job("s-000001")["state"] == PENDING
+    assert not store.transition("s-000001", RUNNING), "PENDING -> RUNNING skips LAUNCHING"
+    assert not store.transition("s-000001", SUCCEEDED)
+    assert store.transition("s-000001", LAUNCHING)
+    assert store.transition("s-000001", RUNNING)
+    assert store.transition("s-000001", SUCCEEDED)
+    assert store.job("s-000001")["ended_at"] is not None
+    for state in (RUNNING, FAILED, CANCELLED, LAUNCHING):
+        assert not store.transition("s-000001", state), f"a finished job cannot become {state}"
+    assert store.job("s-000001")["state"] == SUCCEEDED
+
+
+def test_jobs_are_found_by_unique_prefix(store):
+    store.create_job(_plan("s-aaa111"), {})
+    store.create_job(_plan("s-aab222"), {})
+    assert store.job("s-aaa")["id"] == "s-aaa111"
+    with pytest.raises(JobNotFound, match="matches several jobs"):
+        store.job("s-aa")
+    with pytest.raises(JobNotFound, match="no job 'zzz'"):
+        store.job("zzz")
+    with pytest.raises(JobNotFound):
+        store.job("s-a%")
+
+
+def test_metrics_and_events_round_trip(store):
+    store.create_job(_plan("s-000002"), {})
+    store.add_metrics("s-000002", 0, [{"rank": 1, "node": 0, "step": 10, "samples": 8}])
+    store.add_event("s-000002", "note", "hello", {"k": 1})
+    assert store.metrics("s-000002") == [{"rank": 1, "node": 0, "step": 10, "samples": 8, "attempt": 0}]
+    assert store.events("s-000002")[0]["data"] == {"k": 1}
+
+
+def test_store_files_are_private(store):
+    assert stat.S_IMODE(store.home.stat().st_mode) == 0o700
+    assert stat.S_IMODE((store.home / "jobs.db").stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.run_dir("x").stat().st_mode) == 0o700
