@@ -99,8 +99,9 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json):
 @cli.command()
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="JSON: an object for JOB, else a list of objects.")
+@click.option("--last", is_flag=True, help="The newest job, in detail.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Jobs listed, newest first (0: all).")
-def status(job, as_json, limit):
+def status(job, as_json, last, limit):
     """Show jobs, or one JOB in detail (nodes, exit codes, metrics, first failure).
 
     JOB is a job id or a unique prefix of one.
@@ -109,12 +110,18 @@ def status(job, as_json, limit):
     Examples:
       launch status
       launch status cifar10-convnet-3f2a1c
+      launch status --last
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
     from launcher import render
     from launcher.store import TERMINAL, Store
 
     store = Store()
+    if last:
+        newest = store.jobs(limit=1)
+        if not newest:
+            raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
+        job = newest[0]["id"]
     if job:
         row = store.job(job)
         live = store.metrics(row["id"]) if row["state"] not in TERMINAL or not row.get("summary") else None
@@ -229,6 +236,15 @@ def schema(kind):
 
 # Commands defined in their own modules (each imports only click at module level).
 # One import and one add_command line per command, in this block.
+from launcher.cli_metrics import bench as bench_command  # noqa: E402
+from launcher.cli_metrics import compare as compare_command  # noqa: E402
+from launcher.cli_metrics import metrics as metrics_command  # noqa: E402
+from launcher.cli_metrics import report as report_command  # noqa: E402
+
+cli.add_command(metrics_command)
+cli.add_command(compare_command)
+cli.add_command(bench_command)
+cli.add_command(report_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,20 @@
+# The two quick-start commands (README): `make demo` and `make test`. Each sets itself up the first time.
+VENV := .venv
+LAUNCH := $(VENV)/bin/launch
+export LAUNCH_HOME ?= $(HOME)/.launch
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+
+.PHONY: demo test setup setup-test
+
+setup:
+	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
+
+demo: setup
+	$(LAUNCH) submit jobs/cifar10_convnet.yaml
+	$(LAUNCH) status --last
+
+test: setup-test
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)

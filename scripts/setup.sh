@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up for the quick start and the tests.
+#   scripts/setup.sh          a venv in .venv with launch and the training extras (torch, deepspeed, transformers)
+#   scripts/setup.sh --test   also the test tools, Ray, and (as root) Debian's openssh-server, iproute2 and chromium
+# Torch comes from pip's configured index: on the dev/CI machines that is a local CPU build (torch 2.13.0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_test=0
+[[ "${1:-}" == "--test" ]] && want_test=1
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+VENV=.venv
+extras=train
+[[ $want_test == 1 ]] && extras=dev
+stamp="$VENV/.installed-$extras-$(sha1sum pyproject.toml | cut -c1-12)"
+
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "setup: creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+if [[ ! -f $stamp && ! -f $VENV/.installed-dev-$(sha1sum pyproject.toml | cut -c1-12) ]]; then
+  echo "setup: installing launch[$extras] (first time only; about a minute)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    "$VENV/bin/python" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
+  fi
+  "$VENV/bin/python" -m pip install -q -e ".[$extras]" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VENV/bin/python" -c "import launcher, torch" && touch "$stamp"
+fi
+
+if [[ $want_test == 1 && $(id -u) == 0 ]]; then
+  missing=()
+  command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v chromium >/dev/null || missing+=(chromium)
+  if (( ${#missing[@]} )); then
+    echo "setup: apt-get install ${missing[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
