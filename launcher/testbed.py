@@ -1,22 +1,14 @@
 """Multi-host SSH testbed: N hosts made of Linux network namespaces on one bridge.
 
-Host ``lt-hI`` is the network namespace ``lt-hI`` at ``10.77.0.(10+I)/24``, joined
-to the bridge ``lt-br0`` (``10.77.0.1/24``, in the root namespace) by the veth
-``lt-vI``. Each host runs its own ``sshd -D`` under ``unshare --uts --mount``, so
-it has its own hostname, ``/etc/hosts`` (every testbed host), ``/etc/resolv.conf``
-(``nameserver 127.0.0.1``: the machine's nameserver is unreachable from the
-namespaces and every lookup would wait for it) and an empty ``/root/.bashrc`` and
-``/root/.profile`` (root's dotfiles run pyenv on every SSH command). Commands run
-over SSH in the hosts must therefore call interpreters by absolute path.
-
-Everything the testbed writes lives under ``base_dir``: the client key, the
-``known_hosts`` and ``ssh_config`` files for tools, and one directory per host
-(sshd config, host key, pid file, log). Only one testbed can exist on a machine
-at a time: the names are fixed, and ``up`` tears down whatever is there.
-
-Run as a script, this file is the step that enters a host: it runs inside the
-host's fresh UTS and mount namespaces, sets the hostname, bind-mounts the host's
-files, then executes the command (``_boot``).
+Host ``lt-hI`` is namespace ``lt-hI`` at ``10.77.0.(10+I)/24`` on bridge ``lt-br0``
+(``10.77.0.1/24``, root namespace) through veth ``lt-vI``. It runs its own ``sshd -D``
+under ``unshare --uts --mount``: own hostname, ``/etc/hosts`` (every host),
+``/etc/resolv.conf`` (``nameserver 127.0.0.1``: the machine's nameserver is
+unreachable there and every miss would wait for it), and empty ``/root/.bashrc`` and
+``/root/.profile`` (root's run pyenv on every SSH command): call interpreters by
+absolute path. Everything written lives under ``base_dir``. One testbed a machine:
+the names are fixed and ``up`` tears down whatever is there. Run as a script, this
+file is the step that enters a host (``_boot``). See docs/TESTBED.md.
 
 Needs root, ``iproute2``, ``util-linux`` and ``openssh-server``; stdlib only.
 """
@@ -24,6 +16,7 @@ Needs root, ``iproute2``, ``util-linux`` and ``openssh-server``; stdlib only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -51,14 +44,15 @@ SSHD = "/usr/sbin/sshd"
 SSHD_PRIVSEP_DIR = Path("/run/sshd")
 HIDDEN_DOTFILES = ("/root/.bashrc", "/root/.profile")
 RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+# What commands entering a host start with: sshd's default PATH, none of ours (pyenv shims).
+HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root", "LANG": "C.UTF-8"}
 READY_TIMEOUT_S = 10.0
 KILL_TIMEOUT_S = 5.0
-_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+_PLAIN = re.compile(r"[A-Za-z0-9_./+-]+")
 _HOST_DIR = re.compile(r"lt-h[0-9]+")
-_GENERATED_FILES = (
-    "testbed.json", "id_ed25519", "id_ed25519.pub", "authorized_keys",
-    "known_hosts", "ssh_config",
-)
+_GENERATED_FILES = ("testbed.json", "id_ed25519", "id_ed25519.pub", "authorized_keys",
+                    "known_hosts", "ssh_config")
 
 
 class TestbedError(RuntimeError):
@@ -149,7 +143,7 @@ class HostStatus:
 
 def _yaml_string(value: str) -> str:
     """``value`` as a YAML scalar: bare when plainly safe, else double-quoted."""
-    return value if _SAFE_PATH.fullmatch(value) else json.dumps(value)
+    return value if _PLAIN.fullmatch(value) else json.dumps(value)
 
 
 def _layout(n: int, base_dir: Path) -> Testbed:
@@ -164,6 +158,7 @@ def _layout(n: int, base_dir: Path) -> Testbed:
 
 
 def _etc_dir(base_dir: Path) -> Path:
+    """Where the files bind-mounted into every host live."""
     return base_dir / "etc"
 
 
@@ -212,18 +207,15 @@ def _wait_dead(pids: Sequence[int], what: str, timeout: float = KILL_TIMEOUT_S) 
 
 # ---------------------------------------------------------------- files under base_dir
 
-def _keygen_argv(key: Path, comment: str) -> list[str]:
-    return ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)]
-
-
 def _generate_keys(keys: Sequence[tuple[Path, str]]) -> None:
     """Generate ed25519 key pairs (path, comment) in parallel, replacing old ones."""
     for key, _ in keys:
         key.unlink(missing_ok=True)
         key.with_suffix(".pub").unlink(missing_ok=True)
-    procs = [(key, subprocess.Popen(_keygen_argv(key, comment), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-             for key, comment in keys]
+    procs = [(key, subprocess.Popen(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for key, comment in keys]
     for key, proc in procs:
         output, _ = proc.communicate()
         if proc.returncode != 0:
@@ -236,6 +228,7 @@ def _public_key(key: Path) -> str:
 
 
 def _sshd_config(host: Host) -> str:
+    """sshd_config of ``host``: keys only, root allowed, no client environment."""
     return "\n".join([
         f"# {host.name}: generated by launcher/testbed.py",
         f"Port {SSH_PORT}",
@@ -259,6 +252,7 @@ def _sshd_config(host: Host) -> str:
 
 
 def _ssh_config(testbed: Testbed) -> str:
+    """ssh_config for OpenSSH tools: ``ssh -F base_dir/ssh_config lt-h1``."""
     blocks = [
         f"Host {h.name}\n"
         f"    HostName {h.address}\n"
@@ -275,6 +269,7 @@ def _ssh_config(testbed: Testbed) -> str:
 
 
 def _etc_hosts(testbed: Testbed) -> str:
+    """/etc/hosts of every host: localhost and every testbed host, itself included."""
     lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
     lines += [f"{h.address} {h.name}" for h in testbed.hosts]
     return "\n".join(lines) + "\n"
@@ -358,10 +353,8 @@ def _kill_namespace_processes(namespaces: Sequence[str]) -> None:
         if time.monotonic() > deadline:
             raise TestbedError(f"processes {live} in {', '.join(namespaces)} survive SIGKILL")
         for pid in live:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.005)
 
 
@@ -376,6 +369,7 @@ def link_up(host: Host) -> None:
 
 
 def _link_is_up(veth: str) -> bool:
+    """True when ``veth`` exists and is administratively up."""
     try:
         links = json.loads(_run(["ip", "-j", "link", "show", "dev", veth]))
     except TestbedError:
@@ -397,10 +391,14 @@ def exec_in(host: Host, argv: Sequence[str], *, timeout: float = 30.0,
             check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` inside ``host`` (its namespace, hostname and files); capture its output.
 
-    Works whether or not the host's sshd runs. With ``check``, a non-zero exit
+    Works whether or not the host's sshd runs; the environment is HOST_ENV. With ``check``, a non-zero exit
     raises TestbedError carrying stderr.
     """
-    done = subprocess.run(_enter_argv(host, argv), capture_output=True, text=True, timeout=timeout)
+    try:
+        done = subprocess.run(_enter_argv(host, argv), env=HOST_ENV, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise TestbedError(f"{host.name}: `{' '.join(argv)}` still running after {timeout} s") from exc
     if check and done.returncode != 0:
         raise TestbedError(f"{host.name}: `{' '.join(argv)}` exited {done.returncode}: "
                            f"{done.stderr.strip()}")
@@ -427,37 +425,49 @@ def sshd_pid(host: Host) -> int | None:
 def _spawn_sshd(host: Host) -> subprocess.Popen[str]:
     """Start ``host``'s sshd detached; the process prints the sshd PID and exits."""
     command = [SSHD, "-D", "-f", str(host.sshd_config), "-E", str(host.log_file)]
-    return subprocess.Popen(_enter_argv(host, command, detach=True), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(_enter_argv(host, command, detach=True), env=HOST_ENV,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def _spawned_pid(host: Host, proc: subprocess.Popen[str]) -> int:
     """The sshd PID that ``_spawn_sshd``'s process reports."""
-    out, err = proc.communicate(timeout=READY_TIMEOUT_S)
+    try:
+        out, err = proc.communicate(timeout=READY_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        raise TestbedError(f"{host.name}: sshd launcher hung for {READY_TIMEOUT_S:.0f} s") from exc
     if proc.returncode != 0 or not out.strip().isdigit():
         raise TestbedError(f"{host.name}: could not start sshd (exit {proc.returncode}): {err.strip()}")
     return int(out)
 
 
 def _log_tail(host: Host, lines: int = 5) -> str:
+    """The last lines of ``host``'s sshd log, on one line, for error messages."""
     try:
         return " | ".join(host.log_file.read_text().splitlines()[-lines:])
     except OSError:
         return "(no sshd log)"
 
 
+def _accepts_connections(host: Host) -> bool:
+    """True when a TCP connection to ``host``'s SSH port succeeds."""
+    try:
+        with socket.create_connection((host.address, SSH_PORT), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def _wait_listening(host: Host, pid: int, deadline: float) -> None:
-    """Wait until ``host``'s sshd (``pid``) accepts TCP connections, or raise naming it."""
-    while True:
+    """Wait until ``host``'s sshd (``pid``) accepts TCP connections and has written its
+    pid file (it does so right after listening), or raise naming the host."""
+    while not (_accepts_connections(host) and sshd_pid(host) == pid):
         if not pid_alive(pid):
             raise TestbedError(f"{host.name}: sshd exited at start: {_log_tail(host)}")
-        try:
-            with socket.create_connection((host.address, SSH_PORT), timeout=0.2):
-                return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise TestbedError(f"{host.name}: sshd at {host.address}:{SSH_PORT} not accepting "
-                                   f"connections after {READY_TIMEOUT_S:.0f} s ({exc})") from exc
+        if time.monotonic() > deadline:
+            raise TestbedError(f"{host.name}: sshd at {host.address}:{SSH_PORT} not accepting "
+                               f"connections after {READY_TIMEOUT_S:.0f} s: {_log_tail(host)}")
         time.sleep(0.005)
 
 
@@ -483,7 +493,8 @@ def stop_sshd(host: Host) -> None:
     """Stop ``host``'s sshd listener (open sessions keep running); no-op if stopped."""
     pid = sshd_pid(host)
     if pid is not None:
-        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
         _wait_dead([pid], f"{host.name}: sshd")
     host.pid_file.unlink(missing_ok=True)
 
@@ -498,6 +509,7 @@ def rotate_host_key(host: Host) -> None:
 # ---------------------------------------------------------------- whole testbed
 
 def _require_root() -> None:
+    """Raise TestbedError unless we are root and sshd is installed."""
     if os.geteuid() != 0:
         raise TestbedError("network namespaces need root")
     if not os.access(SSHD, os.X_OK):
@@ -507,7 +519,7 @@ def _require_root() -> None:
 def _checked_base_dir(base_dir: str | os.PathLike[str]) -> Path:
     """``base_dir`` as an absolute path that sshd_config and YAML take unquoted."""
     path = Path(base_dir).resolve()
-    if not _SAFE_PATH.fullmatch(str(path)):
+    if not _PLAIN.fullmatch(str(path)):
         raise TestbedError(f"base_dir {str(path)!r} may only contain letters, digits and _ . / + -")
     return path
 
@@ -591,9 +603,12 @@ def _boot(argv: Sequence[str]) -> None:
     parser.add_argument("--detach", action="store_true")
     options = parser.parse_args(argv[:split])
     command = list(argv[split + 1:])
-    socket.sethostname(options.hostname)
-    for source, target in options.bind:
-        subprocess.run(["mount", "--bind", source, target], check=True)
+    try:
+        socket.sethostname(options.hostname)
+        for source, target in options.bind:
+            subprocess.run(["mount", "--bind", source, target], check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        sys.exit(f"testbed-boot: {options.hostname}: {exc}")
     if options.detach:
         child = os.fork()
         if child:
@@ -603,7 +618,10 @@ def _boot(argv: Sequence[str]) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-    os.execvp(command[0], command)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        sys.exit(f"testbed-boot: {options.hostname}: cannot run {command[0]}: {exc}")
 
 
 if __name__ == "__main__":

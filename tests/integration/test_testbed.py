@@ -11,11 +11,10 @@ import paramiko
 import pytest
 
 from launcher import testbed as tb
-from tests.testbed_fixture import (
+from tests.testbed_fixture import (  # the `testbed` fixture comes from tests/conftest.py
     host_key_rotated, link_cut, needs_root, ssh_client, ssh_run, sshd_stopped,
 )
 
-pytest_plugins = ["tests.testbed_fixture"]
 pytestmark = needs_root
 
 
@@ -95,6 +94,7 @@ def test_exec_in_sees_the_host_without_its_sshd(testbed: tb.Testbed) -> None:
     with sshd_stopped(host):
         assert tb.exec_in(host, ["hostname"]).stdout.strip() == host.name
         etc_hosts = tb.exec_in(host, ["cat", "/etc/hosts"]).stdout
+        assert "PYENV" not in tb.exec_in(host, ["env"]).stdout
     assert all(f"{h.address} {h.name}" in etc_hosts for h in testbed.hosts)
 
 
@@ -125,6 +125,14 @@ def test_cluster_yaml_lists_the_first_n_hosts(testbed: tb.Testbed) -> None:
     assert testbed.cluster_yaml("/p y", workdir="/w").endswith('python: "/p y"\nworkdir: /w\n')
     with pytest.raises(tb.TestbedError, match="n must be between 1 and 4"):
         testbed.cluster_yaml("/p", n=5)
+
+
+def test_up_rejects_bad_arguments_before_touching_the_testbed(testbed: tb.Testbed) -> None:
+    with pytest.raises(tb.TestbedError, match="n must be between 1 and 200, got 0"):
+        tb.up(0, testbed.base_dir)
+    with pytest.raises(tb.TestbedError, match="may only contain"):
+        tb.up(1, testbed.base_dir / "a b")
+    assert all(tb.sshd_pid(h) for h in testbed.hosts)
 
 
 def test_up_on_a_running_testbed_replaces_it(testbed: tb.Testbed) -> None:
