@@ -58,6 +58,8 @@ def parse_agent_failure(lines: list[str]) -> dict[str, Any]:
 
 def describe(failure: dict[str, Any]) -> str:
     """One line for users: where it failed first and how."""
+    if failure.get("stalled_s") is not None:
+        return failure["reason"]
     where = f"node {failure.get('node')}"
     if failure.get("host"):
         where += f" ({failure['host']})"

@@ -134,7 +134,10 @@ def submit(
         backend.close()
         _spawn_supervisor(store, plan.job_id)
         return plan.job_id, "PENDING"
-    supervisor = Supervisor(store, plan, backend, echo=echo, secrets=secret_values, grace=job.watch.grace_period)
+    supervisor = Supervisor(
+        store, plan, backend, echo=echo, secrets=secret_values, grace=job.watch.grace_period,
+        restarts=job.restarts, stall_timeout=job.watch.stall_timeout,
+    )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
 

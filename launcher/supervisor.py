@@ -53,8 +53,8 @@ class NodeWatcher:
         self.handle = handle
         self.log_path = log_path
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.last_progress = time.monotonic()
-        self.last_step = 0
+        self.started = time.monotonic()
+        self.progress: dict[int, tuple[int, float]] = {}
         self._store, self._job_id, self._attempt = store, job_id, attempt
         self._echo, self._secrets = echo, secrets
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"node{handle.index}")
@@ -68,8 +68,7 @@ class NodeWatcher:
                 record = parse_record(line)
                 if record is not None:
                     record.setdefault("node", node)
-                    self.last_step = max(self.last_step, int(record.get("step", 0)))
-                    self.last_progress = time.monotonic()
+                    self.progress[int(record.get("rank", -1))] = (int(record.get("step", 0)), time.monotonic())
                     self._store.add_metrics(self._job_id, self._attempt, [record])
                     continue
                 match = _RANK_PREFIX.match(line)
@@ -84,6 +83,52 @@ class NodeWatcher:
         self._thread.join(timeout)
 
 
+class StallDetector:
+    """Calls a job stalled when no rank has reported progress for too long.
+
+    The limit is ``stall_timeout`` until reports arrive; after that it adapts
+    to the job: five times the longest gap seen between two reports (at least
+    10 s), never more than ``stall_timeout``. So a job whose reports come
+    every second is called stalled in seconds, not after NCCL's timeout.
+    """
+
+    FLOOR_S = 10.0
+    FACTOR = 5.0
+
+    def __init__(self, stall_timeout: float) -> None:
+        self.stall_timeout = stall_timeout
+        self._last_report: float | None = None
+        self._longest_gap = 0.0
+
+    def limit(self) -> float:
+        if self._longest_gap <= 0:
+            return self.stall_timeout
+        return min(self.stall_timeout, max(self.FLOOR_S, self.FACTOR * self._longest_gap))
+
+    def check(self, watchers: list[NodeWatcher]) -> dict[str, Any] | None:
+        """A failure record if the job has stalled, else None."""
+        now = time.monotonic()
+        latest = [(t, step, w.handle.index, rank) for w in watchers for rank, (step, t) in w.progress.items()]
+        newest = max((t for t, *_ in latest), default=None)
+        if newest is not None and newest != self._last_report:
+            if self._last_report is not None:
+                self._longest_gap = max(self._longest_gap, newest - self._last_report)
+            self._last_report = newest
+        since = newest if newest is not None else min(w.started for w in watchers)
+        quiet = now - since
+        if quiet < self.limit():
+            return None
+        if not latest:
+            return {"reason": f"stalled before the first step: no rank reported progress in {quiet:.0f} s",
+                    "stalled_s": quiet}
+        t, step, node, rank = min(latest)
+        return {
+            "node": node, "rank": rank, "step": step, "stalled_s": quiet,
+            "reason": f"stalled at step {step} on node {node}/rank {rank}: no rank reported progress for {quiet:.0f} s "
+                      f"(limit {self.limit():.0f} s; node {node}/rank {rank} was heard from least recently)",
+        }
+
+
 class Supervisor:
     """Runs one job to its end: SUCCEEDED, FAILED or CANCELLED."""
 
@@ -96,6 +141,8 @@ class Supervisor:
         echo: Callable[[str], None] | None = None,
         secrets: Mapping[str, str] | None = None,
         grace: float = 5.0,
+        restarts: int = 0,
+        stall_timeout: float | None = None,
     ) -> None:
         self.store = store
         self.plan = plan
@@ -103,6 +150,8 @@ class Supervisor:
         self.echo = echo
         self.secrets = dict(secrets or {})
         self.grace = grace
+        self.restarts = restarts
+        self.stall = StallDetector(stall_timeout) if stall_timeout else None
         self.run_dir = store.run_dir(plan.job_id)
         self._cancel = threading.Event()
         self._cancel_reason = ""
@@ -118,23 +167,42 @@ class Supervisor:
         signal.signal(signal.SIGINT, lambda *_: self.request_cancel("cancelled (Ctrl-C)"))
 
     def run(self) -> str:
-        """Start every node, watch until the end, clean up; the final state."""
+        """Start every node, watch until the end (restarting up to ``restarts`` times), clean up."""
         job_id, attempt = self.plan.job_id, 0
         self.store.update_job(job_id, supervisor_pid=os.getpid())
         if not self.store.transition(job_id, LAUNCHING, attempt=attempt):
             return self.store.job(job_id)["state"]
         self.store.add_event(job_id, "launching", f"starting {self.plan.nnodes} node(s) on {self.plan.backend}")
         try:
-            state, reason, failure = self._run_attempt(attempt)
+            while True:
+                state, reason, failure = self._run_attempt(attempt)
+                left = self.backend.sweep(self.plan, self.grace)
+                if left:
+                    self.store.add_event(job_id, "leftovers", f"processes alive after teardown: {left}", {"pids": left})
+                if state != FAILED or attempt >= self.restarts or self._cancel.is_set():
+                    break
+                attempt += 1
+                self.store.add_event(
+                    job_id, "restarting", f"attempt {attempt - 1} failed ({reason}); restart {attempt} of {self.restarts}",
+                    failure,
+                )
+                if not self._next_attempt(attempt):
+                    state, reason = CANCELLED, self._cancel_reason or "cancelled"
+                    break
         finally:
-            left = self.backend.sweep(self.plan, self.grace)
             self.backend.close()
-        if left:
-            self.store.add_event(job_id, "leftovers", f"processes still alive after teardown: {left}", {"pids": left})
         summary = summarize(self.store.metrics(job_id))
         self.store.transition(job_id, state, reason=reason, first_failure=failure, summary=summary)
         self.store.add_event(job_id, state.lower(), reason or state)
         return state
+
+    def _next_attempt(self, attempt: int) -> bool:
+        """Record the new attempt (RUNNING -> LAUNCHING); False if the job was cancelled meanwhile."""
+        job_id = self.plan.job_id
+        if self.store.job(job_id)["state"] == LAUNCHING:
+            self.store.update_job(job_id, attempt=attempt)
+            return True
+        return self.store.transition(job_id, LAUNCHING, attempt=attempt)
 
     def _run_attempt(self, attempt: int) -> tuple[str, str | None, dict[str, Any] | None]:
         job_id = self.plan.job_id
@@ -161,6 +229,12 @@ class Supervisor:
                 self._teardown(watchers)
                 self._record_exits(watchers, attempt, exits)
                 return CANCELLED, self._cancel_reason, None
+            stalled = self.stall.check(watchers) if self.stall else None
+            if stalled is not None:
+                self.store.add_event(job_id, "stalled", stalled["reason"], stalled)
+                self._teardown(watchers)
+                self._record_exits(watchers, attempt, exits)
+                return FAILED, stalled["reason"], stalled
             time.sleep(POLL_S)
 
     def _collect_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> None:
@@ -256,9 +330,10 @@ def main(argv: list[str]) -> int:
     job = store.job(argv[0])
     plan = Plan.model_validate(job["plan"])
     cluster = ClusterSpec.model_validate(job["spec"]["cluster"])
+    spec = job["spec"]["job"]
     supervisor = Supervisor(
         store, plan, get_backend(plan.backend, cluster), secrets=read_secrets(plan.secrets),
-        grace=job["spec"]["job"]["watch"]["grace_period"],
+        grace=spec["watch"]["grace_period"], restarts=spec["restarts"], stall_timeout=spec["watch"]["stall_timeout"],
     )
     supervisor.install_signal_handlers()
     state = supervisor.run()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -159,3 +161,57 @@ def test_secrets_reach_ranks_but_no_output_of_launch(tmp_path, home):
     everything = status + result.stdout + result.stderr + (home / "jobs.db").read_bytes().decode("latin-1")
     everything += "".join(p.read_text() for p in (home / "runs").rglob("*.log"))
     assert secret not in everything
+
+
+def test_restart_resumes_and_ends_at_exactly_max_steps(tmp_path, home):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    env = {"PROBE_FAIL_RANK": "1", "PROBE_FAIL_AT_STEP": "4", "PROBE_CKPT": str(ckpt), "PROBE_STEPS": "8",
+           "PROBE_EVERY": "1"}
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=2, env=env, restarts=1)
+    result = run_cli(home, "submit", str(job))
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "resumed from step 4" in result.stdout
+    job_id = result.stderr.split()[1].rstrip(":")
+    obj = status_json(home, job_id)
+    assert obj["state"] == "SUCCEEDED" and obj["attempt"] == 1
+    assert obj["metrics"]["steps"] == 8
+    assert sorted({(n["attempt"], n["exit_code"]) for n in obj["nodes"]}) == [(0, 1), (1, 0)]
+    text = run_cli(home, "status", job_id).stdout
+    assert "restarting" in text and "restart 1 of 1" in text
+
+
+def test_a_stopped_rank_is_detected_as_stalled(tmp_path, home):
+    env = {"PROBE_STEPS": "100000", "PROBE_STEP_S": "0.02", "PROBE_EVERY": "5"}
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=2, env=env, watch={"stall_timeout": 8, "grace_period": 2})
+    job_id = run_cli(home, "submit", str(job), "--detach").stdout.strip()
+    assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 10, timeout=60)
+    ranks = [p for p in proctree.job_pids(job_id) if "rank_probe" in open(f"/proc/{p}/cmdline").read()
+             and "torch.distributed.run" not in open(f"/proc/{p}/cmdline").read()]
+    assert ranks
+    stopped = max(ranks)
+    os.kill(stopped, signal.SIGSTOP)
+    t0 = time.monotonic()
+    obj = wait_for_state(home, job_id, ("FAILED", "SUCCEEDED", "CANCELLED"), timeout=40)
+    elapsed = time.monotonic() - t0
+    assert obj["state"] == "FAILED", obj
+    assert obj["reason"].startswith("stalled at step"), obj["reason"]
+    assert elapsed < 8 + 6, f"stall noticed after {elapsed:.1f} s"
+    assert proctree.job_pids(job_id) == []
+
+
+def test_twenty_concurrent_detached_submits_all_land(tmp_path, home):
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=1, env={"PROBE_STEPS": "1"})
+    procs = [subprocess.Popen(launch_argv("submit", str(job), "--detach"),
+                              env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(20)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    ids = {out.strip() for out, _ in outs}
+    assert len(ids) == 20
+    finished = wait_for(lambda: all(status_json(home, i)["state"] in ("SUCCEEDED", "FAILED") for i in ids), timeout=240,
+                        interval=2)
+    listing = json.loads(run_cli(home, "status", "--json", "--limit", "0").stdout)
+    assert {o["id"] for o in listing} == ids
+    assert finished, [o["state"] for o in listing]
+    assert all(o["state"] == "SUCCEEDED" for o in listing), [(o["id"], o["reason"]) for o in listing]

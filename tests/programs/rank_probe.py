@@ -3,7 +3,9 @@
 Each rank writes ``rank<R>.json`` (argv, identity env, selected env, hostname,
 all_reduce result) into ``$PROBE_OUT``, then trains nothing for ``PROBE_STEPS``
 steps while reporting metrics. ``PROBE_FAIL_RANK=R`` makes rank R exit 1
-after the all_reduce; ``PROBE_STEP_S`` sets a step's duration; ``--echo`` prints
+at step ``PROBE_FAIL_AT_STEP`` (default 0), only once when ``PROBE_CKPT`` names a
+checkpoint directory (where rank 0 saves the step, and from which every
+rank resumes); ``PROBE_STEP_S`` sets a step's duration; ``--echo`` prints
 the watched env values (to check that `launch` masks secrets in its logs).
 """
 
@@ -43,19 +45,49 @@ def main() -> int:
     print(f"rank {rank} of {dist.get_world_size()} ready, all_reduce={total.item()}", flush=True)
     if "--echo" in sys.argv:
         print("echo: " + " ".join(f"{k}={os.environ.get(k)}" for k in watched), flush=True)
-    if os.environ.get("PROBE_FAIL_RANK") == str(rank):
-        print(f"rank {rank} failing on purpose", flush=True)
-        os._exit(1)
+    fail_at = int(os.environ.get("PROBE_FAIL_AT_STEP", "0"))
+    ckpt = os.environ.get("PROBE_CKPT")
+    start = _load_step(ckpt)
+    if start:
+        print(f"rank {rank} resumed from step {start}", flush=True)
     reporter = Reporter(every=int(os.environ.get("PROBE_EVERY", "2")), flops_per_sample=1e6)
+    reporter.resume_at(start)
     step_s = float(os.environ.get("PROBE_STEP_S", "0.05"))
-    for step in range(int(os.environ.get("PROBE_STEPS", "6"))):
+    for step in range(start, int(os.environ.get("PROBE_STEPS", "6"))):
+        if step == fail_at and os.environ.get("PROBE_FAIL_RANK") == str(rank) and _first_failure(ckpt):
+            print(f"rank {rank} failing on purpose at step {step}", flush=True)
+            os._exit(1)
         time.sleep(step_s)
         grad = torch.ones(4)
         dist.all_reduce(grad)
         reporter.step(samples=8, tokens=8 * 16, loss=1.0 / (step + 1))
+        if ckpt and rank == 0:
+            with open(os.path.join(ckpt, "step.tmp"), "w") as handle:
+                handle.write(str(step + 1))
+            os.replace(os.path.join(ckpt, "step.tmp"), os.path.join(ckpt, "step"))
     reporter.close()
     dist.destroy_process_group()
     return 0
+
+
+def _load_step(ckpt):
+    """The step saved in the checkpoint directory, or 0."""
+    try:
+        with open(os.path.join(ckpt, "step")) as handle:
+            return int(handle.read())
+    except (TypeError, OSError):
+        return 0
+
+
+def _first_failure(ckpt):
+    """True the first time it is asked for a checkpoint dir (always without one)."""
+    if not ckpt:
+        return True
+    marker = os.path.join(ckpt, "failed-once")
+    if os.path.exists(marker):
+        return False
+    open(marker, "w").close()
+    return True
 
 
 if __name__ == "__main__":
