@@ -56,6 +56,43 @@ def parse_agent_failure(lines: list[str]) -> dict[str, Any]:
     return found
 
 
+# (pattern, what it means) for lines in a failing rank's output, most specific first.
+KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.I), meaning)
+    for pattern, meaning in (
+        (r"CUDA out of memory|OutOfMemoryError", "CUDA out of memory: lower micro_batch, or use zero2/zero3 (see `launch plan`)"),
+        (r"Watchdog caught collective operation timeout", "NCCL watchdog timeout: a collective waited on a rank that stopped (check the other nodes)"),
+        (r"unhandled system error", "NCCL unhandled system error: usually the network (interface, IB HCA, firewall) between nodes"),
+        (r"\bXid\b", "GPU Xid error reported by the driver (see the node's kernel log)"),
+        (r"uncorrectable ECC error", "uncorrectable ECC error: a faulty GPU; drain this node"),
+        (r"illegal memory access", "CUDA illegal memory access (a kernel bug or a corrupted GPU)"),
+        (r"NCCL error|NCCL WARN", "NCCL error (run with env NCCL_DEBUG=INFO for details)"),
+        (r"Connection (closed|reset) by peer", "a peer rank went away (it failed or its node was lost)"),
+    )
+)
+_OOM_KILL = re.compile(r"(out of memory: Killed process (\d+)|oom-kill:.*\bpid=(\d+))", re.I)
+
+
+def explain(failure: dict[str, Any], rank_lines: list[str], kernel_log: list[str] = ()) -> str | None:
+    """Why a rank failed, from its last lines, its signal and the node's kernel log."""
+    code = failure.get("exit_code")
+    pid = failure.get("pid")
+    if code == -9:
+        for line in kernel_log:
+            match = _OOM_KILL.search(line)
+            if match and (pid is None or str(pid) in (match[2], match[3])):
+                return f"killed by the kernel's OOM killer (host memory): {line.strip()}"
+    for line in reversed(rank_lines):
+        for pattern, meaning in KNOWN_ERRORS:
+            if pattern.search(line):
+                return meaning
+    if code in (-6, -11, -7, -4):
+        return f"the process crashed ({signal_name(code)}): see its last lines"
+    if code == -9:
+        return "killed (SIGKILL): by the OOM killer, a user or a scheduler; no OOM line in the kernel log"
+    return None
+
+
 def describe(failure: dict[str, Any]) -> str:
     """One line for users: where it failed first and how."""
     if failure.get("stalled_s") is not None:

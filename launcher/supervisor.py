@@ -301,6 +301,8 @@ class Supervisor:
         rank_prefix = f"[{node.index}/{failure.get('rank')}] "
         rank_lines = [line for line in tail if line.startswith(rank_prefix)]
         failure["last_lines"] = rank_lines[-20:] or tail[-20:]
+        kernel_log = self.backend.kernel_log(node.index) if failure.get("exit_code") == -9 else []
+        failure["reason"] = failures.explain(failure, rank_lines or tail, kernel_log)
         return failure
 
     def _teardown(self, watchers: list[NodeWatcher]) -> None:

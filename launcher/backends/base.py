@@ -53,6 +53,9 @@ class Backend(Protocol):
     def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> NodeHandle:
         """Start one node of the plan; the node's processes carry the job tag."""
 
+    def kernel_log(self, node_index: int) -> list[str]:
+        """The node's recent kernel log lines (for OOM-killer and Xid lines); [] if unreadable."""
+
     def leftovers(self, plan: Plan) -> dict[int, list[int]]:
         """PIDs of the job still alive, per node index (empty lists when clean)."""
 

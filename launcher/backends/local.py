@@ -98,6 +98,13 @@ class LocalBackend:
         (run_dir / f"node{node.index}.pid").write_text(str(proc.pid))
         return LocalNode(node.index, proc, plan.job_id)
 
+    def kernel_log(self, node_index: int) -> list[str]:
+        try:
+            result = subprocess.run(["dmesg", "--ctime"], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return result.stdout.splitlines()[-300:] if result.returncode == 0 else []
+
     def leftovers(self, plan: Plan) -> dict[int, list[int]]:
         pids = proctree.job_pids(plan.job_id)
         return {0: pids} if pids else {}

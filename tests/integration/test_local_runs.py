@@ -215,3 +215,33 @@ def test_twenty_concurrent_detached_submits_all_land(tmp_path, home):
     assert {o["id"] for o in listing} == ids
     assert finished, [o["state"] for o in listing]
     assert all(o["state"] == "SUCCEEDED" for o in listing), [(o["id"], o["reason"]) for o in listing]
+
+
+MEMORY_CGROUPS = "/sys/fs/cgroup/memory"
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A cgroup-v1 memory group limited to 64 MB (needs root and the v1 memory controller)."""
+    if os.geteuid() != 0 or not os.path.isdir(MEMORY_CGROUPS):
+        pytest.skip("needs root and the cgroup v1 memory controller to provoke a real OOM kill")
+    path = os.path.join(MEMORY_CGROUPS, f"launch-test-{os.getpid()}")
+    os.mkdir(path)
+    with open(os.path.join(path, "memory.limit_in_bytes"), "w") as handle:
+        handle.write(str(64 * 1024 * 1024))
+    yield path
+    wait_for(lambda: not open(os.path.join(path, "cgroup.procs")).read().strip(), timeout=10)
+    os.rmdir(path)
+
+
+def test_an_oom_killed_rank_is_explained_from_the_kernel_log(tmp_path, home, memory_cgroup):
+    env = {"PROBE_FAIL_RANK": "1", "PROBE_FAIL_AT_STEP": "1", "PROBE_OOM_CGROUP": memory_cgroup, "PROBE_STEPS": "50"}
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=2, env=env)
+    result = run_cli(home, "submit", str(job))
+    assert result.returncode == 1
+    job_id = result.stderr.split()[1].rstrip(":")
+    failure = status_json(home, job_id)["first_failure"]
+    assert failure["rank"] == 1 and failure["exit_code"] == -9 and failure["signal"] == "SIGKILL"
+    assert failure["reason"].startswith("killed by the kernel's OOM killer"), failure["reason"]
+    assert str(failure["pid"]) in failure["reason"]
+    assert "OOM killer" in run_cli(home, "status", job_id).stdout

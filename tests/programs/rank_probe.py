@@ -5,7 +5,8 @@ all_reduce result) into ``$PROBE_OUT``, then trains nothing for ``PROBE_STEPS``
 steps while reporting metrics. ``PROBE_FAIL_RANK=R`` makes rank R exit 1
 at step ``PROBE_FAIL_AT_STEP`` (default 0), only once when ``PROBE_CKPT`` names a
 checkpoint directory (where rank 0 saves the step, and from which every
-rank resumes); ``PROBE_STEP_S`` sets a step's duration; ``--echo`` prints
+rank resumes); ``PROBE_OOM_CGROUP`` makes that failure an OOM kill inside the given
+memory cgroup; ``PROBE_STEP_S`` sets a step's duration; ``--echo`` prints
 the watched env values (to check that `launch` masks secrets in its logs).
 """
 
@@ -56,6 +57,8 @@ def main() -> int:
     for step in range(start, int(os.environ.get("PROBE_STEPS", "6"))):
         if step == fail_at and os.environ.get("PROBE_FAIL_RANK") == str(rank) and _first_failure(ckpt):
             print(f"rank {rank} failing on purpose at step {step}", flush=True)
+            if os.environ.get("PROBE_OOM_CGROUP"):
+                _exhaust_memory(os.environ["PROBE_OOM_CGROUP"])
             os._exit(1)
         time.sleep(step_s)
         grad = torch.ones(4)
@@ -68,6 +71,14 @@ def main() -> int:
     reporter.close()
     dist.destroy_process_group()
     return 0
+
+
+def _exhaust_memory(cgroup):
+    """Join a memory-limited cgroup and allocate past its limit: the kernel's OOM killer ends us."""
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
+        handle.write(str(os.getpid()))
+    hog = [bytearray(64 * 1024 * 1024) for _ in range(64)]
+    print(f"still alive with {len(hog)} blocks", flush=True)
 
 
 def _load_step(ckpt):
