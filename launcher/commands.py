@@ -65,7 +65,6 @@ def torchrun_argv(
     program: tuple[bool, list[str]],
 ) -> list[str]:
     """``torchrun`` for one node, with a fixed node count and c10d rendezvous."""
-    is_python, args = program
     argv = [
         python, "-m", TORCHRUN_MODULE,
         "--nnodes", str(nnodes),
@@ -79,12 +78,7 @@ def torchrun_argv(
         "--monitor-interval", "0.5",
         "--tee", "3",
     ]
-    if not is_python:
-        argv.append("--no-python")
-    if args and args[0] == "-m":
-        argv.append("-m")
-        args = args[1:]
-    return argv + args
+    return argv + _program_tail(program, no_python="--no-python", module="-m")
 
 
 def deepspeed_argv(
@@ -100,7 +94,6 @@ def deepspeed_argv(
     ``procs_per_node`` lists the processes of each node in node order; it becomes
     ``--world_info`` (keyed ``node0``, ``node1``...: DeepSpeed only counts them).
     """
-    is_python, args = program
     world = {f"node{index}": list(range(nproc)) for index, nproc in enumerate(procs_per_node)}
     world_info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
     argv = [
@@ -111,9 +104,13 @@ def deepspeed_argv(
         f"--master_port={master_port}",
         "--no_local_rank",
     ]
-    if not is_python:
-        argv.append("--no_python")
+    return argv + _program_tail(program, no_python="--no_python", module="--module")
+
+
+def _program_tail(program: tuple[bool, list[str]], no_python: str, module: str) -> list[str]:
+    """The program part of a launcher's argv, in that launcher's spelling of its flags."""
+    is_python, args = program
+    flags = [] if is_python else [no_python]
     if args and args[0] == "-m":
-        argv.append("--module")
-        args = args[1:]
-    return argv + args
+        return flags + [module, *args[1:]]
+    return flags + args
