@@ -88,20 +88,24 @@ class StallDetector:
 
     The limit is ``stall_timeout`` until reports arrive; after that it adapts
     to the job: five times the longest gap seen between two reports (at least
-    10 s), never more than ``stall_timeout``. So a job whose reports come
+    30 s), never more than ``stall_timeout``. Once a rank has reported its last
+    step, the ranks' exit (checkpoint, teardown) gets the whole ``stall_timeout``. So a job whose reports come
     every second is called stalled in seconds, not after NCCL's timeout.
     """
 
-    FLOOR_S = 10.0
+    FLOOR_S = 30.0
     FACTOR = 5.0
 
-    def __init__(self, stall_timeout: float) -> None:
+    def __init__(self, stall_timeout: float, max_steps: int) -> None:
         self.stall_timeout = stall_timeout
+        self.max_steps = max_steps
         self._last_report: float | None = None
         self._longest_gap = 0.0
+        self._finishing = False
 
     def limit(self) -> float:
-        if self._longest_gap <= 0:
+        """Seconds of silence allowed now (the whole stall_timeout while ranks finish up)."""
+        if self._longest_gap <= 0 or self._finishing:
             return self.stall_timeout
         return min(self.stall_timeout, max(self.FLOOR_S, self.FACTOR * self._longest_gap))
 
@@ -110,6 +114,7 @@ class StallDetector:
         now = time.monotonic()
         latest = [(t, step, w.handle.index, rank) for w in watchers for rank, (step, t) in w.progress.items()]
         newest = max((t for t, *_ in latest), default=None)
+        self._finishing = any(step >= self.max_steps for _, step, *_ in latest)
         if newest is not None and newest != self._last_report:
             if self._last_report is not None:
                 self._longest_gap = max(self._longest_gap, newest - self._last_report)
@@ -151,7 +156,7 @@ class Supervisor:
         self.secrets = dict(secrets or {})
         self.grace = grace
         self.restarts = restarts
-        self.stall = StallDetector(stall_timeout) if stall_timeout else None
+        self.stall = StallDetector(stall_timeout, plan.max_steps) if stall_timeout else None
         self.run_dir = store.run_dir(plan.job_id)
         self._cancel = threading.Event()
         self._cancel_reason = ""
