@@ -109,7 +109,7 @@ def status(job, as_json, last, limit):
     \b
     Examples:
       launch status
-      launch status cifar10-convnet-3f2a1c
+      launch status cifar10-convnet-3f2a1c9e
       launch status --last
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
@@ -157,7 +157,7 @@ def logs(job, node, rank, attempt, follow):
 
     \b
     Examples:
-      launch logs cifar10-convnet-3f2a1c
+      launch logs cifar10-convnet-3f2a1c9e
       launch logs cifar10 --node 1 --rank 3 --follow
     """
     from launcher.logs import print_logs
@@ -173,7 +173,7 @@ def cancel(job):
 
     \b
     Example:
-      launch cancel cifar10-convnet-3f2a1c
+      launch cancel cifar10-convnet-3f2a1c9e
     """
     from launcher.orchestrate import cancel as cancel_job
     from launcher.store import Store
@@ -236,6 +236,8 @@ def schema(kind):
 
 # Commands defined in their own modules (each imports only click at module level).
 # One import and one add_command line per command, in this block.
+from launcher.trust import trust  # noqa: E402
+cli.add_command(trust)
 from launcher.cli_metrics import bench as bench_command  # noqa: E402
 from launcher.cli_metrics import compare as compare_command  # noqa: E402
 from launcher.cli_metrics import metrics as metrics_command  # noqa: E402

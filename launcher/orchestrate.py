@@ -31,8 +31,8 @@ class Prepared:
 
 
 def new_job_id(name: str) -> str:
-    """``<name>-<6 hex>``: readable, unique enough, and a valid rendezvous id."""
-    return f"{name}-{token.token_hex(3)}"
+    """``<name>-<8 hex>``: readable, a valid rendezvous id, and unique (checked when stored)."""
+    return f"{name}-{token.token_hex(4)}"
 
 
 def load_cluster_spec(path: str | None) -> ClusterSpec:

@@ -140,7 +140,13 @@ class Store:
     # jobs
 
     def create_job(self, plan: Any, spec: dict[str, Any]) -> None:
-        """Record a planned job as PENDING."""
+        """Record a planned job as PENDING; an id already in the store is refused."""
+        try:
+            self._insert_job(plan, spec)
+        except sqlite3.IntegrityError:
+            raise LaunchError(f"job id {plan.job_id} is already in the store; submit again for a new id") from None
+
+    def _insert_job(self, plan: Any, spec: dict[str, Any]) -> None:
         self._execute(
             """INSERT INTO jobs (id, name, state, created_at, backend, cluster, launcher, strategy, precision,
                nnodes, nproc_per_node, world_size, micro_batch, grad_accum, global_batch, max_steps,

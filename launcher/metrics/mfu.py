@@ -1,0 +1,83 @@
+"""Model FLOPs utilisation: achieved training FLOP/s over the GPUs' dense bf16 peak.
+
+MFU = samples/s x FLOPs per sample / (world size x peak FLOP/s per GPU).
+
+FLOPs per sample come from the records (a recipe that knows its model sets
+``flops_per_sample`` on the Reporter). The peak comes from the cluster spec's
+``gpu.peak_tflops`` when given, else from a small table matched against the
+GPU's name: the cluster spec's ``gpu.name`` or a ``gpu_name`` the rank put
+in its records. Unknown GPUs (and CPU runs) have no MFU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendor data sheets.
+# Matched in order, case-insensitively, as substrings of the GPU name.
+PEAK_TFLOPS_BF16: tuple[tuple[str, float], ...] = (
+    ("h200", 989.0),
+    ("h100", 989.0),
+    ("h800", 989.0),
+    ("a800", 312.0),
+    ("a100", 312.0),
+)
+
+
+def table_peak_tflops(gpu_name: str | None) -> float | None:
+    """The dense bf16 peak (TFLOP/s) of a GPU named like ``NVIDIA A800-SXM4-80GB``; None if unknown."""
+    if not gpu_name:
+        return None
+    name = gpu_name.lower()
+    for key, peak in PEAK_TFLOPS_BF16:
+        if key in name:
+            return peak
+    return None
+
+
+def cluster_gpu(job: dict[str, Any]) -> dict[str, Any]:
+    """The ``gpu`` section of the cluster spec stored with a job row ({} when absent)."""
+    spec = job.get("spec") or {}
+    return ((spec.get("cluster") or {}).get("gpu")) or {}
+
+
+def gpu_name(job: dict[str, Any], records: list[dict[str, Any]] = ()) -> str | None:
+    """The GPU's name: the cluster spec's ``gpu.name``, else one reported by a rank."""
+    name = cluster_gpu(job).get("name")
+    if name:
+        return name
+    for record in reversed(records):
+        if record.get("gpu_name"):
+            return record["gpu_name"]
+    return None
+
+
+def peak_tflops(job: dict[str, Any], records: list[dict[str, Any]] = ()) -> float | None:
+    """Peak TFLOP/s per GPU for a job: ``gpu.peak_tflops`` from its cluster spec wins, else the table."""
+    override = cluster_gpu(job).get("peak_tflops")
+    if override:
+        return float(override)
+    return table_peak_tflops(gpu_name(job, records))
+
+
+def mfu(
+    samples_per_sec: float | None,
+    flops_per_sample: float | None,
+    world_size: int | None,
+    peak_tflops_per_gpu: float | None,
+) -> float | None:
+    """MFU as a fraction (0.45 = 45%); None when any input is unknown."""
+    if not (samples_per_sec and flops_per_sample and world_size and peak_tflops_per_gpu):
+        return None
+    return samples_per_sec * flops_per_sample / (world_size * peak_tflops_per_gpu * 1e12)
+
+
+def job_mfu(job: dict[str, Any], summary: dict[str, Any], records: list[dict[str, Any]] = ()) -> float | None:
+    """The MFU of a job from its summary (whole-job samples/s over all its ranks)."""
+    world = job.get("world_size") or len(summary.get("per_rank") or ()) or None
+    return mfu(summary.get("samples_per_sec"), summary.get("flops_per_sample"), world, peak_tflops(job, records))
+
+
+def rank_mfu(rank: dict[str, Any], flops_per_sample: float | None, peak: float | None) -> float | None:
+    """The MFU of one rank (its own samples/s on its one GPU)."""
+    return mfu(rank.get("samples_per_sec"), flops_per_sample, 1, peak)

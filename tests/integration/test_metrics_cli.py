@@ -1,0 +1,211 @@
+"""`launch metrics | compare | report | bench` on jobs run for real (torchrun, 2 gloo ranks).
+
+Two tiny entrypoint jobs are submitted once for the module: 'even' (both
+ranks alike) and 'strag' (rank 1 sleeps 20 ms more a step: a straggler).
+The cluster spec names an A100, so MFU is computed (tiny on CPU, but exact).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+A100_PEAK = 312e12
+FLOPS_PER_SAMPLE = 1e6
+STEPS, EVERY = 12, 2
+
+PROGRAM = f"""
+import os, time
+import torch, torch.distributed as dist
+from launcher.metrics import Reporter
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+slow = float(os.environ.get("SLOW_SLEEP", "0")) if rank == int(os.environ.get("SLOW_RANK", "-1")) else 0.0
+reporter = Reporter(every={EVERY}, flops_per_sample={FLOPS_PER_SAMPLE})
+x = torch.randn(64, 64)
+for step in range({STEPS}):
+    y = x @ x
+    time.sleep(0.02 + slow)
+    reporter.step(samples=8, tokens=128, loss=1.0 / (step + 1))
+reporter.close()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def launch_argv() -> list[str]:
+    """The `launch` console script of this interpreter (or the same entry point through -c)."""
+    script = Path(sys.executable).with_name("launch")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from launcher.cli import main; main(sys.argv[1:])"]
+
+
+def run_launch(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `launch ARGS` with the store in ``home`` (cwd = home)."""
+    env = {**os.environ, "LAUNCH_HOME": str(home / "store")}
+    return subprocess.run([*launch_argv(), *args], cwd=home, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def write_job(home: Path, name: str, env: dict[str, str] | None = None) -> Path:
+    """A tiny 2-rank entrypoint job (and the program it runs) under ``home``."""
+    program = home / "train.py"
+    program.write_text(PROGRAM)
+    path = home / f"{name}.yaml"
+    spec = {
+        "name": name, "entrypoint": [sys.executable, str(program)], "batch": {"micro_batch": 8},
+        "resources": {"nodes": 1, "nproc_per_node": 2}, "env": env or {},
+    }
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def write_cluster(home: Path) -> Path:
+    """The local cluster, declaring its GPU as an A100 so that MFU has a peak."""
+    path = home / "cluster.yaml"
+    path.write_text(json.dumps({"name": "local", "backend": "local", "gpu": {"name": "NVIDIA A100-SXM4-80GB"}}))
+    return path
+
+
+def submit(home: Path, job_file: Path, cluster_file: Path) -> str:
+    """Submit in the foreground; the job id (the job must succeed)."""
+    done = run_launch(home, "submit", str(job_file), "--cluster", str(cluster_file), "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout.strip().splitlines()[-1])["id"]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> tuple[Path, str, str]:
+    home = tmp_path_factory.mktemp("metrics")
+    cluster = write_cluster(home)
+    even = submit(home, write_job(home, "even"), cluster)
+    strag = submit(home, write_job(home, "strag", {"SLOW_RANK": "1", "SLOW_SLEEP": "0.02"}), cluster)
+    return home, even, strag
+
+
+def test_metrics_prints_the_summary_and_flags_the_straggler(jobs) -> None:
+    home, even, strag = jobs
+    done = run_launch(home, "metrics", strag)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for text in ("throughput", "step time", "p95", "memory", "MFU", "of 312 TFLOP/s", "RANK", "STRAGGLER"):
+        assert text in out
+    assert "straggler: rank 1 on" in out
+    calm = run_launch(home, "metrics", even)
+    assert calm.returncode == 0 and "STRAGGLER" not in calm.stdout
+
+
+def test_metrics_json_has_mfu_and_per_rank_flags(jobs) -> None:
+    home, even, strag = jobs
+    data = json.loads(run_launch(home, "metrics", strag, "--json").stdout)
+    assert data["id"] == strag and data["state"] == "SUCCEEDED"
+    assert data["steps"] == STEPS
+    assert data["stragglers"] == [1]
+    assert [r["straggler"] for r in data["per_rank"]] == [False, True]
+    assert data["per_rank"][1]["slowdown"] > 1.1
+    assert data["mfu"] == pytest.approx(data["samples_per_sec"] * FLOPS_PER_SAMPLE / (2 * A100_PEAK))
+    assert data["tokens_per_sec"] == pytest.approx(data["samples_per_sec"] * 16)
+    assert data["peak_mem_mb"] > 10
+    assert json.loads(run_launch(home, "metrics", even, "--json").stdout)["stragglers"] == []
+
+
+def test_metrics_csv_has_one_row_per_record(jobs) -> None:
+    home, even, _ = jobs
+    done = run_launch(home, "metrics", even, "--csv")
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert len(rows) == 2 * STEPS // EVERY
+    assert {r["rank"] for r in rows} == {"0", "1"}
+    assert sorted({int(r["step"]) for r in rows}) == list(range(EVERY, STEPS + 1, EVERY))
+    assert all(float(r["step_time_s"]) > 0 and r["job"] == even for r in rows)
+
+
+def test_metrics_tensorboard_writes_event_files_per_rank(jobs, tmp_path) -> None:
+    pytest.importorskip("tensorboard", reason="TensorBoard export needs the tensorboard package")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    home, even, _ = jobs
+    done = run_launch(home, "metrics", even, "--tensorboard", str(tmp_path / "tb"))
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        acc = EventAccumulator(str(tmp_path / "tb" / even / f"rank{rank}"))
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        assert {"throughput/samples_per_sec", "step_time_ms", "loss", "memory/peak_mb", "mfu"} <= tags
+        assert [e.step for e in acc.Scalars("loss")] == list(range(EVERY, STEPS + 1, EVERY))
+
+
+def test_compare_prints_the_reference_table_and_json(jobs) -> None:
+    home, even, strag = jobs
+    done = run_launch(home, "compare", even, strag)
+    assert done.returncode == 0, done.stderr
+    for header in ("STRATEGY", "PRECISION", "WORLD", "STEP MS", "STEPS/S", "SAMPLES/S", "TOKENS/S", "MEM/GPU",
+                   "GPU UTIL", "MFU", "SPEED-UP", "MEM RATIO"):
+        assert header in done.stdout
+    assert f"against {even}" in done.stdout and f"{strag}: straggler rank(s) 1" in done.stdout
+    rows = json.loads(run_launch(home, "compare", even, strag, "--json").stdout)
+    assert [r["job"] for r in rows] == [even, strag]
+    assert rows[0]["baseline"] and rows[0]["speedup"] == pytest.approx(1.0)
+    assert rows[1]["speedup"] == pytest.approx(rows[1]["samples_per_sec"] / rows[0]["samples_per_sec"])
+    assert rows[1]["speedup"] < 0.95
+    assert rows[1]["mem_ratio"] == pytest.approx(rows[1]["peak_mem_mb"] / rows[0]["peak_mem_mb"])
+
+
+def test_report_writes_one_self_contained_html_file(jobs) -> None:
+    home, even, strag = jobs
+    done = run_launch(home, "report", even, strag, "--out", "out.html")
+    assert done.returncode == 0, done.stderr
+    page = (home / "out.html").read_text()
+    assert page.count("<svg") == 3 and page.count("<polyline") == 4
+    assert "<script" not in page and "src=" not in page and "href=" not in page and "@import" not in page
+    assert even in page and strag in page and "straggler rank 1" in page
+
+
+@pytest.mark.parametrize("command", [["metrics", "nope"], ["compare", "nope", "nada"], ["report", "nope"]])
+def test_unknown_jobs_are_errors_not_tracebacks(jobs, command) -> None:
+    home, _, _ = jobs
+    done = run_launch(home, *command)
+    assert done.returncode == 4
+    assert "error: no job 'nope'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["metrics", "compare", "bench", "report"])
+def test_every_command_help_shows_an_example(tmp_path, command) -> None:
+    done = run_launch(tmp_path, command, "--help")
+    assert done.returncode == 0 and "Example" in done.stdout and f"launch {command} " in done.stdout
+
+
+def test_bench_refuses_an_entrypoint_job(jobs) -> None:
+    home, _, _ = jobs
+    done = run_launch(home, "bench", "even.yaml", "--strategies", "ddp")
+    assert done.returncode == 1 and "built-in recipe" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(not (REPO / "launcher/recipes/train.py").exists(), reason="needs the recipes (launcher/recipes/train.py)")
+def test_bench_runs_each_strategy_and_shows_failures_with_reasons(tmp_path) -> None:
+    done = run_launch(
+        tmp_path, "bench", str(REPO / "jobs/cifar10_convnet.yaml"), "--strategies", "nonsense,ddp", "--steps", "4",
+        "--set", "resources.nproc_per_node=2", "--json", "--out", "bench.json", timeout=180,
+    )
+    assert done.returncode == 1, done.stderr  # one strategy failed
+    rows = json.loads(done.stdout)
+    assert [r["strategy"] for r in rows] == ["nonsense", "ddp"]
+    assert rows[0]["state"] == "FAILED" and "must be one of" in rows[0]["reason"] and rows[0]["job"] is None
+    assert rows[1]["state"] == "SUCCEEDED" and rows[1]["samples_per_sec"] > 0 and rows[1]["baseline"]
+    assert "bench 2/2: ddp" in done.stderr
+    saved = list((tmp_path / "store" / "runs").glob("bench-*/comparison.json"))
+    assert len(saved) == 1 and (saved[0].parent / "report.html").exists()
+    assert json.loads((tmp_path / "bench.json").read_text())["comparison"] == rows
+    listed = json.loads(run_launch(tmp_path, "status", "--json").stdout)
+    assert [(j["strategy"], j["state"], j["max_steps"]) for j in listed] == [("ddp", "SUCCEEDED", 4)]

@@ -1,0 +1,75 @@
+"""MFU: the GPU peak table, the cluster spec's override, and the formula."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.metrics import mfu
+
+
+def _job(gpu: dict | None = None, world_size: int = 8) -> dict:
+    return {"id": "j", "world_size": world_size, "spec": {"cluster": {"gpu": gpu or {}}}}
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("a800-sxm4-80gb", 312.0),
+        ("NVIDIA A800 80GB PCIe", 312.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H200", 989.0),
+        ("h200 nvl", 989.0),
+    ],
+)
+def test_table_matches_gpu_names_case_insensitively(name: str, peak: float) -> None:
+    assert mfu.table_peak_tflops(name) == peak
+
+
+@pytest.mark.parametrize("name", [None, "", "NVIDIA GeForce RTX 4090", "Tesla V100-SXM2-32GB", "cpu"])
+def test_unknown_gpus_have_no_peak(name: str | None) -> None:
+    assert mfu.table_peak_tflops(name) is None
+
+
+def test_cluster_peak_tflops_wins_over_the_table() -> None:
+    job = _job({"name": "A100-SXM4-80GB", "peak_tflops": 400.0})
+    assert mfu.peak_tflops(job) == 400.0
+
+
+def test_peak_from_cluster_gpu_name_then_from_records() -> None:
+    assert mfu.peak_tflops(_job({"name": "A800-SXM4-80GB"})) == 312.0
+    records = [{"rank": 0, "gpu_name": "NVIDIA H100 80GB HBM3"}]
+    assert mfu.peak_tflops(_job(), records) == 989.0
+    assert mfu.gpu_name(_job({"name": "A800"}), records) == "A800"
+    assert mfu.peak_tflops(_job()) is None
+    assert mfu.peak_tflops({"id": "j"}) is None
+
+
+def test_mfu_formula() -> None:
+    # 8 GPUs at 312 TFLOP/s; 1000 samples/s of 1.2 TFLOP each = 1.2 PFLOP/s of 2.496 PFLOP/s.
+    assert mfu.mfu(1000.0, 1.2e12, 8, 312.0) == pytest.approx(1.2e15 / (8 * 312e12))
+    assert mfu.mfu(1000.0, 1.2e12, 8, 312.0) == pytest.approx(0.4808, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "args", [(None, 1e9, 8, 312.0), (10.0, None, 8, 312.0), (10.0, 1e9, None, 312.0), (10.0, 1e9, 8, None), (0.0, 1e9, 8, 312.0)]
+)
+def test_mfu_is_none_when_anything_is_unknown(args) -> None:
+    assert mfu.mfu(*args) is None
+
+
+def test_job_mfu_uses_the_whole_job_throughput_over_all_gpus() -> None:
+    job = _job({"name": "NVIDIA H100 80GB HBM3"}, world_size=4)
+    summary = {"samples_per_sec": 2000.0, "flops_per_sample": 5e11, "per_rank": [{}] * 4}
+    assert mfu.job_mfu(job, summary) == pytest.approx(2000.0 * 5e11 / (4 * 989e12))
+
+
+def test_job_mfu_falls_back_to_the_rank_count_for_the_world_size() -> None:
+    job = {"id": "j", "spec": {"cluster": {"gpu": {"peak_tflops": 100.0}}}}
+    summary = {"samples_per_sec": 100.0, "flops_per_sample": 1e12, "per_rank": [{}, {}]}
+    assert mfu.job_mfu(job, summary) == pytest.approx(0.5)
+
+
+def test_rank_mfu_is_one_rank_on_one_gpu() -> None:
+    assert mfu.rank_mfu({"samples_per_sec": 50.0}, 2e12, 100.0) == pytest.approx(1.0)
+    assert mfu.rank_mfu({"samples_per_sec": 50.0}, None, 100.0) is None
