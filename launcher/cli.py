@@ -146,6 +146,44 @@ def status(job, as_json, last, limit):
         _console().print(render.jobs_table(objects))
 
 
+@cli.command("plan")
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job spec value; repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="The estimates as JSON.")
+def plan_command(job_file, cluster_file, overrides, as_json):
+    """Will it fit? Per-GPU memory of a recipe job under every strategy, and the cheapest that fits.
+
+    Model states follow DeepSpeed's estimator formulas (mixed-precision Adam: DDP 16 bytes a
+    parameter, ZeRO-2 2 + 14/N, ZeRO-3 16/N, offload variants); activations are estimated
+    for the recipe's micro batch and sequence length; the cluster's gpu.memory_gb is the limit.
+
+    \b
+    Examples:
+      launch plan jobs/bert_large_zero3.yaml --cluster examples/clusters/a800.yaml
+      launch plan jobs/gpt2_small_zero2.yaml --cluster examples/clusters/a800.yaml --set batch.micro_batch=32
+    """
+    from launcher import fit, orchestrate, render
+
+    prepared = orchestrate.prepare(job_file, cluster_file, tuple(overrides), check_fit=False)
+    job, plan = prepared.job, prepared.plan
+    if job.recipe is None:
+        raise LaunchError("`launch plan` estimates memory for built-in recipes; an entrypoint job's model is unknown")
+    gpu_gb = plan.memory["gpu_memory_gib"]
+    rows = fit.strategy_estimates(job, plan.batch.micro_batch, plan.nnodes, plan.nproc_per_node, gpu_gb)
+    chosen = plan.memory
+    if as_json:
+        click.echo(json.dumps({"plan": chosen, "strategies": [r.__dict__ for r in rows]}, indent=2))
+        return
+    console = _console()
+    console.print(f"{job.name}: {job.recipe} on {plan.nnodes} node(s) x {plan.nproc_per_node}, {job.precision}, "
+                  f"micro batch {plan.batch.micro_batch} (global {plan.batch.global_batch})")
+    console.print(render.fit_table(rows, job.strategy, gpu_gb))
+    console.print("  " + render.memory_line(chosen))
+    if chosen.get("reason"):
+        console.print(f"  recommendation: {chosen['recommended'] or 'none fits'}: {chosen['reason']}")
+
+
 @cli.command()
 @click.argument("job")
 @click.option("--node", type=int, help="Only this node.")

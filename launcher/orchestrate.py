@@ -52,8 +52,9 @@ def load_cluster_spec(path: str | None) -> ClusterSpec:
     return cluster
 
 
-def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] = ()) -> Prepared:
-    """Validate the specs and make the plan; contacts nothing."""
+def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] = (), check_fit: bool = True) -> Prepared:
+    """Validate the specs and make the plan; contacts nothing. ``check_fit=False`` plans a
+    recipe job even when its strategy does not fit the GPUs (for `launch plan`)."""
     from launcher.backends.local import free_port
     from launcher.plan import make_plan
     from launcher.spec.load import load_job
@@ -62,7 +63,7 @@ def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] 
     cluster = load_cluster_spec(cluster_path)
     ds_config = deepspeed_config(job)
     port = cluster.rendezvous.port or free_port()
-    plan = make_plan(job, cluster, new_job_id(job.name), rdzv_port=port, ds_config=ds_config)
+    plan = make_plan(job, cluster, new_job_id(job.name), rdzv_port=port, ds_config=ds_config, check_fit=check_fit)
     return Prepared(job, cluster, plan)
 
 

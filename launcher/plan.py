@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from launcher import commands
 from launcher.batch import BatchPlan, resolve_batch
 from launcher.errors import PlanError
+from launcher.fit import memory_fit, misfit_problem
 from launcher.netenv import AUTO, NodeNetwork, network_env
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec
@@ -68,6 +69,7 @@ class Plan(Frozen):
     nodes: tuple[NodePlan, ...]
     secrets: tuple[str, ...]
     ds_config: dict | None = None
+    memory: dict | None = None
 
     def unresolved(self) -> list[str]:
         """Values still waiting for a probe (``auto``), as ``node N: NAME``."""
@@ -83,12 +85,14 @@ def make_plan(
     nodes: list[NodeSpec] | None = None,
     probes: dict[int, NodeNetwork] | None = None,
     ds_config: dict | None = None,
+    check_fit: bool = True,
 ) -> Plan:
     """Plan ``job`` on ``cluster``. Every job/cluster mismatch is reported at once.
 
     ``nodes`` overrides the cluster's node list (a Ray placement); ``probes``
     resolves auto network values per node index; ``ds_config`` is the
-    DeepSpeed config for DeepSpeed strategies.
+    DeepSpeed config for DeepSpeed strategies. With ``check_fit`` a recipe whose
+    strategy does not fit the cluster's GPU memory is a planning problem.
     """
     chosen = _choose_nodes(job, cluster, nodes)
     world_size = job.resources.nodes * job.resources.nproc_per_node
@@ -98,6 +102,13 @@ def make_plan(
     except PlanError as exc:
         problems.append(exc.message)
         batch = None
+    memory = None
+    if batch is not None and job.recipe is not None:
+        gpu_gb = cluster.gpu.memory_gb if all(node.gpus for node in chosen) else None
+        memory = memory_fit(job, batch.micro_batch, len(chosen), job.resources.nproc_per_node, gpu_gb)
+        problem = misfit_problem(memory) if check_fit else None
+        if problem:
+            problems.append(problem)
     if problems:
         raise PlanError(f"job '{job.name}' does not fit cluster '{cluster.name}':\n" + "\n".join(f"  {p}" for p in problems))
 
@@ -151,6 +162,7 @@ def make_plan(
         nodes=tuple(node_plans),
         secrets=tuple(job.secrets),
         ds_config=ds_config,
+        memory=memory,
     )
 
 

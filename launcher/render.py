@@ -44,6 +44,8 @@ def plan_text(plan: Any) -> str:
         f"  steps       {plan.max_steps}",
         f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",
     ]
+    if plan.memory:
+        lines.append("  memory      " + memory_line(plan.memory))
     data = plan_json(plan)
     for node in data["nodes"]:
         lines.append(f"  node {node['index']}  {node['host']} ({node['address']})  {node['nproc']} proc  cwd {node['cwd']}")
@@ -57,6 +59,36 @@ def plan_text(plan: Any) -> str:
         lines.append("  deepspeed config (generated):")
         lines.extend("    " + line for line in json.dumps(plan.ds_config, indent=2, sort_keys=True).splitlines())
     return "\n".join(lines)
+
+
+def memory_line(fit: dict[str, Any]) -> str:
+    """One line: the chosen strategy's per-GPU estimate and whether it fits."""
+    line = (
+        f"{fit['params'] / 1e6:.1f}M params; {fit['strategy']} needs ~{fit['total_gib']:.2f} GiB a GPU "
+        f"(model states {fit['model_states_gib']:.2f} + activations {fit['activations_gib']:.2f})"
+    )
+    if fit["fits"] is None:
+        return line + "; GPU size unknown (CPU ranks, or gpu.memory_gb unset): not checked"
+    verdict = "fits" if fit["fits"] else "does NOT fit"
+    return line + f"; {verdict} in {fit['usable_gib']:.1f} usable GiB; recommended: {fit.get('recommended')}"
+
+
+def fit_table(rows: list[Any], chosen: str, gpu_gb: float | None):
+    """A rich table: each strategy's per-GPU estimate and whether it fits."""
+    from rich.table import Table
+
+    gib = 2**30
+    table = Table(box=None, header_style="bold")
+    for column in ("STRATEGY", "MODEL STATES", "ACTIVATIONS", "TOTAL / GPU", "HOST / NODE", "FITS"):
+        table.add_column(column, no_wrap=True)
+    for r in rows:
+        fits = "-" if not gpu_gb else ("[green]yes[/]" if r.fits else "[red]no[/]")
+        name = f"[bold]{r.strategy}[/] *" if r.strategy == chosen else r.strategy
+        table.add_row(
+            name, f"{r.model_states_bytes / gib:.2f} GiB", f"{r.activation_bytes / gib:.2f} GiB",
+            f"{r.total_bytes / gib:.2f} GiB", f"{r.cpu_bytes_per_node / gib:.1f} GiB", fits,
+        )
+    return table
 
 
 def job_summary(job: dict[str, Any], records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
