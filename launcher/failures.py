@@ -56,20 +56,23 @@ def parse_agent_failure(lines: list[str]) -> dict[str, Any]:
     return found
 
 
-# (pattern, what it means) for lines in a failing rank's output, most specific first.
-KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.I), meaning)
-    for pattern, meaning in (
-        (r"CUDA out of memory|OutOfMemoryError", "CUDA out of memory: lower micro_batch, or use zero2/zero3 (see `launch plan`)"),
-        (r"Watchdog caught collective operation timeout", "NCCL watchdog timeout: a collective waited on a rank that stopped (check the other nodes)"),
-        (r"unhandled system error", "NCCL unhandled system error: usually the network (interface, IB HCA, firewall) between nodes"),
-        (r"\bXid\b", "GPU Xid error reported by the driver (see the node's kernel log)"),
-        (r"uncorrectable ECC error", "uncorrectable ECC error: a faulty GPU; drain this node"),
-        (r"illegal memory access", "CUDA illegal memory access (a kernel bug or a corrupted GPU)"),
-        (r"NCCL error|NCCL WARN", "NCCL error (run with env NCCL_DEBUG=INFO for details)"),
-        (r"Connection (closed|reset) by peer", "a peer rank went away (it failed or its node was lost)"),
+# (pattern, what it means, whether it is only the echo of another rank's failure)
+# for lines in a failing rank's output, most specific first.
+KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
+    (re.compile(pattern, re.I), meaning, echo)
+    for pattern, meaning, echo in (
+        (r"CUDA out of memory|OutOfMemoryError", "CUDA out of memory: lower micro_batch, or use zero2/zero3 (see `launch plan`)", False),
+        (r"Watchdog caught collective operation timeout", "NCCL watchdog timeout: a collective waited on a rank that stopped (check the other nodes)", True),
+        (r"unhandled system error", "NCCL unhandled system error: usually the network (interface, IB HCA, firewall) between nodes", False),
+        (r"\bXid\b", "GPU Xid error reported by the driver (see the node's kernel log)", False),
+        (r"uncorrectable ECC error", "uncorrectable ECC error: a faulty GPU; drain this node", False),
+        (r"illegal memory access", "CUDA illegal memory access (a kernel bug or a corrupted GPU)", False),
+        (r"NCCL error|NCCL WARN", "NCCL error (run with env NCCL_DEBUG=INFO for details)", False),
+        (r"Connection (closed|reset) by peer", "a peer rank went away (it failed or its node was lost)", True),
     )
 )
+ECHOES = frozenset(meaning for _, meaning, echo in KNOWN_ERRORS if echo)
+_LAUNCH_NOTE = re.compile(r"\[launch\] (.*\blost\b.*)")
 _OOM_KILL = re.compile(r"(out of memory: Killed process (\d+)|oom-kill:.*\bpid=(\d+))", re.I)
 
 
@@ -83,7 +86,9 @@ def explain(failure: dict[str, Any], rank_lines: list[str], kernel_log: list[str
             if match and (pid is None or str(pid) in (match[2], match[3])):
                 return f"killed by the kernel's OOM killer (host memory): {line.strip()}"
     for line in reversed(rank_lines):
-        for pattern, meaning in KNOWN_ERRORS:
+        if match := _LAUNCH_NOTE.search(line):
+            return match[1]
+        for pattern, meaning, _ in KNOWN_ERRORS:
             if pattern.search(line):
                 return meaning
     if code in (-6, -11, -7, -4):
@@ -91,6 +96,23 @@ def explain(failure: dict[str, Any], rank_lines: list[str], kernel_log: list[str
     if code == -9:
         return "killed (SIGKILL): by the OOM killer, a user or a scheduler; no OOM line in the kernel log"
     return None
+
+
+def precedence(failure: dict[str, Any]) -> tuple:
+    """Sort key: which of several failures came first, the cause rather than its echoes.
+
+    A node whose agent died or whose connection was lost (no rank named) comes
+    first, then a rank that failed on its own, then ranks that only saw a peer
+    go away; within a class, the earliest agent "failed" time, then node order.
+    """
+    if failure.get("rank") is None:
+        klass = 0
+    elif failure.get("reason") in ECHOES:
+        klass = 2
+    else:
+        klass = 1
+    failed_at = failure.get("failed_at")
+    return (klass, failed_at is None, failed_at or 0.0, failure.get("node", 0))
 
 
 def describe(failure: dict[str, Any]) -> str:

@@ -253,14 +253,14 @@ class Supervisor:
                 self.store.set_node(self.plan.job_id, attempt, index, state="EXITED", exit_code=code, ended_at=time.time())
 
     def _first_failure(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> dict[str, Any]:
-        """The failure that came first: other nodes get a moment to report theirs, then the
-        earliest agent "failed" line wins (exits alone are noticed in poll order)."""
+        """The failure that came first: other nodes get a moment to report theirs, then
+        ``failures.precedence`` picks the cause over its echoes (exits alone are noticed in poll order)."""
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline and len(exits) < len(watchers):
             time.sleep(POLL_S)
             self._collect_exits(watchers, attempt, exits)
         failed = [self._failure(w, exits[w.handle.index]) for w in watchers if exits.get(w.handle.index, 0) != 0]
-        return min(failed, key=lambda f: (f.get("failed_at") is None, f.get("failed_at") or 0.0, f["node"]))
+        return min(failed, key=failures.precedence)
 
     def _start_nodes(self, attempt: int) -> list[NodeWatcher] | tuple[str, str, dict[str, Any]]:
         """Start every node in parallel; on any failure stop those started."""

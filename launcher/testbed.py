@@ -122,7 +122,7 @@ class Testbed:
             "name: testbed",
             "backend: ssh",
             f"ssh: {{user: {SSH_USER}, port: {SSH_PORT}, key_file: {self.key_file}, "
-            f"known_hosts: {self.known_hosts}}}",
+            f"known_hosts: {self.known_hosts}, config_file: {self.ssh_config}}}",
             "nodes:",
             *(f"  - {{host: {h.name}, address: {h.address}, gpus: 0}}" for h in self.hosts[:count]),
             f"python: {_yaml_string(python)}",

@@ -25,7 +25,7 @@ from launcher import proctree
 from launcher import testbed as tb
 from launcher.backends.local import free_port
 from launcher.backends.ray import NAMESPACE
-from tests.helpers import cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.helpers import TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
 
 pytestmark = [
     pytest.mark.ray,
@@ -34,7 +34,6 @@ pytestmark = [
 
 RAY = str(Path(sys.executable).parent / "ray")
 RAY_NODE_ARGS = ["--num-cpus", "2", "--object-store-memory", "100000000", "--disable-usage-stats"]
-TORCH_EXTENSIONS_DIR = "/tmp/launch-torch-ext"
 
 TRAIN = """\
 import os, socket, sys, time

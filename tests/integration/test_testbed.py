@@ -112,14 +112,15 @@ def test_sshd_that_cannot_start_is_named(testbed: tb.Testbed) -> None:
 
 def test_cluster_yaml_lists_the_first_n_hosts(testbed: tb.Testbed) -> None:
     base = testbed.base_dir
-    assert testbed.cluster_yaml("/tmp/venv-probe/bin/python", n=2) == (
+    assert testbed.cluster_yaml("/opt/venv/bin/python", n=2) == (
         "name: testbed\n"
         "backend: ssh\n"
-        f"ssh: {{user: root, port: 22, key_file: {base}/id_ed25519, known_hosts: {base}/known_hosts}}\n"
+        f"ssh: {{user: root, port: 22, key_file: {base}/id_ed25519, known_hosts: {base}/known_hosts, "
+        f"config_file: {base}/ssh_config}}\n"
         "nodes:\n"
         "  - {host: lt-h1, address: 10.77.0.11, gpus: 0}\n"
         "  - {host: lt-h2, address: 10.77.0.12, gpus: 0}\n"
-        "python: /tmp/venv-probe/bin/python\n"
+        "python: /opt/venv/bin/python\n"
         "workdir: /tmp\n"
     )
     assert testbed.cluster_yaml("/p y", workdir="/w").endswith('python: "/p y"\nworkdir: /w\n')

@@ -57,3 +57,20 @@ def test_describe_names_node_rank_and_cause():
     text = describe({"node": 1, "host": "gpu-02", "rank": 11, "exit_code": -9, "signal": "SIGKILL",
                      "reason": "killed by the kernel's OOM killer"})
     assert text == "first failure: node 1 (gpu-02), rank 11, exit code -9 (SIGKILL): killed by the kernel's OOM killer"
+
+
+def test_the_cause_precedes_its_echoes():
+    from launcher.failures import precedence
+
+    lost_node = {"node": 1, "exit_code": 255}
+    own_failure = {"node": 1, "rank": 3, "exit_code": 1, "failed_at": 50.0}
+    echo = {"node": 0, "rank": 0, "exit_code": 1, "failed_at": 10.0, "reason": explain({"exit_code": 1}, [
+        "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"])}
+    assert sorted([echo, own_failure, lost_node], key=precedence) == [lost_node, own_failure, echo]
+    earlier = {**own_failure, "node": 0, "failed_at": 40.0}
+    assert min([own_failure, earlier], key=precedence) is earlier
+
+
+def test_a_lost_node_is_explained_by_the_backend_note():
+    assert explain({"exit_code": 255}, ["[1] [launch] connection to lt-h2 lost: keepalive timed out"]) == (
+        "connection to lt-h2 lost: keepalive timed out")

@@ -1,0 +1,397 @@
+"""The ssh backend end to end: the real CLI, real sshd in namespaced hosts, real torchrun with gloo."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import proctree
+from launcher import testbed as tb
+from launcher.backends.ssh import SSHBackend
+from launcher.plan import Plan
+from launcher.spec.cluster import ClusterSpec
+from launcher.store import Store
+
+from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, sshd_stopped
+
+pytestmark = [needs_root, pytest.mark.testbed]
+
+PYTHON = sys.executable
+LAUNCH = str(Path(sys.executable).with_name("launch"))
+SECRET_NAME = "LAUNCH_TEST_SECRET"
+HOSTILE = ["semi;colon", "$(touch /tmp/launch-pwned)", "both 'single' and \"double\"", "two  spaces",
+           "new\nline", "ünïcödé ☃", "`id` $HOME *", ""]
+
+TRAIN = '''
+import hashlib, json, os, socket, sys, time
+import torch
+import torch.distributed as dist
+from launcher.metrics import Reporter
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+host = socket.gethostname()
+secret = os.environ.get("LAUNCH_TEST_SECRET")
+leaks = 0
+if secret:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            leaks += secret.encode() in open("/proc/%s/cmdline" % pid, "rb").read()
+        except OSError:
+            pass
+print("RESULT " + json.dumps({
+    "rank": rank, "host": host, "address": socket.gethostbyname(host), "sum": total.item(),
+    "argv": sys.argv[1:], "hostile": os.environ.get("HOSTILE"), "leaks": leaks,
+    "secret_sha": hashlib.sha256(secret.encode()).hexdigest() if secret else None,
+}), flush=True)
+reporter = Reporter(every=1, warmup=0)
+for _ in range(int(os.environ.get("TEST_STEPS", "3"))):
+    time.sleep(float(os.environ.get("TEST_STEP_S", "0.05")))
+    reporter.step(samples=4)
+reporter.close()
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private LAUNCH_HOME for the CLI runs of one test."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("LAUNCH_HOME", str(path))
+    monkeypatch.delenv(SECRET_NAME, raising=False)
+    return path
+
+
+def _cluster(tmp_path: Path, bed: tb.Testbed, hosts: int = 2, ssh: dict | None = None, **extra) -> Path:
+    """A cluster spec naming hosts by their ~/.ssh/config-style aliases (the testbed's ssh_config)."""
+    spec = {
+        "name": "testbed", "backend": "ssh",
+        "ssh": {"user": "root", "key_file": str(bed.key_file), "known_hosts": str(bed.known_hosts),
+                "config_file": str(bed.ssh_config), **(ssh or {})},
+        "nodes": [{"host": h.name, "gpus": 0, "slots": 2} for h in bed.hosts[:hosts]],
+        "python": PYTHON, "workdir": str(tmp_path), **extra,
+    }
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _job(tmp_path: Path, *, args: list[str] = (), env: dict | None = None, secrets: list[str] = (),
+         steps: int = 3, step_s: float = 0.05, nproc: int = 2) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    spec = {
+        "name": "ssh-test", "entrypoint": [PYTHON, str(script), *args],
+        "batch": {"global_batch": 2 * nproc, "micro_batch": 1}, "resources": {"nodes": 2, "nproc_per_node": nproc},
+        "max_steps": steps, "metrics": {"every": 1}, "watch": {"grace_period": 2},
+        "env": {"TEST_STEPS": str(steps), "TEST_STEP_S": str(step_s), **(env or {})}, "secrets": list(secrets),
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _launch(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=timeout, input=input,
+                          env={**os.environ, **(env or {})})
+
+
+def _succeeded(done: subprocess.CompletedProcess) -> str:
+    """The id of the job a foreground ``launch submit`` ran, which must have succeeded."""
+    assert done.returncode == 0, done.stderr + done.stdout
+    return re.search(r"job (\S+): SUCCEEDED", done.stderr)[1]
+
+
+def _fingerprint(public_key_line: str) -> str:
+    """What ``ssh-keygen -l`` says the key's fingerprint is."""
+    return subprocess.run(["ssh-keygen", "-lf", "-"], input=public_key_line, capture_output=True, text=True,
+                          check=True).stdout.split()[1]
+
+
+def _status(job_id: str) -> dict:
+    done = _launch("status", job_id, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _results(home: Path, job_id: str) -> list[dict]:
+    lines = "".join(p.read_text() for p in sorted((home / "runs" / job_id).glob("attempt0-node*.log")))
+    return sorted((json.loads(m) for m in re.findall(r"RESULT (\{.*\})", lines)), key=lambda r: r["rank"])
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def _wait_running(home: Path, steps: int = 1) -> dict:
+    """The newest job once it is RUNNING and has reported ``steps`` metric steps."""
+    store = Store(home)
+
+    def running():
+        jobs = store.jobs(limit=1)
+        if jobs and jobs[0]["state"] == "RUNNING":
+            records = store.metrics(jobs[0]["id"])
+            return jobs[0] if max((r["step"] for r in records), default=0) >= steps else None
+        return None
+
+    return _wait_for(running, 45, "a RUNNING job with metrics")
+
+
+def _running_detached(tmp_path: Path, bed: tb.Testbed, home: Path) -> str:
+    """A long job submitted with --detach, once it runs and reports metrics; its id."""
+    job = _job(tmp_path, steps=400, step_s=0.1)
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, bed)), "--detach")
+    assert done.returncode == 0, done.stderr
+    _wait_running(home)
+    return done.stdout.strip()
+
+
+def _assert_clean(bed: tb.Testbed, job_id: str) -> None:
+    """No process of the job anywhere, and no process at all in the hosts besides sshd listeners."""
+    _wait_for(lambda: not proctree.job_pids(job_id), 10, f"the processes of {job_id} to end")
+    _wait_for(lambda: not any(tb.pids(h) for h in bed.hosts), 10, "every host to be empty")
+
+
+def test_two_hosts_two_processes_each(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    done = _launch("submit", str(_job(tmp_path)), "--cluster", str(_cluster(tmp_path, testbed)))
+    job_id = _succeeded(done)
+
+    results = _results(home, job_id)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert [r["host"] for r in results] == ["lt-h1", "lt-h1", "lt-h2", "lt-h2"]
+    assert [r["address"] for r in results] == ["10.77.0.11", "10.77.0.11", "10.77.0.12", "10.77.0.12"]
+    assert {r["sum"] for r in results} == {10.0}
+    status = _status(job_id)
+    assert status["state"] == "SUCCEEDED"
+    per_rank = status["metrics"]["per_rank"]
+    assert len(per_rank) == 4 and {r["host"] for r in per_rank} == {"lt-h1", "lt-h2"}
+
+    plan = Store(home).job(job_id)["plan"]
+    assert plan["rendezvous"]["host"] == "10.77.0.11"
+    for node, address in zip(plan["nodes"], ["10.77.0.11", "10.77.0.12"]):
+        assert node["address"] == address
+        assert node["env"]["GLOO_SOCKET_IFNAME"] == node["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert node["env_sources"]["GLOO_SOCKET_IFNAME"].startswith("probed: the interface routing to node 0")
+        assert "NCCL_IB_HCA" not in node["env"]
+    _assert_clean(testbed, job_id)
+
+
+def test_hostile_argv_and_env_reach_the_ranks_verbatim(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    value = "a;b $(echo pwned) 'q' \"dq\" \n ünï"
+    job = _job(tmp_path, args=HOSTILE, env={"HOSTILE": value}, nproc=1)
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)))
+    results = _results(home, _succeeded(done))
+    assert len(results) == 2
+    assert all(r["argv"] == HOSTILE and r["hostile"] == value for r in results)
+    assert not Path("/tmp/launch-pwned").exists()
+
+
+def test_secret_reaches_the_ranks_but_no_command_line_store_or_log(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    secret = "s3cret-" + os.urandom(8).hex()
+    job = _job(tmp_path, secrets=[SECRET_NAME], nproc=1)
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)), env={SECRET_NAME: secret})
+    results = _results(home, _succeeded(done))
+    assert secret not in done.stdout + done.stderr
+    assert [r["secret_sha"] for r in results] == [hashlib.sha256(secret.encode()).hexdigest()] * 2
+    assert [r["leaks"] for r in results] == [0, 0]
+    for path in home.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_cancel_a_detached_job(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    job_id = _running_detached(tmp_path, testbed, home)
+    cancelled = _launch("cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr + cancelled.stdout
+    assert _status(job_id)["state"] == "CANCELLED"
+    _assert_clean(testbed, job_id)
+
+
+def test_cancel_after_the_supervisor_died_ends_the_remote_processes(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    job_id = _running_detached(tmp_path, testbed, home)
+    os.kill(Store(home).job(job_id)["supervisor_pid"], signal.SIGKILL)
+    time.sleep(1.0)
+    agent = int(Path(f"/tmp/launch-runs/{job_id}/node1.pid").read_text())
+    assert tb.pid_alive(agent), "a dead SSH client leaves the remote agent running (no pty)"
+    cancelled = _launch("cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr + cancelled.stdout
+    assert _status(job_id)["state"] == "CANCELLED"
+    _assert_clean(testbed, job_id)
+
+
+def test_ctrl_c_cancels_a_foreground_job(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    job = _job(tmp_path, steps=400, step_s=0.1)
+    proc = subprocess.Popen([LAUNCH, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        row = Store(home).job(_wait_running(home)["id"])
+        backend = SSHBackend(ClusterSpec.model_validate(row["spec"]["cluster"]))
+        plan = Plan.model_validate(row["plan"])
+        agent = int(Path(f"/tmp/launch-runs/{row['id']}/node1.pid").read_text())
+        try:
+            assert agent in backend.leftovers(plan)[1]
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130, proc.stderr.read()
+            assert backend.leftovers(plan) == {}
+        finally:
+            backend.close()
+    finally:
+        proc.kill()
+    assert _status(row["id"])["state"] == "CANCELLED"
+    _assert_clean(testbed, row["id"])
+
+
+def test_agent_killed_on_host_2_fails_the_job_fast(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    job_id = _running_detached(tmp_path, testbed, home)
+    agent = int(Path(f"/tmp/launch-runs/{job_id}/node1.pid").read_text())
+    assert agent in tb.pids(testbed.hosts[1])
+    os.kill(agent, signal.SIGKILL)
+    killed = time.monotonic()
+    store = Store(home)
+    _wait_for(lambda: store.job(job_id)["state"] == "FAILED", 10, "the job to fail")
+    assert time.monotonic() - killed < 10
+    failure = _status(job_id)["first_failure"]
+    assert (failure["node"], failure["host"], failure["signal"]) == (1, "lt-h2", "SIGKILL")
+    _assert_clean(testbed, job_id)
+
+
+def test_host_without_sshd_is_refused_in_preflight(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    with sshd_stopped(testbed.hosts[1]):
+        done = _launch("submit", str(_job(tmp_path)), "--cluster", str(_cluster(tmp_path, testbed)))
+    assert done.returncode == 3, done.stderr
+    assert "preflight failed" in done.stderr and "lt-h2 (10.77.0.12:22): cannot connect" in done.stderr
+    assert "lt-h1" not in done.stderr
+    assert not [j for j in Store(home).jobs() if j["state"] not in ("FAILED", "CANCELLED", "SUCCEEDED")]
+    _wait_for(lambda: not tb.pids(testbed.hosts[0]), 10, "lt-h1 to be empty")
+
+
+def test_changed_host_key_is_refused_before_anything_runs(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    host = testbed.hosts[1]
+    recorded = testbed.known_hosts.read_text()
+    with host_key_rotated(testbed, host):
+        offered = _fingerprint(host.host_key.with_suffix(".pub").read_text())
+        expected = _fingerprint(next(line for line in recorded.splitlines() if line.startswith(host.name)))
+        done = _launch("submit", str(_job(tmp_path)), "--cluster", str(_cluster(tmp_path, testbed)))
+    assert done.returncode == 3, done.stderr
+    assert "lt-h2 (10.77.0.12:22): the host key has CHANGED" in done.stderr
+    assert expected in done.stderr and offered in done.stderr and expected != offered
+    assert "launch trust lt-h2 --replace" in done.stderr
+    assert not Store(home).jobs()
+    _wait_for(lambda: not any(tb.pids(h) for h in testbed.hosts), 10, "every host to be empty")
+
+
+def test_dead_host_fails_the_job_within_10_s(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    job_id = _running_detached(tmp_path, testbed, home)
+    store = Store(home)
+    with link_cut(testbed.hosts[1]):
+        cut = time.monotonic()
+        _wait_for(lambda: store.job(job_id)["state"] == "FAILED", 15, "the job to fail")
+        elapsed = time.monotonic() - cut
+    failure = _status(job_id)["first_failure"]
+    assert (failure["node"], failure["host"], failure["exit_code"]) == (1, "lt-h2", 255)
+    assert "connection to lt-h2 lost" in failure["last_lines"][-1]
+    assert elapsed < 10
+    _assert_clean(testbed, job_id)
+
+
+def test_sync_workdir_and_setup_run_before_launch(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    source = tmp_path / "project"
+    (source / "pkg").mkdir(parents=True)
+    (source / "pkg" / "data.txt").write_text("payload\n")
+    (source / "hello.py").write_text("import os, socket\nprint('HELLO', socket.gethostname(), open('pkg/data.txt').read().strip(), os.path.exists('setup-' + socket.gethostname()))\n")
+    (source / ".git").mkdir()
+    (source / ".git" / "HEAD").write_text("ref\n")
+    workdir = tmp_path / "remote" / "work"
+    cluster = _cluster(tmp_path, testbed, workdir=str(workdir), sync_workdir=str(source),
+                       setup=["echo setting up on $(hostname)", "touch setup-$(hostname)"])
+    job = tmp_path / "hello.yaml"
+    job.write_text(json.dumps({"name": "hello", "entrypoint": [PYTHON, "hello.py"], "batch": {"micro_batch": 1},
+                               "resources": {"nodes": 2, "nproc_per_node": 1}}))
+    for launch in (1, 2):
+        done = _launch("submit", str(job), "--cluster", str(cluster))
+        job_id = _succeeded(done)
+        setup_logs = [(home / "runs" / job_id / f"setup-node{i}.log").read_text() for i in (0, 1)]
+        counts = [tuple(map(int, re.search(r"(\d+) copied, (\d+) unchanged", log).groups())) for log in setup_logs]
+        assert all(sum(c) == 2 for c in counts)
+        # The hosts share one filesystem here, so on the first launch each file is copied at least once.
+        assert sum(c[0] for c in counts) >= 2 if launch == 1 else counts == [(0, 2), (0, 2)]
+        for index, log in enumerate(setup_logs):
+            assert f"setting up on lt-h{index + 1}\n[exit 0]" in log
+    assert "HELLO lt-h2 payload True" in done.stdout
+    assert (workdir / "pkg" / "data.txt").read_text() == "payload\n" and not (workdir / ".git").exists()
+
+    failing = _cluster(tmp_path, testbed, workdir=str(workdir), setup=["echo broken; exit 3"])
+    done = _launch("submit", str(job), "--cluster", str(failing))
+    assert done.returncode == 1
+    job_id = re.search(r"job (\S+): FAILED", done.stderr)[1]
+    assert "setup command `echo broken; exit 3` exited 3: broken" in _status(job_id)["reason"]
+    assert not Store(home).nodes(job_id) or all(n["pid"] is None for n in Store(home).nodes(job_id))
+
+
+def test_nodes_behind_a_jump_host(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    cluster = _cluster(tmp_path, testbed, ssh={"jump_host": "lt-h1"}, nodes=[{"host": "lt-h2"}, {"host": "lt-h3"}])
+    done = _launch("submit", str(_job(tmp_path, nproc=1)), "--cluster", str(cluster))
+    job_id = _succeeded(done)
+    assert [(r["host"], r["address"]) for r in _results(home, job_id)] == [("lt-h2", "10.77.0.12"), ("lt-h3", "10.77.0.13")]
+    assert Store(home).job(job_id)["plan"]["rendezvous"]["host"] == "10.77.0.12"
+
+
+def test_trust_records_shows_and_refuses_changed_keys(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    known = tmp_path / "ssh" / "known_hosts"
+    cluster = _cluster(tmp_path, testbed, ssh={"known_hosts": str(known)})
+    host = testbed.hosts[1]
+
+    def fingerprint() -> str:
+        return _fingerprint(host.host_key.with_suffix(".pub").read_text())
+
+    refused = _launch("submit", str(_job(tmp_path)), "--cluster", str(cluster))
+    assert refused.returncode == 3 and "host key not trusted" in refused.stderr and "launch trust lt-h2" in refused.stderr
+    done = _launch("trust", "--cluster", str(cluster), "--yes")
+    assert done.returncode == 0, done.stderr
+    assert f"lt-h2 (10.77.0.12:22)  ssh-ed25519  {fingerprint()}" in done.stdout
+    assert [line.split()[0] for line in known.read_text().splitlines()] == ["10.77.0.11", "10.77.0.12"]
+    assert oct(known.stat().st_mode & 0o777) == "0o600"
+    assert "already trusted" in _launch("trust", "lt-h2", "--cluster", str(cluster)).stdout
+    with host_key_rotated(testbed, host):
+        changed = _launch("trust", "lt-h2", "--cluster", str(cluster), "--yes")
+        assert changed.returncode == 1 and "CHANGED" in changed.stdout and "--replace" in changed.stderr
+        declined = _launch("trust", "lt-h2", "--cluster", str(cluster), "--replace", input="n\n")
+        assert "skipped" in declined.stdout and fingerprint() not in known.read_text()
+        replaced = _launch("trust", "lt-h2", "--cluster", str(cluster), "--replace", "--yes")
+        assert replaced.returncode == 0, replaced.stderr
+        assert fingerprint() in replaced.stdout
+        assert "already trusted" in _launch("trust", "lt-h2", "--cluster", str(cluster)).stdout
+    assert len(known.read_text().splitlines()) == 2
+
+
+def test_preflight_reports_every_problem_of_every_host(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    no_torch = _cluster(tmp_path, testbed, python="/usr/bin/python3", workdir="/no/such/dir",
+                        network={"interface": "eth7"})
+    done = _launch("submit", str(_job(tmp_path)), "--cluster", str(no_torch))
+    assert done.returncode == 3, done.stderr
+    for host in ("lt-h1", "lt-h2"):
+        assert f"{host}: /usr/bin/python3 cannot import torch" in done.stderr
+        assert f"{host}: workdir '/no/such/dir' does not exist" in done.stderr
+        assert f"{host}: network interface 'eth7' (cluster.yaml network.interface) does not exist" in done.stderr
+    missing = _launch("submit", str(_job(tmp_path)), "--cluster", str(_cluster(tmp_path, testbed, python="/no/python")))
+    assert missing.returncode == 3
+    assert "lt-h1: python interpreter '/no/python' not found" in missing.stderr and "lt-h2: python" in missing.stderr
+    assert not Store(home).jobs()
