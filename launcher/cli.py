@@ -13,14 +13,9 @@ import sys
 import click
 
 from launcher.errors import LaunchError
+from launcher.render import console
 
 EXIT_CANCELLED = 130
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
 
 
 def _echo_line(line: str) -> None:
@@ -129,9 +124,9 @@ def status(job, as_json, last, limit):
         if as_json:
             click.echo(json.dumps(obj, indent=2))
         else:
-            console = _console()
+            out = console()
             for part in render.job_detail(obj, store.events(row["id"])):
-                console.print(part)
+                out.print(part)
         return
     rows = store.jobs(limit=limit or None)
     objects = [
@@ -143,7 +138,7 @@ def status(job, as_json, last, limit):
     elif not objects:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
-        _console().print(render.jobs_table(objects))
+        console().print(render.jobs_table(objects))
 
 
 @cli.command("plan")
@@ -175,13 +170,13 @@ def plan_command(job_file, cluster_file, overrides, as_json):
     if as_json:
         click.echo(json.dumps({"plan": chosen, "strategies": [r.__dict__ for r in rows]}, indent=2))
         return
-    console = _console()
-    console.print(f"{job.name}: {job.recipe} on {plan.nnodes} node(s) x {plan.nproc_per_node}, {job.precision}, "
+    out = console()
+    out.print(f"{job.name}: {job.recipe} on {plan.nnodes} node(s) x {plan.nproc_per_node}, {job.precision}, "
                   f"micro batch {plan.batch.micro_batch} (global {plan.batch.global_batch})")
-    console.print(render.fit_table(rows, job.strategy, gpu_gb))
-    console.print("  " + render.memory_line(chosen))
+    out.print(render.fit_table(rows, job.strategy, gpu_gb))
+    out.print("  " + render.memory_line(chosen))
     if chosen.get("reason"):
-        console.print(f"  recommendation: {chosen['recommended'] or 'none fits'}: {chosen['reason']}")
+        out.print(f"  recommendation: {chosen['recommended'] or 'none fits'}: {chosen['reason']}")
 
 
 @cli.command()
@@ -220,6 +215,46 @@ def cancel(job):
     click.echo(f"job {row['id']}: {row['state']}")
     if row["state"] != "CANCELLED":
         sys.exit(1)
+
+
+@cli.command()
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--port", type=int, help="Rendezvous port to check (default: the cluster's, else a free one).")
+@click.option("--no-bandwidth", is_flag=True, help="Skip the all-reduce bandwidth job.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def check(cluster_file, port, no_bandwidth, as_json):
+    """Is the cluster ready? Every node checked at once; exit 0 only if nothing blocks training.
+
+    Reachability, python/torch/deepspeed/NCCL versions (differences between nodes flagged),
+    driver and GPUs (count, free memory, processes already there), free disk in the workdir,
+    clock skew, the rendezvous port free on node 0 and reachable from every node, and a
+    short all-reduce across the nodes with its bus bandwidth.
+
+    \b
+    Examples:
+      launch check --cluster examples/clusters/a800.yaml
+      launch check --no-bandwidth --json
+    """
+    from launcher import check as checks
+    from launcher.backends.local import free_port
+    from launcher.orchestrate import load_cluster_spec
+
+    cluster = load_cluster_spec(cluster_file)
+    report = checks.run_check(cluster, port or cluster.rendezvous.port or free_port(), bandwidth=not no_bandwidth)
+    if as_json:
+        click.echo(json.dumps(checks.report_json(report), indent=2))
+    else:
+        out = console()
+        out.print(checks.report_table(report))
+        if report.bandwidth_gbps is not None:
+            out.print(f"all-reduce bus bandwidth: {report.bandwidth_gbps:.2f} GB/s (job {report.bandwidth_job})")
+        for warning in report.warnings:
+            out.print(f"[yellow]warning:[/] {warning}")
+        for problem in report.problems:
+            out.print(f"[red]problem:[/] {problem}")
+        out.print("[green]ready[/]" if report.ok else f"[red]not ready: {len(report.problems)} problem(s)[/]")
+    if not report.ok:
+        sys.exit(3)
 
 
 @cli.command()

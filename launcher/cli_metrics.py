@@ -11,12 +11,7 @@ import sys
 
 import click
 
-
-def _console():
-    """Rich console; when output is not a terminal, wide enough that tables are never cut."""
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
+from launcher.render import console
 
 
 def _load(store, refs):
@@ -73,9 +68,9 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
     if as_json:
         click.echo(json.dumps({"id": row["id"], "state": row["state"], **figures}, indent=2))
         return
-    console = _console()
+    out = console()
     for part in metrics_renderables(row, figures):
-        console.print(part)
+        out.print(part)
 
 
 @click.command()
@@ -101,7 +96,7 @@ def compare(jobs, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
-        _console().print(comparison_table(rows))
+        console().print(comparison_table(rows))
 
 
 @click.command()
@@ -151,7 +146,7 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
     if as_json:
         click.echo(json.dumps(result.rows, indent=2))
     else:
-        _console().print(comparison_table(result.rows))
+        console().print(comparison_table(result.rows))
     click.echo("saved " + ", ".join(str(path) for path in saved), err=True)
     if any(run.state != "SUCCEEDED" for run in result.runs):
         sys.exit(1)

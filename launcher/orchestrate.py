@@ -55,12 +55,16 @@ def load_cluster_spec(path: str | None) -> ClusterSpec:
 def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] = (), check_fit: bool = True) -> Prepared:
     """Validate the specs and make the plan; contacts nothing. ``check_fit=False`` plans a
     recipe job even when its strategy does not fit the GPUs (for `launch plan`)."""
-    from launcher.backends.local import free_port
-    from launcher.plan import make_plan
     from launcher.spec.load import load_job
 
-    job = load_job(job_path, overrides)
-    cluster = load_cluster_spec(cluster_path)
+    return prepare_job(load_job(job_path, overrides), load_cluster_spec(cluster_path), check_fit)
+
+
+def prepare_job(job: JobSpec, cluster: ClusterSpec, check_fit: bool = True) -> Prepared:
+    """Plan a validated job on a cluster (a free port for its rendezvous unless pinned)."""
+    from launcher.backends.local import free_port
+    from launcher.plan import make_plan
+
     ds_config = deepspeed_config(job)
     port = cluster.rendezvous.port or free_port()
     plan = make_plan(job, cluster, new_job_id(job.name), rdzv_port=port, ds_config=ds_config, check_fit=check_fit)

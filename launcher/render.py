@@ -13,6 +13,15 @@ _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVA
 MASK = "****"
 
 
+def console():
+    """The rich console for command output; piped output (logs, CI) is wide enough that tables are never cut."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
+
+
 def masked_env(env: dict[str, str], secrets: tuple[str, ...] = ()) -> dict[str, str]:
     """Env for display: secret names and secret-looking names show ``****``."""
     return {k: MASK if k in secrets or _SECRETISH.search(k) else v for k, v in env.items()}

@@ -53,6 +53,9 @@ class Backend(Protocol):
     def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> NodeHandle:
         """Start one node of the plan; the node's processes carry the job tag."""
 
+    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        """Run a short command on the cluster's node ``index``: (exit code, stdout, stderr)."""
+
     def kernel_log(self, node_index: int) -> list[str]:
         """The node's recent kernel log lines (for OOM-killer and Xid lines); [] if unreadable."""
 

@@ -98,6 +98,10 @@ class LocalBackend:
         (run_dir / f"node{node.index}.pid").write_text(str(proc.pid))
         return LocalNode(node.index, proc, plan.job_id)
 
+    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stdout, done.stderr
+
     def kernel_log(self, node_index: int) -> list[str]:
         try:
             result = subprocess.run(["dmesg", "--ctime"], capture_output=True, text=True, timeout=5)

@@ -251,6 +251,10 @@ class RayBackend:
             raise LaunchError(f"node {node.index} ({node.host}): {started}")
         return RayNode(node.index, agent, started, ray)
 
+    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        """Not offered: Ray places nodes per job, so there is no fixed node ``index`` to check."""
+        raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
+
     def kernel_log(self, node_index: int) -> list[str]:
         """The node's last kernel log lines, read by its agent; [] if the agent or dmesg cannot."""
         ray = self._ray

@@ -311,6 +311,14 @@ class SSHBackend:
         if self._cleanup(index, ["sh", "-c", KILL_GROUP, "sh", pid_file, str(int(grace * 10))], grace + 30) is not None:
             self._cleanup(index, proctree.remote_argv(self.python, "end", job_id, grace), grace + 30)
 
+    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        """Run ``argv`` on node ``index`` (quoted by render_command); a connection error is the result."""
+        try:
+            result = self._pool.get(self.targets[index]).run(argv, timeout=timeout)
+        except (LaunchError, *CONNECTION_ERRORS) as exc:
+            return 255, "", error_text(exc) if isinstance(exc, LaunchError) else f"cannot connect: {exc}"
+        return result.code, result.out, result.err
+
     def kernel_log(self, node_index: int) -> list[str]:
         """The node's last kernel log lines (``dmesg``), for OOM-killer and Xid lines; [] if unreadable."""
         result = self._cleanup(node_index, ["dmesg", "--ctime"], 10.0)

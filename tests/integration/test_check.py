@@ -1,0 +1,76 @@
+"""`launch check` on this machine and across real namespace hosts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import proctree
+from tests.helpers import run_cli, write_yaml
+from tests.testbed_fixture import needs_root, sshd_stopped
+
+pytestmark = pytest.mark.slow
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _testbed_cluster(tmp_path: Path, bed, pythons: list[str]) -> Path:
+    return write_yaml(tmp_path / "cluster.yaml", {
+        "name": "testbed", "backend": "ssh",
+        "ssh": {"user": "root", "key_file": str(bed.key_file), "known_hosts": str(bed.known_hosts),
+                "config_file": str(bed.ssh_config)},
+        "nodes": [{"host": h.name, "gpus": 0} for h in bed.hosts[: len(pythons)]],
+        "python": pythons[0], "workdir": str(tmp_path),
+    })
+
+
+def test_local_check_reports_versions_and_measures_bandwidth(tmp_path, home):
+    result = run_cli(home, "check", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["problems"] == []
+    node = report["nodes"][0]
+    import torch
+
+    assert node["torch"] == torch.__version__ and node["python"] == sys.version.split()[0]
+    assert node["port_free"] is True and abs(node["skew_s"]) < 1
+    assert report["bandwidth_gbps"] > 0
+    job = json.loads(run_cli(home, "status", report["bandwidth_job"], "--json").stdout)
+    assert job["state"] == "SUCCEEDED" and job["world_size"] == 2
+    assert proctree.job_pids(report["bandwidth_job"]) == []
+
+
+@needs_root
+@pytest.mark.testbed
+def test_check_across_hosts_measures_bandwidth_and_reachability(tmp_path, home, testbed):
+    cluster = _testbed_cluster(tmp_path, testbed, [sys.executable, sys.executable])
+    result = run_cli(home, "check", "--cluster", str(cluster), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [n["hostname"] for n in report["nodes"]] == ["lt-h1", "lt-h2"]
+    assert report["nodes"][1]["reached"] is True and report["nodes"][0]["port_free"] is True
+    assert report["bandwidth_gbps"] > 0
+    text = run_cli(home, "check", "--cluster", str(cluster), "--no-bandwidth").stdout
+    assert "lt-h1" in text and "lt-h2" in text and "ready" in text
+
+
+@needs_root
+@pytest.mark.testbed
+@pytest.mark.skipif(not shutil.which(SYSTEM_PYTHON), reason="needs a second interpreter (Debian's python3) to differ")
+def test_check_flags_differences_and_unreachable_hosts(tmp_path, home, testbed):
+    cluster = _testbed_cluster(tmp_path, testbed, [sys.executable, sys.executable, sys.executable])
+    spec = json.loads(json.dumps(__import__("yaml").safe_load(cluster.read_text())))
+    spec["python"] = SYSTEM_PYTHON
+    write_yaml(cluster, spec)
+    result = run_cli(home, "check", "--cluster", str(cluster), "--no-bandwidth")
+    assert result.returncode == 3
+    assert "torch is not installed" in result.stdout
+    with sshd_stopped(testbed.host("lt-h3")):
+        spec["python"] = sys.executable
+        write_yaml(cluster, spec)
+        result = run_cli(home, "check", "--cluster", str(cluster), "--no-bandwidth")
+    assert result.returncode == 3
+    assert "problem: lt-h3" in result.stdout and "lt-h1" in result.stdout
