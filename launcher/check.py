@@ -112,7 +112,8 @@ def node_hosts(cluster: ClusterSpec) -> list[str]:
 
 
 def gather(cluster: ClusterSpec, port: int, listen_s: float = 8.0) -> list[NodeFacts]:
-    """Run the facts script on every node in parallel; node 0 listens on ``port``, the others connect."""
+    """Run the facts script on every node in parallel; node 0 listens on ``port`` for ``listen_s``
+    seconds and the others connect (``listen_s=0``: no reachability test)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from launcher.backends.base import get_backend
@@ -123,13 +124,14 @@ def gather(cluster: ClusterSpec, port: int, listen_s: float = 8.0) -> list[NodeF
     master = cluster.nodes[0].address or cluster.nodes[0].host if cluster.backend == "ssh" else "127.0.0.1"
     try:
         def request(index: int) -> list[str]:
-            req = {"workdir": cluster.workdir, "port": port,
-                   "listen_s": listen_s if index == 0 and len(hosts) > 1 else 0,
-                   "expect": len(hosts) - 1, "connect": master if index else None}
+            reach = listen_s > 0 and len(hosts) > 1
+            req = {"workdir": cluster.workdir, "port": port if index == 0 or reach else 0,
+                   "listen_s": listen_s if reach and index == 0 else 0,
+                   "expect": len(hosts) - 1, "connect": master if reach and index else None}
             return [python, "-c", FACTS, json.dumps(req)]
 
         def one(index: int) -> NodeFacts:
-            if index:
+            if index and listen_s > 0:
                 time.sleep(0.5)
             sent = time.time()
             code, out, err = backend.run_on_node(index, request(index), timeout=listen_s + 20)
@@ -175,6 +177,14 @@ def assess(nodes: list[NodeFacts], cluster: ClusterSpec) -> tuple[list[str], lis
             detail = ", ".join(f"{n.host}={n.facts.get(key)}" for n in reported)
             problems.append(f"{key} differs between nodes: {detail}")
     return problems, warnings
+
+
+def consistency(cluster: ClusterSpec, port: int) -> CheckReport:
+    """The quick part of the check that submit runs on multi-node clusters: facts only, no
+    reachability or bandwidth test (preflight covers the port)."""
+    nodes = gather(cluster, port, listen_s=0)
+    problems, warnings = assess(nodes, cluster)
+    return CheckReport(nodes, problems, warnings)
 
 
 def run_check(cluster: ClusterSpec, port: int, bandwidth: bool = True) -> CheckReport:

@@ -53,7 +53,8 @@ def cli() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop; contacts nothing.")
 @click.option("--detach", is_flag=True, help="Print the job id and return; a supervisor runs the job to its end.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the plan with --dry-run).")
-def submit(job_file, cluster_file, overrides, dry_run, detach, as_json):
+@click.option("--skip-check", is_flag=True, help="Skip comparing the nodes' versions before launch (SSH clusters).")
+def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_check):
     """Validate, plan, preflight and run JOB_FILE.
 
     In the foreground, logs stream with [node/rank] prefixes and the exit code
@@ -80,7 +81,10 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json):
         if not quiet:
             click.echo(f"job {job_id}: {prepared.plan.nnodes} node(s) x {prepared.plan.nproc_per_node} on {prepared.cluster.name}", err=True)
 
-    job_id, state = orchestrate.submit(prepared, detach=detach, echo=None if quiet else _echo_line, on_recorded=recorded)
+    job_id, state = orchestrate.submit(
+        prepared, detach=detach, echo=None if quiet else _echo_line, on_recorded=recorded,
+        run_check=not skip_check, warn=lambda text: click.echo(text, err=True),
+    )
     if as_json:
         click.echo(json.dumps({"id": job_id, "state": state}))
     elif detach:

@@ -105,14 +105,22 @@ def submit(
     detach: bool,
     echo: Callable[[str], None] | None,
     on_recorded: Callable[[str], None] | None = None,
+    run_check: bool = True,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[str, str]:
-    """Preflight, record and run the job; (job id, state). Nothing starts if preflight fails."""
+    """Check, preflight, record and run the job; (job id, state). Nothing starts if a check fails.
+
+    On SSH clusters ``run_check`` first compares the nodes (python, torch,
+    deepspeed and NCCL versions; clock skew, disk and GPU processes as warnings).
+    """
     from launcher.backends.base import get_backend
     from launcher.secrets import read_secrets
     from launcher.supervisor import Supervisor
 
     job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
     secret_values = read_secrets(job.secrets)
+    if run_check and cluster.backend == "ssh":
+        _check_consistency(cluster, plan.rendezvous.port, warn)
     backend = get_backend(cluster.backend, cluster)
     found = backend.preflight(plan)
     if found.problems:
@@ -145,6 +153,21 @@ def submit(
     )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
+
+
+def _check_consistency(cluster: ClusterSpec, port: int, warn: Callable[[str], None] | None) -> None:
+    from launcher.check import consistency
+
+    report = consistency(cluster, port)
+    for warning in report.warnings:
+        if warn:
+            warn(f"warning: {warning}")
+    if report.problems:
+        raise PreflightError(
+            f"launch check found {len(report.problems)} problem(s); nothing was started:\n"
+            + "\n".join(f"  {p}" for p in report.problems),
+            hint="`launch check` shows every node; `launch submit --skip-check` skips this comparison",
+        )
 
 
 def _spawn_supervisor(store: Store, job_id: str) -> None:

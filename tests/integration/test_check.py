@@ -74,3 +74,28 @@ def test_check_flags_differences_and_unreachable_hosts(tmp_path, home, testbed):
         result = run_cli(home, "check", "--cluster", str(cluster), "--no-bandwidth")
     assert result.returncode == 3
     assert "problem: lt-h3" in result.stdout and "lt-h1" in result.stdout
+
+
+@needs_root
+@pytest.mark.testbed
+@pytest.mark.skipif(not shutil.which(SYSTEM_PYTHON), reason="needs a second interpreter (Debian's python3) to differ")
+def test_submit_refuses_nodes_whose_versions_differ(tmp_path, home, testbed):
+    # The hosts share one filesystem: an interpreter wrapper gives lt-h2 another python, as a drifted node has.
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\n[ "$(hostname)" = lt-h2 ] && exec {SYSTEM_PYTHON} "$@"\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    cluster = _testbed_cluster(tmp_path, testbed, [str(wrapper), str(wrapper)])
+    job = write_yaml(tmp_path / "job.yaml", {"name": "drift", "entrypoint": ["python", "-c", "print(1)"],
+                                             "batch": {"micro_batch": 1}, "resources": {"nodes": 2}})
+    result = run_cli(home, "submit", str(job), "--cluster", str(cluster))
+    assert result.returncode == 3, result.stderr
+    assert "launch check found" in result.stderr
+    assert "lt-h2: torch is not installed" in result.stderr and "python differs between nodes" in result.stderr
+    assert json.loads(run_cli(home, "status", "--json").stdout) == []
+    assert testbed_pids_clean(testbed)
+
+
+def testbed_pids_clean(bed) -> bool:
+    from launcher import testbed as tb
+
+    return all(not tb.pids(host) for host in bed.hosts)
