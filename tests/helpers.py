@@ -13,6 +13,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "programs" / "rank_probe.py"
+# Strings a shell would mangle: every backend must deliver them to the ranks verbatim.
+HOSTILE = ["semi;colon", "$(touch /tmp/pwned)", "it's", 'say "hi"', "two words", "line\nbreak", "naïve ☃ 漢字"]
 # DeepSpeed builds its CPU ops on first use (about a minute): one cache for the whole suite.
 TORCH_EXTENSIONS_DIR = os.environ.get("TORCH_EXTENSIONS_DIR", "/tmp/launch-torch-ext")
 

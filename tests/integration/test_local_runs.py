@@ -11,11 +11,10 @@ import time
 import pytest
 
 from launcher import proctree
-from tests.helpers import cli_env, launch_argv, probe_job, run_cli, status_json, wait_for, wait_for_state
+from tests.helpers import HOSTILE, cli_env, launch_argv, probe_job, run_cli, status_json, wait_for, wait_for_state
 
 pytestmark = pytest.mark.slow
 
-HOSTILE = ["semi;colon", "$(touch /tmp/pwned)", "it's", 'say "hi"', "two words", "line\nbreak", "naïve ☃ 漢字"]
 
 
 def _ranks(out_dir):

@@ -25,7 +25,7 @@ from launcher import proctree
 from launcher import testbed as tb
 from launcher.backends.local import free_port
 from launcher.backends.ray import NAMESPACE
-from tests.helpers import TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
 
 pytestmark = [
     pytest.mark.ray,
@@ -282,3 +282,23 @@ def test_a_deepspeed_job_runs_across_both_nodes(job_files, ray_cluster, home):
     assert sorted(r["rank"] for r in obj["metrics"]["per_rank"]) == [0, 1, 2, 3]
     assert len([line for line in result.stdout.splitlines() if "all_reduce=6.0" in line]) == 4, result.stdout
     _assert_nothing_left(ray_cluster, job_id)
+
+
+def test_hostile_argv_and_env_reach_the_ranks_verbatim(tmp_path, job_files, ray_cluster, home):
+    cluster, _ = job_files
+    out = tmp_path / "probe-out"
+    out.mkdir()
+    env = {f"HOSTILE_{i}": value for i, value in enumerate(HOSTILE)}
+    env.update({"PROBE_OUT": str(out), "PROBE_ENV_KEYS": ",".join(env), "PROBE_STEPS": "1"})
+    job = write_yaml(tmp_path / "hostile.yaml", {
+        "name": "hostile", "entrypoint": ["python", str(PROBE), *HOSTILE], "batch": {"micro_batch": 1},
+        "resources": {"nodes": 2, "nproc_per_node": 1}, "env": env, "watch": {"grace_period": 3},
+    })
+    result = run_cli(home, "submit", str(job), "--cluster", str(cluster), timeout=90)
+    assert result.returncode == 0, result.stderr + result.stdout
+    reports = [json.loads(p.read_text(encoding="utf-8")) for p in out.glob("rank*.json")]
+    assert len(reports) == 2
+    for seen in reports:
+        assert seen["argv"] == HOSTILE
+        assert [seen["env"][f"HOSTILE_{i}"] for i in range(len(HOSTILE))] == HOSTILE
+    _assert_nothing_left(ray_cluster, _job_id(result))
