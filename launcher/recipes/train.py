@@ -1,0 +1,207 @@
+"""Rank entry point: ``python -m launcher.recipes.train --recipe ... --strategy ...``.
+
+Started once per rank by torchrun or the deepspeed launcher (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from them). Builds
+the recipe's model for the strategy, resumes from ``--checkpoint-dir`` when a
+checkpoint is there, trains to ``--max-steps`` optimizer steps and reports
+metrics through ``launcher.metrics.reporter.Reporter``. Bad arguments end the
+process with one ``train: error: ...`` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from launcher.recipes import DEFAULT_SEQ_LEN, RECIPES, recipe_info
+
+STRATEGIES = ("ddp", "ddp_compile", "zero2", "zero3", "zero3_offload", "fsdp2")
+PRECISIONS = ("fp32", "fp16", "bf16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+RECIPE_MODULES = {"convnet": "convnet", "resnet50": "resnet", "bert": "bert", "gpt2": "gpt2"}
+DEFAULT_LR = {"convnet": 1e-3, "resnet50": 1e-3, "bert": 1e-4, "gpt2": 3e-4}
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad argument combination; reported as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        sys.stderr.write(f"train: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The rank's command line (the flags the launcher's planner emits)."""
+    p = _Parser(prog="train", description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", required=True, choices=RECIPES)
+    p.add_argument("--strategy", default="ddp", choices=STRATEGIES)
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--micro-batch", type=_positive, default=32)
+    p.add_argument("--grad-accum", type=_positive, default=1)
+    p.add_argument("--max-steps", type=_non_negative, default=100)
+    p.add_argument("--model-size", default=None)
+    p.add_argument("--seq-len", type=_positive, default=None)
+    p.add_argument("--num-layers", type=_positive, default=None)
+    p.add_argument("--data-path", default=None)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=_non_negative, default=0, help="0: only at the end")
+    p.add_argument("--compile-mode", default=None, choices=COMPILE_MODES)
+    p.add_argument("--ds-config-json", default=None, help="the full DeepSpeed config (zero strategies)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=None, help="default: per recipe")
+    p.add_argument("--grad-clip", type=float, default=1.0,
+                   help="max global grad norm for ddp/fsdp2 (0: off); ZeRO takes gradient_clipping from its config")
+    p.add_argument("--metrics-every", type=_positive, default=10)
+    # The deepspeed launcher appends --local_rank=N unless told --no_local_rank; LOCAL_RANK is read instead.
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def check_args(args: argparse.Namespace, world_size: int, cuda: bool) -> dict | None:
+    """Reject contradictory arguments; return the DeepSpeed config for ZeRO strategies."""
+    if args.recipe in ("convnet", "resnet50"):
+        for flag, value in (("--model-size", args.model_size), ("--seq-len", args.seq_len),
+                            ("--num-layers", args.num_layers)):
+            if value is not None:
+                raise UsageError(f"{flag} does not apply to recipe {args.recipe}")
+    try:
+        recipe_info(args.recipe, args.model_size, args.seq_len, args.num_layers)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.compile_mode is not None and args.strategy != "ddp_compile":
+        raise UsageError(f"--compile-mode applies to strategy ddp_compile, not {args.strategy}")
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir")
+    if args.data_path is not None and not os.path.exists(args.data_path):
+        raise UsageError(f"--data-path {args.data_path}: no such file or directory")
+    if args.grad_clip < 0:
+        raise UsageError(f"--grad-clip must be >= 0, got {args.grad_clip}")
+    if not args.strategy.startswith("zero"):
+        if args.ds_config_json is not None:
+            raise UsageError(f"--ds-config-json applies to zero strategies, not {args.strategy}")
+        return None
+    if args.precision == "fp16" and not cuda:
+        raise UsageError("DeepSpeed fp16 needs a GPU (its CPU accelerator has no fp16 support); use bf16 or fp32")
+    return _ds_config(args, world_size)
+
+
+def _ds_config(args: argparse.Namespace, world_size: int) -> dict:
+    from launcher.dsconfig import DSConfigError, make_ds_config
+
+    user = None
+    if args.ds_config_json is not None:
+        try:
+            user = json.loads(args.ds_config_json)
+        except ValueError as exc:
+            raise UsageError(f"--ds-config-json is not valid JSON: {exc}") from None
+        if not isinstance(user, dict):
+            raise UsageError("--ds-config-json must be a JSON object")
+    try:
+        return make_ds_config(args.strategy, args.precision, args.micro_batch, args.grad_accum, world_size,
+                              user_config=user)
+    except DSConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, check, then train; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        import torch
+
+        ds_config = check_args(args, world_size, torch.cuda.is_available())
+    except UsageError as exc:
+        sys.stderr.write(f"train: error: {exc}\n")
+        return EXIT_USAGE
+    from launcher.recipes.checkpoint import CheckpointError
+    from launcher.recipes.data import DataError
+
+    try:
+        return train(args, ds_config)
+    except (DataError, CheckpointError) as exc:
+        sys.stderr.write(f"train: error: {exc}\n")
+        return 1
+
+
+def train(args: argparse.Namespace, ds_config: dict | None) -> int:
+    """Run the training loop on this rank."""
+    import torch.distributed as dist
+
+    from launcher.metrics.reporter import Reporter
+    from launcher.recipes import checkpoint
+    from launcher.recipes.data import DataSpec, split_micro_batches, step_batches
+    from launcher.recipes.strategies import TrainOptions, build_trainer, device_for, init_distributed
+
+    init_distributed(args.strategy)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    info = recipe_info(args.recipe, args.model_size, args.seq_len, args.num_layers)
+    opts = TrainOptions(
+        recipe=args.recipe, strategy=args.strategy, precision=args.precision,
+        lr=args.lr if args.lr is not None else DEFAULT_LR[args.recipe],
+        grad_clip=args.grad_clip, compile_mode=args.compile_mode,
+        model_size=args.model_size, num_layers=args.num_layers, ds_config=ds_config,
+    )
+    recipe = importlib.import_module(f"launcher.recipes.{RECIPE_MODULES[args.recipe]}")
+    trainer = build_trainer(opts, recipe, device_for(int(os.environ.get("LOCAL_RANK", "0"))), args.seed)
+    reporter = Reporter(every=args.metrics_every, flops_per_sample=info.flops_per_sample)
+    start = 0
+    if args.checkpoint_dir:
+        resumed = checkpoint.load_latest(trainer, args.checkpoint_dir)
+        if resumed is not None:
+            start = resumed
+            reporter.resume_at(start)
+            if rank == 0:
+                _say(f"resumed from step {start}")
+    samples = args.micro_batch * args.grad_accum
+    spec = DataSpec(
+        recipe=args.recipe, rank=rank, world_size=world, seed=args.seed, samples_per_step=samples,
+        seq_len=args.seq_len or DEFAULT_SEQ_LEN.get(args.recipe, 0), data_path=args.data_path,
+    )
+    loss, saved = None, start
+    for step, batch in enumerate(step_batches(spec, start, args.max_steps), start=start + 1):
+        loss = trainer.step(split_micro_batches(batch, args.grad_accum))
+        reporter.step(samples=samples, tokens=samples * info.tokens_per_sample, loss=loss)
+        if rank == 0 and reporter.steps_done % reporter.every == 0:
+            _say(f"step {step} loss {loss.item():.4f}")
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            checkpoint.save(trainer, args.checkpoint_dir, step)
+            saved = step
+    if args.checkpoint_dir and reporter.steps_done > saved:  # the final state, so a restart has nothing to redo
+        checkpoint.save(trainer, args.checkpoint_dir, reporter.steps_done)
+    reporter.close(loss)
+    trainer.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _say(line: str) -> None:
+    """One human-readable line, written whole: ranks share the pipe, and unbuffered
+    ``print`` writes the text and its newline separately, letting other ranks' lines in between."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""`launch plan` and the dry-run show the memory fit; a strategy that cannot fit is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.cli import main
+from launcher.plan import make_plan
+from launcher.render import plan_json
+from launcher.spec.load import load_cluster, load_job
+from tests.unit.test_plan_golden import check_golden
+
+A800 = "examples/clusters/a800.yaml"
+BERT_LARGE = "jobs/bert_large_zero3.yaml"
+
+
+def test_bert_large_zero3_on_two_a800_nodes_matches_golden():
+    plan = make_plan(load_job(BERT_LARGE), load_cluster(A800), "bert-large-zero3-golden", rdzv_port=29500,
+                     ds_config=__import__("launcher.orchestrate", fromlist=["x"]).deepspeed_config(load_job(BERT_LARGE)))
+    data = plan_json(plan)
+    check_golden("plan_bert_large_zero3_a800_2x8", data)
+    assert data["world_size"] == 16 and data["ds_config"]["train_batch_size"] == data["batch"]["global_batch"]
+    assert data["memory"]["fits"] is True
+
+
+def test_launch_plan_lists_every_strategy_and_recommends_one(capsys):
+    main(["plan", BERT_LARGE, "--cluster", A800])
+    out = capsys.readouterr().out
+    for strategy in ("ddp_compile", "ddp", "zero2", "zero3", "zero3_offload", "fsdp2"):
+        assert strategy in out
+    assert "recommendation:" in out and "fits in 72.0 usable GiB" in out
+
+
+def test_a_strategy_that_does_not_fit_is_refused_before_launch(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path))
+    overrides = ["--set", "strategy=zero2", "--set", "batch.micro_batch=512", "--set", "batch.global_batch=8192"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["submit", BERT_LARGE, "--cluster", A800, *overrides])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "'zero2' needs about" in err and "GiB a GPU" in err
+    main(["plan", BERT_LARGE, "--cluster", A800, *overrides, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["fits"] is False
+
+
+def test_status_on_an_empty_store(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path))
+    main(["status"])
+    assert "no jobs yet" in capsys.readouterr().out
+    main(["status", "--json"])
+    assert json.loads(capsys.readouterr().out) == []
