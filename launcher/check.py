@@ -150,7 +150,12 @@ def gather(cluster: ClusterSpec, port: int, listen_s: float = 8.0) -> list[NodeF
 
 def assess(nodes: list[NodeFacts], cluster: ClusterSpec) -> tuple[list[str], list[str]]:
     """Problems (the cluster cannot train) and warnings, from the gathered facts."""
-    problems, warnings = [], []
+    return node_problems(nodes, cluster) + version_differences(nodes), node_warnings(nodes)
+
+
+def node_problems(nodes: list[NodeFacts], cluster: ClusterSpec) -> list[str]:
+    """Per-node problems: unreachable, no torch, no workdir, port busy or unreachable."""
+    problems = []
     for n in nodes:
         if n.error:
             problems.append(f"{n.host}: {n.error}")
@@ -158,33 +163,48 @@ def assess(nodes: list[NodeFacts], cluster: ClusterSpec) -> tuple[list[str], lis
         f = n.facts
         if not f["torch"]:
             problems.append(f"{n.host}: torch is not installed for {cluster.python or 'python3'}")
-        if not f["workdir_ok"]:
+        if not f["workdir_ok"] and not cluster.sync_workdir:
             problems.append(f"{n.host}: workdir '{cluster.workdir}' does not exist")
         if n.index == 0 and f.get("port_free") is False:
             problems.append(f"{n.host}: rendezvous port is in use")
         if n.index and f.get("reached") not in (None, True):
             problems.append(f"{n.host}: cannot reach node 0 on the rendezvous port: {f['reached']}")
+    return problems
+
+
+def version_differences(nodes: list[NodeFacts]) -> list[str]:
+    """One problem per package whose version differs between the nodes that answered."""
+    reported = [n for n in nodes if not n.error]
+    problems = []
+    for key in COMPARED:
+        if len({n.facts.get(key) for n in reported}) > 1:
+            detail = ", ".join(f"{n.host}={n.facts.get(key)}" for n in reported)
+            problems.append(f"{key} differs between nodes: {detail}")
+    return problems
+
+
+def node_warnings(nodes: list[NodeFacts]) -> list[str]:
+    """Clock skew, low disk, processes already on the GPUs."""
+    warnings = []
+    for n in nodes:
+        if n.error:
+            continue
+        f = n.facts
         if n.skew_s is not None and abs(n.skew_s) > SKEW_WARN_S:
             warnings.append(f"{n.host}: clock differs from this machine by {n.skew_s:+.1f} s")
         if f["disk_free_gb"] < DISK_WARN_GB:
             warnings.append(f"{n.host}: only {f['disk_free_gb']:.1f} GB free in the workdir")
         if f["gpu_processes"]:
             warnings.append(f"{n.host}: {f['gpu_processes']} process(es) already on the GPUs")
-    reported = [n for n in nodes if not n.error]
-    for key in COMPARED:
-        seen = {n.facts.get(key) for n in reported}
-        if len(seen) > 1:
-            detail = ", ".join(f"{n.host}={n.facts.get(key)}" for n in reported)
-            problems.append(f"{key} differs between nodes: {detail}")
-    return problems, warnings
+    return warnings
 
 
 def consistency(cluster: ClusterSpec, port: int) -> CheckReport:
-    """The quick part of the check that submit runs on multi-node clusters: facts only, no
-    reachability or bandwidth test (preflight covers the port)."""
+    """The part of the check that submit adds after a passed preflight on multi-node clusters:
+    versions compared across nodes, and warnings (preflight covers the rest)."""
     nodes = gather(cluster, port, listen_s=0)
-    problems, warnings = assess(nodes, cluster)
-    return CheckReport(nodes, problems, warnings)
+    problems = [f"{n.host}: {n.error}" for n in nodes if n.error] + version_differences(nodes)
+    return CheckReport(nodes, problems, node_warnings(nodes))
 
 
 def run_check(cluster: ClusterSpec, port: int, bandwidth: bool = True) -> CheckReport:

@@ -110,7 +110,7 @@ def submit(
 ) -> tuple[str, str]:
     """Check, preflight, record and run the job; (job id, state). Nothing starts if a check fails.
 
-    On SSH clusters ``run_check`` first compares the nodes (python, torch,
+    On SSH clusters ``run_check`` then compares the nodes (python, torch,
     deepspeed and NCCL versions; clock skew, disk and GPU processes as warnings).
     """
     from launcher.backends.base import get_backend
@@ -119,8 +119,6 @@ def submit(
 
     job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
     secret_values = read_secrets(job.secrets)
-    if run_check and cluster.backend == "ssh":
-        _check_consistency(cluster, plan.rendezvous.port, warn)
     backend = get_backend(cluster.backend, cluster)
     found = backend.preflight(plan)
     if found.problems:
@@ -129,6 +127,12 @@ def submit(
             f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
             + "\n".join(f"  {p}" for p in found.problems)
         )
+    if run_check and cluster.backend == "ssh":
+        try:
+            _check_consistency(cluster, plan.rendezvous.port, warn)
+        except PreflightError:
+            backend.close()
+            raise
     if found.nodes is not None or found.probes:
         from launcher.plan import make_plan
 

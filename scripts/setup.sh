@@ -19,12 +19,13 @@ if [[ ! -x $VENV/bin/python ]]; then
   "$PYTHON" -m venv "$VENV"
 fi
 if [[ ! -f $stamp && ! -f $VENV/.installed-dev-$(sha1sum pyproject.toml | cut -c1-12) ]]; then
-  echo "setup: installing launch[$extras] (first time only; about a minute)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    "$VENV/bin/python" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
-  fi
-  "$VENV/bin/python" -m pip install -q -e ".[$extras]" 2>&1 | grep -v "^WARNING: Location" || true
+  echo "setup: installing launch[$extras] (first time only; a minute or two; log in $VENV/setup.log)"
+  log="$VENV/setup.log"
+  {
+    "$VENV/bin/python" -m pip install --upgrade pip &&
+    { "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install "torch==2.13.0"; } &&
+    "$VENV/bin/python" -m pip install -e ".[$extras]"
+  } >"$log" 2>&1 || { tail -n 30 "$log"; echo "setup: pip install failed (full log: $log)" >&2; exit 1; }
   "$VENV/bin/python" -c "import launcher, torch" && touch "$stamp"
 fi
 
