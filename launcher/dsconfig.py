@@ -159,6 +159,18 @@ def validate_with_deepspeed(config: dict) -> list[str]:
     return problems
 
 
+def main() -> None:
+    """``python -m launcher.dsconfig`` reads a config as JSON on stdin and prints DeepSpeed's problems as JSON.
+
+    Submit runs this in a subprocess, beside its preflight: importing deepspeed
+    takes seconds, and the submitting process stays light.
+    """
+    import json
+    import sys
+
+    print(json.dumps(validate_with_deepspeed(json.load(sys.stdin))))
+
+
 def _batch_problems(config: dict) -> list[str]:
     values = {key: config.get(key) for key in BATCH_KEYS}
     bad = [f"{key} must be a positive integer, got {v!r}" for key, v in values.items()
@@ -180,3 +192,7 @@ def _shape_problems(config: dict) -> list[str]:
     if isinstance(zero, dict) and zero.get("stage") != 3 and zero.get("offload_param", {}).get("device", "none") != "none":
         problems.append("zero_optimization.offload_param needs ZeRO stage 3")
     return problems
+
+
+if __name__ == "__main__":
+    main()

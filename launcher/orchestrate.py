@@ -119,8 +119,11 @@ def submit(
 
     job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
     secret_values = read_secrets(job.secrets)
+    validation = _start_ds_validation(plan.ds_config) if run_check else None
     backend = get_backend(cluster.backend, cluster)
     found = backend.preflight(plan)
+    if validation is not None:
+        found.problems.extend(_ds_problems(validation))
     if found.problems:
         backend.close()
         raise PreflightError(
@@ -157,6 +160,29 @@ def submit(
     )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
+
+
+def _start_ds_validation(ds_config: dict | None) -> subprocess.Popen | None:
+    """Validate the DeepSpeed config with DeepSpeed's own classes, in a subprocess beside preflight
+    (only when deepspeed is installed on the submitting machine)."""
+    import importlib.util
+
+    if ds_config is None or importlib.util.find_spec("deepspeed") is None:
+        return None
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.dsconfig"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")},
+    )
+    proc.stdin.write(json.dumps(ds_config))
+    proc.stdin.close()
+    return proc
+
+
+def _ds_problems(proc: subprocess.Popen) -> list[str]:
+    out, err = proc.stdout.read(), proc.stderr.read()
+    if proc.wait() != 0:
+        return [f"deepspeed config: DeepSpeed's validation could not run: {err.strip().splitlines()[-1:] or proc.returncode}"]
+    return [f"deepspeed config: {problem}" for problem in json.loads(out)]
 
 
 def _check_consistency(cluster: ClusterSpec, port: int, warn: Callable[[str], None] | None) -> None:

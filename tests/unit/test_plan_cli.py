@@ -52,3 +52,23 @@ def test_status_on_an_empty_store(capsys, tmp_path, monkeypatch):
     assert "no jobs yet" in capsys.readouterr().out
     main(["status", "--json"])
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_deepspeed_rejects_a_bad_user_config_before_launch(tmp_path):
+    import subprocess
+
+    from tests.helpers import cli_env, launch_argv
+
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": "lots"}}))
+    result = subprocess.run(
+        launch_argv("submit", "jobs/cifar10_convnet_zero2.yaml", "--set", f"deepspeed.config={user}",
+                    "--set", "resources.nproc_per_node=2", "--set", "batch.global_batch=null",
+                    "--set", "batch.micro_batch=2"),
+        capture_output=True, text=True, env=cli_env(tmp_path), timeout=120,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "deepspeed config:" in result.stderr and "reduce_bucket_size" in result.stderr
+    assert "nothing was started" in result.stderr
+    assert json.loads(subprocess.run(launch_argv("status", "--json"), capture_output=True, text=True,
+                                     env=cli_env(tmp_path)).stdout) == []
