@@ -107,6 +107,22 @@ def job_summary(job: dict[str, Any], records: list[dict[str, Any]] | None = None
     return job.get("summary") or summarize([])
 
 
+NETWORK_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
+
+
+def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per node of a stored plan: its address and the network values it ran with, and where each came from."""
+    return [
+        {
+            "node": n["index"], "host": n["host"], "address": n["address"],
+            "master_addr": plan["rendezvous"]["host"],
+            "env": {k: n["env"][k] for k in NETWORK_ENV if k in n["env"]},
+            "sources": {k: n["env_sources"][k] for k in NETWORK_ENV if k in n["env"]},
+        }
+        for n in plan["nodes"]
+    ]
+
+
 def job_object(job: dict[str, Any], summary: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``status --json`` object of one job."""
     obj = {
@@ -135,6 +151,8 @@ def job_object(job: dict[str, Any], summary: dict[str, Any], nodes: list[dict[st
     }
     if nodes is not None:
         obj["nodes"] = nodes
+    if job.get("plan"):
+        obj["network"] = node_network(job["plan"])
     return obj
 
 
@@ -199,6 +217,9 @@ def job_detail(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[Any]:
     for n in obj.get("nodes", []):
         nodes.add_row(*(str(n.get(k)) if n.get(k) is not None else "-" for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
     out.append(nodes)
+    for net in obj.get("network", []):
+        values = ", ".join(f"{k}={v} ({net['sources'][k]})" for k, v in net["env"].items())
+        out.append(Text(f"  node {net['node']} {net['host']} {net['address']} -> MASTER_ADDR {net['master_addr']}: {values}"))
     if m.get("per_rank"):
         ranks = Table(title="ranks", box=None, header_style="bold", title_justify="left")
         for column in ("RANK", "NODE", "HOST", "SAMPLES/S", "STEP P50", "PEAK MEM", "STEPS"):

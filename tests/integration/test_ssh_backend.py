@@ -184,12 +184,10 @@ def test_two_hosts_two_processes_each(testbed: tb.Testbed, tmp_path: Path, home:
     per_rank = status["metrics"]["per_rank"]
     assert len(per_rank) == 4 and {r["host"] for r in per_rank} == {"lt-h1", "lt-h2"}
 
-    plan = Store(home).job(job_id)["plan"]
-    assert plan["rendezvous"]["host"] == "10.77.0.11"
-    for node, address in zip(plan["nodes"], ["10.77.0.11", "10.77.0.12"]):
-        assert node["address"] == address
+    for node, address in zip(status["network"], ["10.77.0.11", "10.77.0.12"]):
+        assert node["address"] == address and node["master_addr"] == "10.77.0.11"
         assert node["env"]["GLOO_SOCKET_IFNAME"] == node["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
-        assert node["env_sources"]["GLOO_SOCKET_IFNAME"].startswith("probed: the interface routing to node 0")
+        assert node["sources"]["GLOO_SOCKET_IFNAME"].startswith("probed: the interface routing to node 0")
         assert "NCCL_IB_HCA" not in node["env"]
     _assert_clean(testbed, job_id)
 
