@@ -53,7 +53,7 @@ def cli() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop; contacts nothing.")
 @click.option("--detach", is_flag=True, help="Print the job id and return; a supervisor runs the job to its end.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the plan with --dry-run).")
-@click.option("--skip-check", is_flag=True, help="Skip comparing the nodes' versions before launch (SSH clusters).")
+@click.option("--skip-check", is_flag=True, help="Skip the checks beyond preflight: the nodes' versions compared (SSH) and the DeepSpeed config validated by DeepSpeed.")
 def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_check):
     """Validate, plan, preflight and run JOB_FILE.
 

@@ -160,7 +160,7 @@ def validate_with_deepspeed(config: dict) -> list[str]:
 
 
 def main() -> None:
-    """``python -m launcher.dsconfig`` reads a config as JSON on stdin and prints DeepSpeed's problems as JSON.
+    """``python -m launcher.dsconfig CONFIG_JSON`` prints DeepSpeed's problems with the config as JSON.
 
     Submit runs this in a subprocess, beside its preflight: importing deepspeed
     takes seconds, and the submitting process stays light.
@@ -168,7 +168,7 @@ def main() -> None:
     import json
     import sys
 
-    print(json.dumps(validate_with_deepspeed(json.load(sys.stdin))))
+    print(json.dumps(validate_with_deepspeed(json.loads(sys.argv[1]))))
 
 
 def _batch_problems(config: dict) -> list[str]:

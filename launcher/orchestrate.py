@@ -119,33 +119,12 @@ def submit(
 
     job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
     secret_values = read_secrets(job.secrets)
-    validation = _start_ds_validation(plan.ds_config) if run_check else None
     backend = get_backend(cluster.backend, cluster)
-    found = backend.preflight(plan)
-    if validation is not None:
-        found.problems.extend(_ds_problems(validation))
-    if found.problems:
+    try:
+        plan = _preflight(prepared, backend, run_check, warn)
+    except BaseException:
         backend.close()
-        raise PreflightError(
-            f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
-            + "\n".join(f"  {p}" for p in found.problems)
-        )
-    if run_check and cluster.backend == "ssh":
-        try:
-            _check_consistency(cluster, plan.rendezvous.port, warn)
-        except PreflightError:
-            backend.close()
-            raise
-    if found.nodes is not None or found.probes:
-        from launcher.plan import make_plan
-
-        plan = make_plan(
-            job, cluster, plan.job_id, rdzv_port=plan.rendezvous.port,
-            nodes=found.nodes, probes=found.probes, ds_config=plan.ds_config,
-        )
-    if plan.unresolved():
-        backend.close()
-        raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))
+        raise
     store = Store()
     store.create_job(plan, {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")})
     if on_recorded:
@@ -162,6 +141,32 @@ def submit(
     return plan.job_id, supervisor.run()
 
 
+def _preflight(prepared: Prepared, backend, run_check: bool, warn: Callable[[str], None] | None):
+    """Every check before the first process starts; the plan re-made with what the backend probed."""
+    from launcher.plan import make_plan
+
+    job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
+    validation = _start_ds_validation(plan.ds_config) if run_check else None
+    found = backend.preflight(plan)
+    if validation is not None:
+        found.problems.extend(_ds_problems(validation))
+    if found.problems:
+        raise PreflightError(
+            f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
+            + "\n".join(f"  {p}" for p in found.problems)
+        )
+    if run_check and cluster.backend == "ssh":
+        _check_consistency(cluster, plan.rendezvous.port, warn)
+    if found.nodes is not None or found.probes:
+        plan = make_plan(
+            job, cluster, plan.job_id, rdzv_port=plan.rendezvous.port,
+            nodes=found.nodes, probes=found.probes, ds_config=plan.ds_config,
+        )
+    if plan.unresolved():
+        raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))
+    return plan
+
+
 def _start_ds_validation(ds_config: dict | None) -> subprocess.Popen | None:
     """Validate the DeepSpeed config with DeepSpeed's own classes, in a subprocess beside preflight
     (only when deepspeed is installed on the submitting machine)."""
@@ -169,19 +174,17 @@ def _start_ds_validation(ds_config: dict | None) -> subprocess.Popen | None:
 
     if ds_config is None or importlib.util.find_spec("deepspeed") is None:
         return None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.dsconfig"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher.dsconfig", json.dumps(ds_config)], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env={**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")},
     )
-    proc.stdin.write(json.dumps(ds_config))
-    proc.stdin.close()
-    return proc
 
 
 def _ds_problems(proc: subprocess.Popen) -> list[str]:
-    out, err = proc.stdout.read(), proc.stderr.read()
-    if proc.wait() != 0:
-        return [f"deepspeed config: DeepSpeed's validation could not run: {err.strip().splitlines()[-1:] or proc.returncode}"]
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        last = err.strip().splitlines()[-1] if err.strip() else f"exit code {proc.returncode}"
+        return [f"deepspeed config: DeepSpeed's validation could not run: {last}"]
     return [f"deepspeed config: {problem}" for problem in json.loads(out)]
 
 
