@@ -81,6 +81,8 @@ class Reporter:
         self._interval_tokens = 0
         self._interval_start = time.perf_counter()
         self._gpu_util = _GpuUtilSampler.start(self._local_rank) if self.enabled else None
+        torch = _torch()
+        self._gpu_name = torch.cuda.get_device_name() if _is_cuda_available(torch) else None
 
     @property
     def steps_done(self) -> int:
@@ -136,6 +138,8 @@ class Reporter:
         }
         if self.flops_per_sample:
             record["flops_per_sample"] = self.flops_per_sample
+        if self._gpu_name:
+            record["gpu_name"] = self._gpu_name
         if self._gpu_util is not None:
             record["gpu_util"] = self._gpu_util.mean_and_reset()
         record.update(self.extra)
