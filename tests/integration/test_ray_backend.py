@@ -183,12 +183,18 @@ def test_two_nodes_of_two_torchrun_ranks_succeed_with_metrics(job_files, ray_clu
     _assert_nothing_left(ray_cluster, job_id)
 
 
-def test_cancel_ends_every_process_and_removes_the_group(job_files, ray_cluster, home):
+def _running_job(job_files, home) -> str:
+    """A long detached 2x2 job, once it has reported two steps; its id."""
     cluster, job = job_files
     result = run_cli(home, "submit", str(job(env={"STEPS": "2000"})), "--cluster", str(cluster), "--detach")
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip()
     assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 2, timeout=60), status_json(home, job_id)
+    return job_id
+
+
+def test_cancel_ends_every_process_and_removes_the_group(job_files, ray_cluster, home):
+    job_id = _running_job(job_files, home)
     pids = proctree.job_pids(job_id)
     in_host = set(pids) & set(tb.pids(ray_cluster["host"]))
     assert len(pids) >= 6 and in_host, (pids, in_host)
@@ -212,11 +218,7 @@ def _torchrun_of_node(job_id: str, node: int) -> int:
 
 
 def test_killing_the_agent_of_node_1_fails_the_job_fast(job_files, ray_cluster, home):
-    cluster, job = job_files
-    result = run_cli(home, "submit", str(job(env={"STEPS": "2000"})), "--cluster", str(cluster), "--detach")
-    assert result.returncode == 0, result.stderr
-    job_id = result.stdout.strip()
-    assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 2, timeout=60), status_json(home, job_id)
+    job_id = _running_job(job_files, home)
 
     os.kill(_torchrun_of_node(job_id, 1), signal.SIGKILL)
     killed = time.time()
@@ -229,11 +231,7 @@ def test_killing_the_agent_of_node_1_fails_the_job_fast(job_files, ray_cluster, 
 
 
 def test_losing_the_ray_agent_of_node_1_fails_the_job_and_says_why(job_files, ray_cluster, home):
-    cluster, job = job_files
-    result = run_cli(home, "submit", str(job(env={"STEPS": "2000"})), "--cluster", str(cluster), "--detach")
-    assert result.returncode == 0, result.stderr
-    job_id = result.stdout.strip()
-    assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 2, timeout=60), status_json(home, job_id)
+    job_id = _running_job(job_files, home)
 
     ray = ray_cluster["ray"]
     ray.kill(ray.get_actor(f"launch-{job_id}-node1", namespace=NAMESPACE))
