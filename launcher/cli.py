@@ -23,6 +23,15 @@ def _echo_line(line: str) -> None:
     sys.stdout.flush()
 
 
+def _echo_reason(job_id: str) -> None:
+    """Say on stderr why a foreground job did not succeed, so nobody has to ask ``launch status``."""
+    from launcher.store import Store
+
+    reason = Store().job(job_id).get("reason")
+    if reason:
+        click.echo(f"  reason: {reason}", err=True)
+
+
 @click.group(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="""\b
@@ -91,6 +100,8 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_che
         click.echo(job_id)
     else:
         click.echo(f"job {job_id}: {state}  (launch status {job_id})", err=True)
+        if state != "SUCCEEDED":
+            _echo_reason(job_id)
     if not detach and state != "SUCCEEDED":
         sys.exit(EXIT_CANCELLED if state == "CANCELLED" else 1)
 

@@ -126,12 +126,12 @@ def _listing(sftp: paramiko.SFTPClient, path: str) -> dict[str, paramiko.SFTPAtt
     try:
         return {entry.filename: entry for entry in sftp.listdir_attr(path)}
     except FileNotFoundError:
-        sftp.mkdir(path)
+        _makedirs(sftp, path)
         return {}
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    """``mkdir -p`` over SFTP."""
+    """``mkdir -p`` over SFTP; a directory another node made meanwhile (shared filesystem) is fine."""
     try:
         sftp.stat(path)
     except FileNotFoundError:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,11 @@ from launcher import testbed as tb
 from launcher.backends.ssh import SSHBackend
 from launcher.plan import Plan
 from launcher.spec.cluster import ClusterSpec
+from launcher.sshconn import Connection, Target
 from launcher.store import Store
+from launcher.sync import sync_workdir
 
-from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, sshd_stopped
+from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_client, sshd_stopped
 
 pytestmark = [needs_root, pytest.mark.testbed]
 
@@ -342,6 +345,29 @@ def test_sync_workdir_and_setup_run_before_launch(testbed: tb.Testbed, tmp_path:
     job_id = re.search(r"job (\S+): FAILED", done.stderr)[1]
     assert "setup command `echo broken; exit 3` exited 3: broken" in _status(job_id)["reason"]
     assert not Store(home).nodes(job_id) or all(n["pid"] is None for n in Store(home).nodes(job_id))
+
+
+def test_nodes_syncing_into_one_shared_directory_at_once_all_succeed(testbed: tb.Testbed, tmp_path: Path) -> None:
+    # The namespace hosts share this machine's filesystem, like nodes on one NFS workdir: every node
+    # finds the same directories missing and makes them at the same moment. That must not fail a node.
+    source = tmp_path / "project"
+    levels = [source.joinpath(*(f"d{i}" for i in range(depth))) for depth in range(13)]
+    levels[-1].mkdir(parents=True)
+    for level in levels:
+        (level / "f.txt").write_text(level.name)
+    target = str(tmp_path / "shared" / "work")
+    connections = [Connection(Target(h.name, h.address, tb.SSH_PORT, tb.SSH_USER), ssh_client(testbed, h), h.address)
+                   for h in testbed.hosts]
+    try:
+        with ThreadPoolExecutor(len(connections)) as pool:
+            results = list(pool.map(lambda conn: sync_workdir(conn, source, target, suffix=conn.target.alias),
+                                    connections))
+    finally:
+        for conn in connections:
+            conn.close()
+    assert all(r.copied or r.unchanged for r in results) and not any(r.skipped for r in results)
+    copied = sorted(p.relative_to(tmp_path / "shared" / "work") for p in (tmp_path / "shared" / "work").rglob("f.txt"))
+    assert copied == sorted(p.relative_to(source) for p in source.rglob("f.txt")) and len(copied) == 13
 
 
 def test_nodes_behind_a_jump_host(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
