@@ -136,11 +136,12 @@ def status(job, as_json, last, limit):
         row = store.job(job)
         live = store.metrics(row["id"]) if row["state"] not in TERMINAL or not row.get("summary") else None
         obj = render.job_object(row, render.job_summary(row, live), store.nodes(row["id"]))
+        events = store.events(row["id"])
         if as_json:
-            click.echo(json.dumps(obj, indent=2))
+            click.echo(json.dumps({**obj, "events": events}, indent=2))
         else:
             out = console()
-            for part in render.job_detail(obj, store.events(row["id"])):
+            for part in render.job_detail(obj, events):
                 out.print(part)
         return
     rows = store.jobs(limit=limit or None)

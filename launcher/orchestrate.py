@@ -136,9 +136,23 @@ def submit(
     supervisor = Supervisor(
         store, plan, backend, echo=echo, secrets=secret_values, grace=job.watch.grace_period,
         restarts=job.restarts, stall_timeout=job.watch.stall_timeout,
+        replan=replanner(job, cluster) if job.leave_out_failed_nodes else None,
     )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
+
+
+def replanner(job: JobSpec, cluster: ClusterSpec):
+    """The supervisor's way to re-plan a restart without some hosts; records the smaller cluster, so that
+    `launch cancel` and the final sweep address the nodes the job now runs on."""
+
+    def replan(plan, hosts: frozenset[str]):
+        smaller, new_plan, backend = plan_without(job, cluster, plan, hosts)
+        spec = {"job": job.model_dump(mode="json"), "cluster": smaller.model_dump(mode="json")}
+        Store().update_job(plan.job_id, plan=new_plan.model_dump(mode="json"), spec=spec)
+        return new_plan, backend
+
+    return replan
 
 
 def _preflight(prepared: Prepared, backend, run_check: bool, warn: Callable[[str], None] | None):
@@ -156,7 +170,8 @@ def _preflight(prepared: Prepared, backend, run_check: bool, warn: Callable[[str
             + "\n".join(f"  {p}" for p in found.problems)
         )
     if run_check and cluster.backend == "ssh":
-        _check_consistency(cluster, plan.rendezvous.port, warn)
+        used = cluster.model_copy(update={"nodes": cluster.nodes[: plan.nnodes]})
+        _check_consistency(used, plan.rendezvous.port, warn)
     if found.nodes is not None or found.probes:
         plan = make_plan(
             job, cluster, plan.job_id, rdzv_port=plan.rendezvous.port,
@@ -165,6 +180,26 @@ def _preflight(prepared: Prepared, backend, run_check: bool, warn: Callable[[str
     if plan.unresolved():
         raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))
     return plan
+
+
+def plan_without(job: JobSpec, cluster: ClusterSpec, plan, hosts: frozenset[str]):
+    """For a restart that leaves ``hosts`` out: (the cluster without them, the preflighted plan on it, its backend).
+
+    The job keeps its id, rendezvous port, world size and batch; PlanError or
+    PreflightError (nothing started) when the other nodes cannot take it.
+    """
+    from launcher.backends.base import get_backend
+    from launcher.plan import make_plan
+
+    smaller = cluster.model_copy(update={"nodes": [n for n in cluster.nodes if n.host not in hosts]})
+    job = job.model_copy(update={"leave_out_failed_nodes": False})
+    fresh = make_plan(job, smaller, plan.job_id, rdzv_port=plan.rendezvous.port, ds_config=plan.ds_config)
+    backend = get_backend(smaller.backend, smaller)
+    try:
+        return smaller, _preflight(Prepared(job, smaller, fresh), backend, run_check=True, warn=None), backend
+    except BaseException:
+        backend.close()
+        raise
 
 
 def _start_ds_validation(ds_config: dict | None) -> subprocess.Popen | None:

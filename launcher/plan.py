@@ -184,6 +184,17 @@ def _fit_problems(job: JobSpec, cluster: ClusterSpec, chosen: list[NodeSpec], pl
         problems.append(
             f"resources.nodes: the job asks for {wanted} nodes; cluster '{cluster.name}' lists {len(cluster.nodes)}"
         )
+    if job.leave_out_failed_nodes:
+        if cluster.backend != "ssh":
+            problems.append(
+                f"leave_out_failed_nodes: needs an ssh cluster (a left-out node is a host of its node list); "
+                f"cluster '{cluster.name}' is {cluster.backend}"
+            )
+        elif len(cluster.nodes) <= wanted:
+            problems.append(
+                f"leave_out_failed_nodes: cluster '{cluster.name}' lists {len(cluster.nodes)} nodes and the job uses "
+                f"{wanted}: no spare node to restart on; list more nodes or drop the option"
+            )
     nproc = job.resources.nproc_per_node
     if cluster.backend == "ray" and not placed:
         return problems

@@ -25,6 +25,7 @@ from typing import Any
 
 from launcher import failures
 from launcher.backends.base import Backend, NodeHandle
+from launcher.errors import LaunchError
 from launcher.metrics.aggregate import summarize
 from launcher.metrics.reporter import parse_record
 from launcher.plan import Plan
@@ -148,7 +149,10 @@ class Supervisor:
         grace: float = 5.0,
         restarts: int = 0,
         stall_timeout: float | None = None,
+        replan: Callable[[Plan, frozenset[str]], tuple[Plan, Backend]] | None = None,
     ) -> None:
+        """``replan`` (given with ``leave_out_failed_nodes``) re-plans a restart without the hosts given:
+        a host that failed first in two attempts is left out."""
         self.store = store
         self.plan = plan
         self.backend = backend
@@ -156,6 +160,8 @@ class Supervisor:
         self.secrets = dict(secrets or {})
         self.grace = grace
         self.restarts = restarts
+        self.replan = replan
+        self.first_failures: collections.Counter[str] = collections.Counter()
         self.stall = StallDetector(stall_timeout, plan.max_steps) if stall_timeout else None
         self.run_dir = store.run_dir(plan.job_id)
         self._cancel = threading.Event()
@@ -186,6 +192,11 @@ class Supervisor:
                     self.store.add_event(job_id, "leftovers", f"processes alive after teardown: {left}", {"pids": left})
                 if state != FAILED or attempt >= self.restarts or self._cancel.is_set():
                     break
+                if self.replan is not None and failure is not None:
+                    problem = self._leave_out_twice_failed(failure)
+                    if problem:
+                        reason = f"{reason}; {problem}"
+                        break
                 attempt += 1
                 self.store.add_event(
                     job_id, "restarting", f"attempt {attempt - 1} failed ({reason}); restart {attempt} of {self.restarts}",
@@ -200,6 +211,26 @@ class Supervisor:
         self.store.transition(job_id, state, reason=reason, first_failure=failure, summary=summary)
         self.store.add_event(job_id, state.lower(), reason or state)
         return state
+
+    def _leave_out_twice_failed(self, failure: dict[str, Any]) -> str | None:
+        """Count the failure against its host; at its second, re-plan without it. A problem text if that fails."""
+        host = failure.get("host") or self.plan.nodes[failure["node"]].host
+        self.first_failures[host] += 1
+        if self.first_failures[host] < 2:
+            return None
+        left_out = frozenset(h for h, count in self.first_failures.items() if count >= 2)
+        try:
+            plan, backend = self.replan(self.plan, left_out)
+        except LaunchError as exc:
+            return f"{host} failed first in two attempts and was left out, but the job cannot restart without it: {exc}"
+        self.backend.close()
+        self.plan, self.backend = plan, backend
+        self.store.add_event(
+            self.plan.job_id, "node_left_out",
+            f"{host} failed first in two attempts: left out; restarting on {', '.join(n.host for n in plan.nodes)}",
+            {"host": host, "nodes": [n.host for n in plan.nodes]},
+        )
+        return None
 
     def _next_attempt(self, attempt: int) -> bool:
         """Record the new attempt (RUNNING -> LAUNCHING); False if the job was cancelled meanwhile."""
@@ -330,8 +361,10 @@ class Supervisor:
 def main(argv: list[str]) -> int:
     """Entry of a detached supervisor: ``python -m launcher.supervisor JOB_ID``."""
     from launcher.backends.base import get_backend
+    from launcher.orchestrate import replanner
     from launcher.secrets import read_secrets
     from launcher.spec.cluster import ClusterSpec
+    from launcher.spec.job import JobSpec
 
     store = Store()
     job = store.job(argv[0])
@@ -341,6 +374,7 @@ def main(argv: list[str]) -> int:
     supervisor = Supervisor(
         store, plan, get_backend(plan.backend, cluster), secrets=read_secrets(plan.secrets),
         grace=spec["watch"]["grace_period"], restarts=spec["restarts"], stall_timeout=spec["watch"]["stall_timeout"],
+        replan=replanner(JobSpec.model_validate(spec), cluster) if spec.get("leave_out_failed_nodes") else None,
     )
     supervisor.install_signal_handlers()
     state = supervisor.run()

@@ -88,7 +88,10 @@ class JobSpec(Strict):
     lr: float | None = Field(None, gt=0)
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
-    restarts: int = Field(0, ge=0)
+    restarts: int = Field(0, ge=0, description="Relaunch the whole job this many times after a failure, resuming.")
+    leave_out_failed_nodes: bool = Field(
+        False, description="On a restart, replace a node that failed first in two attempts with a spare node (ssh).",
+    )
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     watch: WatchSpec = WatchSpec()
     metrics: MetricsSpec = MetricsSpec()
@@ -129,6 +132,15 @@ class JobSpec(Strict):
         if bad:
             raise ValueError(f"not valid environment variable names: {', '.join(bad)}")
         return v
+
+    @model_validator(mode="after")
+    def _leave_out(self) -> "JobSpec":
+        if self.leave_out_failed_nodes and self.restarts < 2:
+            raise ValueError(
+                "leave_out_failed_nodes needs restarts: 2 or more (a node is left out after failing in two attempts, "
+                f"then the job restarts without it); restarts is {self.restarts}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _program(self) -> "JobSpec":

@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 from launcher.metrics import Reporter
 
+if socket.gethostname() == os.environ.get("TEST_FAIL_ON_HOST"):
+    sys.exit("this host is broken")
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 total = torch.tensor([float(rank + 1)])
@@ -368,6 +370,53 @@ def test_nodes_syncing_into_one_shared_directory_at_once_all_succeed(testbed: tb
     assert all(r.copied or r.unchanged for r in results) and not any(r.skipped for r in results)
     copied = sorted(p.relative_to(tmp_path / "shared" / "work") for p in (tmp_path / "shared" / "work").rglob("f.txt"))
     assert copied == sorted(p.relative_to(source) for p in source.rglob("f.txt")) and len(copied) == 13
+
+
+def test_a_node_failing_twice_is_left_out_and_the_job_restarts_on_a_spare(
+        testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    spec = json.loads(_job(tmp_path, env={"TEST_FAIL_ON_HOST": "lt-h2"}, nproc=1).read_text())
+    job = tmp_path / "flaky.yaml"
+    job.write_text(json.dumps({**spec, "restarts": 3, "leave_out_failed_nodes": True}))
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed, hosts=3)), timeout=120)
+    job_id = _succeeded(done)
+
+    status = _status(job_id)
+    assert status["attempt"] == 2
+    hosts = {a: [n["host"] for n in status["nodes"] if n["attempt"] == a] for a in (0, 1, 2)}
+    assert hosts == {0: ["lt-h1", "lt-h2"], 1: ["lt-h1", "lt-h2"], 2: ["lt-h1", "lt-h3"]}
+    left_out = [e for e in status["events"] if e["kind"] == "node_left_out"]
+    assert len(left_out) == 1 and left_out[0]["data"] == {"host": "lt-h2", "nodes": ["lt-h1", "lt-h3"]}
+    assert [n["host"] for n in Store(home).job(job_id)["plan"]["nodes"]] == ["lt-h1", "lt-h3"]
+    results = [json.loads(line.split("RESULT ", 1)[1])
+               for line in (home / "runs" / job_id / "attempt2-node1.log").read_text().splitlines() if "RESULT " in line]
+    assert [(r["host"], r["address"], r["sum"]) for r in results] == [("lt-h3", "10.77.0.13", 3.0)]
+    _assert_clean(testbed, job_id)
+
+
+def test_an_unreachable_spare_ends_the_job_saying_why(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    spec = json.loads(_job(tmp_path, env={"TEST_FAIL_ON_HOST": "lt-h2"}, nproc=1).read_text())
+    job = tmp_path / "flaky.yaml"
+    job.write_text(json.dumps({**spec, "restarts": 3, "leave_out_failed_nodes": True}))
+    with sshd_stopped(testbed.hosts[2]):
+        done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed, hosts=3)), timeout=120)
+    assert done.returncode == 1
+    job_id = re.search(r"job (\S+): FAILED", done.stderr)[1]
+    status = _status(job_id)
+    assert status["attempt"] == 1
+    assert "lt-h2 failed first in two attempts and was left out, but the job cannot restart without it" in status["reason"]
+    assert "lt-h3 (10.77.0.13:22): cannot connect" in status["reason"]
+    assert status["reason"] in done.stderr
+    _assert_clean(testbed, job_id)
+
+
+def test_leaving_out_a_node_without_a_spare_is_refused_at_submit(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    spec = json.loads(_job(tmp_path, nproc=1).read_text())
+    job = tmp_path / "flaky.yaml"
+    job.write_text(json.dumps({**spec, "restarts": 2, "leave_out_failed_nodes": True}))
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed, hosts=2)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "leave_out_failed_nodes: cluster 'testbed' lists 2 nodes and the job uses 2: no spare node" in done.stderr
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())
 
 
 def test_nodes_behind_a_jump_host(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:

@@ -34,6 +34,12 @@ CASES = [
      ["job.yaml:3", "strategy", "DataParallel", "torch.compile"]),
     ("both recipe and entrypoint", "name: x\nrecipe: convnet\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n",
      ["exactly one of 'recipe'"]),
+    ("leaving out nodes without restarts", "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n"
+     "leave_out_failed_nodes: true\nrestarts: 1\n",
+     ["leave_out_failed_nodes needs restarts: 2 or more", "restarts is 1"]),
+    ("leaving out a node of the local cluster", "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n"
+     "leave_out_failed_nodes: true\nrestarts: 2\n",
+     ["leave_out_failed_nodes: needs an ssh cluster", "cluster 'local' is local"]),
     ("not yaml", "name: x\nbatch: {micro_batch: 8\n", ["not valid YAML"]),
 ]
 
