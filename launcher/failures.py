@@ -11,6 +11,7 @@ _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _ROOT = "Root Cause (first observed failure)"
 _DISPLAY_PREFIX = re.compile(r"^\[\d+(?:/\d+)?\] ")
+LOST_NODE_EXIT = 255  # what a backend's poll() says for a node whose agent died unseen or went out of reach
 _FAILED_AT = re.compile(r"^[EWI]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) .*\] failed \(exitcode: (-?\d+)\)")
 
 
@@ -98,15 +99,23 @@ def explain(failure: dict[str, Any], rank_lines: list[str], kernel_log: list[str
     return None
 
 
+def agent_lost(exit_code: int | None) -> bool:
+    """Whether a node agent's exit code says the agent itself died or went out of reach (not that a rank failed):
+    unknown, killed by a signal, or 255 (the SSH and Ray backends' code for a lost node)."""
+    return exit_code is None or exit_code < 0 or exit_code == LOST_NODE_EXIT
+
+
 def precedence(failure: dict[str, Any]) -> tuple:
     """Sort key: which of several failures came first, the cause rather than its echoes.
 
-    A node whose agent died or whose connection was lost (no rank named) comes
-    first, then a rank that failed on its own, then ranks that only saw a peer
-    go away; within a class, the earliest agent "failed" time, then node order.
+    A node whose agent died or whose connection was lost comes first, then a
+    rank that failed on its own, then ranks that only saw a peer go away, then
+    a node that exited normally without a failure report we could read (a
+    launcher that names no rank, or a report still in the pipe); within a
+    class, the earliest agent "failed" time, then node order.
     """
     if failure.get("rank") is None:
-        klass = 0
+        klass = 0 if agent_lost(failure.get("exit_code")) else 3
     elif failure.get("reason") in ECHOES:
         klass = 2
     else:

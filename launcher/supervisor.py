@@ -34,6 +34,7 @@ from launcher.store import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Sto
 
 _RANK_PREFIX = re.compile(r"^\[(\d+)\]:(?=.)")
 SETTLE_S = 1.0
+REPORT_WAIT_S = 5.0  # how long a failed node's output may take to reach us (its failure report), under load
 TAIL_LINES = 200
 POLL_S = 0.1
 
@@ -324,7 +325,7 @@ class Supervisor:
 
     def _failure(self, watcher: NodeWatcher, code: int) -> dict[str, Any]:
         node = self.plan.nodes[watcher.handle.index]
-        watcher.join(2.0)
+        watcher.join(REPORT_WAIT_S)
         tail = list(watcher.tail)
         failure: dict[str, Any] = {
             "node": node.index,

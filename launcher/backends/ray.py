@@ -28,6 +28,7 @@ from launcher import proctree, rayagent
 from launcher.backends.base import Preflight
 from launcher.backends.local import FIND_MODULES
 from launcher.errors import LaunchError, PreflightError
+from launcher.failures import LOST_NODE_EXIT
 from launcher.netenv import AUTO, NodeNetwork
 from launcher.plan import NodePlan, Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
@@ -38,7 +39,6 @@ AGENT_TIMEOUT_S = 60.0
 WAIT_REPORT_S = 3.0
 PULL_WAIT_S = 0.5
 SILENCE_S = 10.0
-AGENT_LOST = 255  # poll() of a node whose agent died or went silent (as ssh reports a lost connection)
 
 
 def group_name(job_id: str) -> str:
@@ -80,7 +80,7 @@ class RayNode:
 
     def _lost(self, why: str) -> Iterator[str]:
         yield f"[launch] node {self.index} lost: {why}"
-        self._code = AGENT_LOST
+        self._code = LOST_NODE_EXIT
 
     def poll(self) -> int | None:
         """The exit code once ``lines()`` has read the node's last output; None before."""

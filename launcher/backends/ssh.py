@@ -26,6 +26,7 @@ from launcher import proctree, sync
 from launcher.backends.base import Preflight
 from launcher.commands import RECIPE_MODULE
 from launcher.errors import LaunchError
+from launcher.failures import LOST_NODE_EXIT
 from launcher.netenv import AUTO, NodeNetwork
 from launcher.plan import NodePlan, Plan
 from launcher.shell import render_command
@@ -39,7 +40,6 @@ AGENT_MARK = "@@launch-agent "
 START_TIMEOUT_S = 30.0
 CLEANUP_CONNECT_S = 2.0
 EXIT_STATUS_WAIT_S = 2.0
-LOST = 255
 
 # sh -c WRAPPER sh RUN_DIR PID_FILE AGENT_ARGV... (sh, not python: ~40 ms less CPU a node). Secrets come on
 # stdin (secrets_script). A background job of a non-interactive sh leads no group: setsid(1) execs, $! is the agent.
@@ -182,8 +182,8 @@ class SSHNode:
     def poll(self) -> int | None:
         if self._channel.status_event.is_set():
             status = self._channel.exit_status
-            return LOST if status == -1 else exit_code(status)
-        return None if self._channel.get_transport().is_active() else LOST
+            return LOST_NODE_EXIT if status == -1 else exit_code(status)
+        return None if self._channel.get_transport().is_active() else LOST_NODE_EXIT
 
     def terminate(self, grace: float) -> None:
         if self._channel.status_event.is_set() and self._channel.exit_status != -1:

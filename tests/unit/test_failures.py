@@ -69,6 +69,18 @@ def test_the_cause_precedes_its_echoes():
     assert sorted([echo, own_failure, lost_node], key=precedence) == [lost_node, own_failure, echo]
     earlier = {**own_failure, "node": 0, "failed_at": 40.0}
     assert min([own_failure, earlier], key=precedence) is earlier
+    killed_agent = {"node": 0, "exit_code": -9}
+    assert min([own_failure, killed_agent], key=precedence) is killed_agent
+
+
+def test_a_node_whose_report_was_not_read_does_not_outrank_a_named_rank():
+    from launcher.failures import precedence
+
+    unread = {"node": 0, "exit_code": 1}
+    own_failure = {"node": 1, "rank": 3, "exit_code": 1, "failed_at": 50.0}
+    echo = {"node": 1, "rank": 2, "exit_code": 1, "failed_at": 10.0, "reason": explain({"exit_code": 1}, [
+        "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"])}
+    assert sorted([unread, echo, own_failure], key=precedence) == [own_failure, echo, unread]
 
 
 def test_a_lost_node_is_explained_by_the_backend_note():
