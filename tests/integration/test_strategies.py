@@ -57,11 +57,25 @@ def run_ranks(args: list[str], timeout: float = 180) -> tuple[int, str, list[dic
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = _stacks(proc.pid)
         _kill_tree(proc.pid)
         output, _ = proc.communicate(timeout=30)
-        pytest.fail(f"ranks did not finish in {timeout}s:\n{output[-6000:]}")
+        pytest.fail(f"ranks did not finish in {timeout}s:\n{output[-6000:]}\n{stacks}")
     records = [r for r in map(parse_record, output.splitlines()) if r is not None]
     return proc.returncode, output, records
+
+
+def _stacks(pid: int) -> str:
+    """The Python stacks of torchrun and its workers (py-spy, from the dev extras), to see where a run hangs."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    if not py_spy.exists():
+        return "(no py-spy to show where the processes are)"
+    dumps = []
+    for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        done = subprocess.run([str(py_spy), "dump", "--pid", str(process.pid)], capture_output=True, text=True,
+                              timeout=30)
+        dumps.append(f"--- pid {process.pid}: {' '.join(process.cmdline()[:4])}\n{done.stdout[-3000:]}{done.stderr[-500:]}")
+    return "\n".join(dumps)
 
 
 def _kill_tree(pid: int) -> None:
