@@ -11,6 +11,7 @@ process with one ``train: error: ...`` line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -192,6 +193,12 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
     reporter.close(loss)
     trainer.close()
     dist.barrier()
+    # Free the model while the process group lives. DDP's reducer holds the group and, freed last,
+    # destroys it holding the GIL while joining gloo's worker threads; a worker still freeing the
+    # barrier's work needs the GIL, so the rank hung at exit (1 run in ~50 under load, torch 2.13).
+    # Freed here, the reducer drops one reference and destroy_process_group frees the group without the GIL.
+    del trainer
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
