@@ -126,7 +126,9 @@ def submit(
         backend.close()
         raise
     store = Store()
-    store.create_job(plan, {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json")})
+    store.create_job(
+        plan, {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json"), "check": run_check},
+    )
     if on_recorded:
         on_recorded(plan.job_id)
     if detach:
@@ -136,20 +138,24 @@ def submit(
     supervisor = Supervisor(
         store, plan, backend, echo=echo, secrets=secret_values, grace=job.watch.grace_period,
         restarts=job.restarts, stall_timeout=job.watch.stall_timeout,
-        replan=replanner(job, cluster) if job.leave_out_failed_nodes else None,
+        replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
     )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
 
 
-def replanner(job: JobSpec, cluster: ClusterSpec):
-    """The supervisor's way to re-plan a restart without some hosts; records the smaller cluster, so that
+def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool):
+    """The supervisor's way to re-plan a restart without some hosts. It checks the new nodes as submit did
+    (``run_check``: versions compared, warnings filed as events) and records the smaller cluster, so that
     `launch cancel` and the final sweep address the nodes the job now runs on."""
 
     def replan(plan, hosts: frozenset[str]):
-        smaller, new_plan, backend = plan_without(job, cluster, plan, hosts)
-        spec = {"job": job.model_dump(mode="json"), "cluster": smaller.model_dump(mode="json")}
-        Store().update_job(plan.job_id, plan=new_plan.model_dump(mode="json"), spec=spec)
+        def warn(text: str) -> None:
+            store.add_event(plan.job_id, "warning", text)
+
+        smaller, new_plan, backend = plan_without(job, cluster, plan, hosts, run_check, warn)
+        spec = {"job": job.model_dump(mode="json"), "cluster": smaller.model_dump(mode="json"), "check": run_check}
+        store.update_job(plan.job_id, plan=new_plan.model_dump(mode="json"), spec=spec)
         return new_plan, backend
 
     return replan
@@ -182,7 +188,10 @@ def _preflight(prepared: Prepared, backend, run_check: bool, warn: Callable[[str
     return plan
 
 
-def plan_without(job: JobSpec, cluster: ClusterSpec, plan, hosts: frozenset[str]):
+def plan_without(
+    job: JobSpec, cluster: ClusterSpec, plan, hosts: frozenset[str], run_check: bool = True,
+    warn: Callable[[str], None] | None = None,
+):
     """For a restart that leaves ``hosts`` out: (the cluster without them, the preflighted plan on it, its backend).
 
     The job keeps its id, rendezvous port, world size and batch; PlanError or
@@ -196,7 +205,7 @@ def plan_without(job: JobSpec, cluster: ClusterSpec, plan, hosts: frozenset[str]
     fresh = make_plan(job, smaller, plan.job_id, rdzv_port=plan.rendezvous.port, ds_config=plan.ds_config)
     backend = get_backend(smaller.backend, smaller)
     try:
-        return smaller, _preflight(Prepared(job, smaller, fresh), backend, run_check=True, warn=None), backend
+        return smaller, _preflight(Prepared(job, smaller, fresh), backend, run_check, warn), backend
     except BaseException:
         backend.close()
         raise

@@ -34,7 +34,7 @@ from launcher.store import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Sto
 
 _RANK_PREFIX = re.compile(r"^\[(\d+)\]:(?=.)")
 SETTLE_S = 1.0
-REPORT_WAIT_S = 5.0  # how long a failed node's output may take to reach us (its failure report), under load
+REPORT_WAIT_S = 5.0  # how long failed nodes' output may take to reach us (their failure reports), under load
 TAIL_LINES = 200
 POLL_S = 0.1
 
@@ -198,6 +198,9 @@ class Supervisor:
                     if problem:
                         reason = f"{reason}; {problem}"
                         break
+                    if self._cancel.is_set():
+                        state, reason = CANCELLED, self._cancel_reason
+                        break
                 attempt += 1
                 self.store.add_event(
                     job_id, "restarting", f"attempt {attempt - 1} failed ({reason}); restart {attempt} of {self.restarts}",
@@ -214,7 +217,14 @@ class Supervisor:
         return state
 
     def _leave_out_twice_failed(self, failure: dict[str, Any]) -> str | None:
-        """Count the failure against its host; at its second, re-plan without it. A problem text if that fails."""
+        """Count the failure against its host; at its second, re-plan without it. A problem text if that fails.
+
+        Only a node whose processes exited or whose connection was lost counts (its failure has an exit
+        code): a stall names the node heard from least recently, and a start or setup failure is reported
+        by every node alike, so neither says which host is broken.
+        """
+        if failure.get("exit_code") is None or failure.get("node") is None:
+            return None
         host = failure.get("host") or self.plan.nodes[failure["node"]].host
         self.first_failures[host] += 1
         if self.first_failures[host] < 2:
@@ -291,8 +301,11 @@ class Supervisor:
         while time.monotonic() < deadline and len(exits) < len(watchers):
             time.sleep(POLL_S)
             self._collect_exits(watchers, attempt, exits)
-        failed = [self._failure(w, exits[w.handle.index]) for w in watchers if exits.get(w.handle.index, 0) != 0]
-        return min(failed, key=failures.precedence)
+        failed = [w for w in watchers if exits.get(w.handle.index, 0) != 0]
+        reports_by = time.monotonic() + REPORT_WAIT_S
+        for watcher in failed:
+            watcher.join(max(0.0, reports_by - time.monotonic()))
+        return min((self._failure(w, exits[w.handle.index]) for w in failed), key=failures.precedence)
 
     def _start_nodes(self, attempt: int) -> list[NodeWatcher] | tuple[str, str, dict[str, Any]]:
         """Start every node in parallel; on any failure stop those started."""
@@ -325,7 +338,6 @@ class Supervisor:
 
     def _failure(self, watcher: NodeWatcher, code: int) -> dict[str, Any]:
         node = self.plan.nodes[watcher.handle.index]
-        watcher.join(REPORT_WAIT_S)
         tail = list(watcher.tail)
         failure: dict[str, Any] = {
             "node": node.index,
@@ -375,7 +387,8 @@ def main(argv: list[str]) -> int:
     supervisor = Supervisor(
         store, plan, get_backend(plan.backend, cluster), secrets=read_secrets(plan.secrets),
         grace=spec["watch"]["grace_period"], restarts=spec["restarts"], stall_timeout=spec["watch"]["stall_timeout"],
-        replan=replanner(JobSpec.model_validate(spec), cluster) if spec.get("leave_out_failed_nodes") else None,
+        replan=(replanner(JobSpec.model_validate(spec), cluster, store, job["spec"].get("check", True))
+                if spec.get("leave_out_failed_nodes") else None),
     )
     supervisor.install_signal_handlers()
     state = supervisor.run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.failures import describe, explain, parse_agent_failure, signal_name
+from launcher.failures import describe, explain, parse_agent_failure, precedence, signal_name
 
 TORCHRUN_REPORT = """\
 [1] E1130 11:55:21.093000 14062 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 14341) of binary: /usr/bin/python
@@ -59,28 +59,24 @@ def test_describe_names_node_rank_and_cause():
     assert text == "first failure: node 1 (gpu-02), rank 11, exit code -9 (SIGKILL): killed by the kernel's OOM killer"
 
 
-def test_the_cause_precedes_its_echoes():
-    from launcher.failures import precedence
+OWN_FAILURE = {"node": 1, "rank": 3, "exit_code": 1, "failed_at": 50.0}
+# A rank on another node that only saw rank 3 go away, though its agent noticed first.
+ECHO = {"node": 0, "rank": 0, "exit_code": 1, "failed_at": 10.0, "reason": explain({"exit_code": 1}, [
+    "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"])}
 
+
+def test_the_cause_precedes_its_echoes():
     lost_node = {"node": 1, "exit_code": 255}
-    own_failure = {"node": 1, "rank": 3, "exit_code": 1, "failed_at": 50.0}
-    echo = {"node": 0, "rank": 0, "exit_code": 1, "failed_at": 10.0, "reason": explain({"exit_code": 1}, [
-        "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"])}
-    assert sorted([echo, own_failure, lost_node], key=precedence) == [lost_node, own_failure, echo]
-    earlier = {**own_failure, "node": 0, "failed_at": 40.0}
-    assert min([own_failure, earlier], key=precedence) is earlier
+    assert sorted([ECHO, OWN_FAILURE, lost_node], key=precedence) == [lost_node, OWN_FAILURE, ECHO]
+    earlier = {**OWN_FAILURE, "node": 0, "failed_at": 40.0}
+    assert min([OWN_FAILURE, earlier], key=precedence) is earlier
     killed_agent = {"node": 0, "exit_code": -9}
-    assert min([own_failure, killed_agent], key=precedence) is killed_agent
+    assert min([OWN_FAILURE, killed_agent], key=precedence) is killed_agent
 
 
 def test_a_node_whose_report_was_not_read_does_not_outrank_a_named_rank():
-    from launcher.failures import precedence
-
     unread = {"node": 0, "exit_code": 1}
-    own_failure = {"node": 1, "rank": 3, "exit_code": 1, "failed_at": 50.0}
-    echo = {"node": 1, "rank": 2, "exit_code": 1, "failed_at": 10.0, "reason": explain({"exit_code": 1}, [
-        "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"])}
-    assert sorted([unread, echo, own_failure], key=precedence) == [own_failure, echo, unread]
+    assert sorted([unread, ECHO, OWN_FAILURE], key=precedence) == [OWN_FAILURE, ECHO, unread]
 
 
 def test_a_lost_node_is_explained_by_the_backend_note():
