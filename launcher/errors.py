@@ -33,6 +33,15 @@ class PreflightError(LaunchError):
     exit_code = 3
 
 
+class NodeStartError(LaunchError):
+    """A node could not be started because of one node: ``node`` (its plan index), which may be another one
+    than the node being started (preparing the nodes is one step for all of them)."""
+
+    def __init__(self, message: str, node: int) -> None:
+        super().__init__(message)
+        self.node = node
+
+
 class JobNotFound(LaunchError):
     """No job in the store matches the id given."""
 

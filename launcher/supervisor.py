@@ -25,7 +25,7 @@ from typing import Any
 
 from launcher import failures
 from launcher.backends.base import Backend, NodeHandle
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, NodeStartError
 from launcher.metrics.aggregate import summarize
 from launcher.metrics.reporter import parse_record
 from launcher.plan import Plan
@@ -332,6 +332,8 @@ class Supervisor:
         if errors:
             self._teardown(watchers)
             node, exc = errors[0]
+            if isinstance(exc, NodeStartError):
+                node = self.plan.nodes[exc.node]
             failure = {"node": node.index, "host": node.host, "reason": f"could not start: {exc}"}
             return FAILED, failures.describe(failure), failure
         return watchers

@@ -25,7 +25,7 @@ import paramiko
 from launcher import proctree, sync
 from launcher.backends.base import Preflight
 from launcher.commands import RECIPE_MODULE
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, NodeStartError
 from launcher.failures import LOST_NODE_EXIT
 from launcher.netenv import AUTO, NodeNetwork
 from launcher.plan import NodePlan, Plan
@@ -293,9 +293,13 @@ class SSHBackend:
             if self._prepared is None:
                 self._prepared = self._prepare_all(plan, run_dir)
         if self._prepared:
-            raise LaunchError("preparing the nodes failed; no agent was started:\n" + "\n".join(f"  {p}" for p in self._prepared))
+            raise NodeStartError(
+                "preparing the nodes failed; no agent was started:\n" + "\n".join(f"  {p}" for _, p in self._prepared),
+                node=self._prepared[0][0],
+            )
 
-    def _prepare_all(self, plan: Plan, run_dir: Path) -> list[str]:
+    def _prepare_all(self, plan: Plan, run_dir: Path) -> list[tuple[int, str]]:
+        """(node index, problem) for every node whose sync or setup failed, in node order."""
         if not (self.cluster.sync_workdir or self.cluster.setup):
             return []
 
@@ -303,7 +307,7 @@ class SSHBackend:
             conn = self._pool.get(self.targets[node.index])
             sync.prepare_node(conn, self.cluster, node, plan.job_id, run_dir / f"setup-node{node.index}.log")
 
-        return [error_text(r.error) for r in fan_out(step, list(plan.nodes)) if not r.ok]
+        return [(r.key.index, error_text(r.error)) for r in fan_out(step, list(plan.nodes)) if not r.ok]
 
     def end_node(self, index: int, job_id: str, grace: float) -> None:
         """TERM the node's agent group, KILL it after ``grace``, then end anything tagged that is left."""

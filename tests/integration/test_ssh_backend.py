@@ -341,12 +341,15 @@ def test_sync_workdir_and_setup_run_before_launch(testbed: tb.Testbed, tmp_path:
     assert "HELLO lt-h2 payload True" in done.stdout
     assert (workdir / "pkg" / "data.txt").read_text() == "payload\n" and not (workdir / ".git").exists()
 
-    failing = _cluster(tmp_path, testbed, workdir=str(workdir), setup=["echo broken; exit 3"])
+    broken_on_h2 = '[ "$(hostname)" != lt-h2 ] || { echo broken; exit 3; }'
+    failing = _cluster(tmp_path, testbed, workdir=str(workdir), setup=[broken_on_h2])
     done = _launch("submit", str(job), "--cluster", str(failing))
     assert done.returncode == 1
     job_id = re.search(r"job (\S+): FAILED", done.stderr)[1]
-    assert "setup command `echo broken; exit 3` exited 3: broken" in _status(job_id)["reason"]
-    assert f"  reason: {_status(job_id)['reason']}" in done.stderr
+    status = _status(job_id)
+    assert f"lt-h2: setup command `{broken_on_h2}` exited 3: broken" in status["reason"]
+    assert (status["first_failure"]["node"], status["first_failure"]["host"]) == (1, "lt-h2")
+    assert "lt-h1:" not in status["reason"] and f"  reason: {status['reason']}" in done.stderr
     assert not Store(home).nodes(job_id) or all(n["pid"] is None for n in Store(home).nodes(job_id))
 
 
