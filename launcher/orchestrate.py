@@ -126,9 +126,7 @@ def submit(
         backend.close()
         raise
     store = Store()
-    store.create_job(
-        plan, {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json"), "check": run_check},
-    )
+    store.create_job(plan, stored_spec(job, cluster, run_check))
     if on_recorded:
         on_recorded(plan.job_id)
     if detach:
@@ -144,6 +142,11 @@ def submit(
     return plan.job_id, supervisor.run()
 
 
+def stored_spec(job: JobSpec, cluster: ClusterSpec, run_check: bool) -> dict:
+    """What the store keeps of a job's specs: enough for a detached supervisor, `cancel` and a re-plan."""
+    return {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json"), "check": run_check}
+
+
 def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool):
     """The supervisor's way to re-plan a restart without some hosts. It checks the new nodes as submit did
     (``run_check``: versions compared, warnings filed as events) and records the smaller cluster, so that
@@ -154,8 +157,7 @@ def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool)
             store.add_event(plan.job_id, "warning", text)
 
         smaller, new_plan, backend = plan_without(job, cluster, plan, hosts, run_check, warn)
-        spec = {"job": job.model_dump(mode="json"), "cluster": smaller.model_dump(mode="json"), "check": run_check}
-        store.update_job(plan.job_id, plan=new_plan.model_dump(mode="json"), spec=spec)
+        store.update_job(plan.job_id, plan=new_plan.model_dump(mode="json"), spec=stored_spec(job, smaller, run_check))
         return new_plan, backend
 
     return replan

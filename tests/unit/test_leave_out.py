@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import PreflightError
+from launcher.orchestrate import stored_spec
 from launcher.plan import make_plan
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store import Store
@@ -37,7 +38,7 @@ class Backend:
 def supervisor(tmp_path: Path) -> Supervisor:
     plan = make_plan(JOB, CLUSTER, "flaky-00000001", rdzv_port=29500)
     store = Store(tmp_path / "home")
-    store.create_job(plan, {"job": JOB.model_dump(mode="json"), "cluster": CLUSTER.model_dump(mode="json")})
+    store.create_job(plan, stored_spec(JOB, CLUSTER, run_check=True))
     replans = []
 
     def replan(current, hosts):
