@@ -320,7 +320,7 @@ class SSHBackend:
         try:
             result = self._pool.get(self.targets[index]).run(argv, timeout=timeout)
         except (LaunchError, *CONNECTION_ERRORS) as exc:
-            return 255, "", error_text(exc) if isinstance(exc, LaunchError) else f"cannot connect: {exc}"
+            return LOST_NODE_EXIT, "", error_text(exc) if isinstance(exc, LaunchError) else f"cannot connect: {exc}"
         return result.code, result.out, result.err
 
     def kernel_log(self, node_index: int) -> list[str]:
