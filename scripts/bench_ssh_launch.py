@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher import testbed  # noqa: E402
+from tools import testbed  # noqa: E402
 
 SIZES = (1, 2, 4, 8)
 LOCK_FILE = Path(tempfile.gettempdir()) / "lt-testbed.lock"

@@ -1,4 +1,4 @@
-"""Pytest fixture and helpers for the namespaced SSH testbed (launcher/testbed.py).
+"""Pytest fixture and helpers for the namespaced SSH testbed (tools/testbed.py).
 
 Load it once, from tests/conftest.py, as a plugin::
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from launcher import testbed as tb
+from tools import testbed as tb
 
 TESTBED_HOSTS = 4
 LOCK_FILE = Path(tempfile.gettempdir()) / "lt-testbed.lock"

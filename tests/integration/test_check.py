@@ -113,6 +113,6 @@ def _python_version(python: str) -> str:
 
 
 def _testbed_is_empty(bed) -> bool:
-    from launcher import testbed as tb
+    from tools import testbed as tb
 
     return all(not tb.pids(host) for host in bed.hosts)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from launcher import proctree
-from launcher import testbed as tb
+from tools import testbed as tb
 from launcher.backends.local import free_port
 from launcher.backends.ray import NAMESPACE
 from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml

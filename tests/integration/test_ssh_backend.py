@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher import proctree
-from launcher import testbed as tb
+from tools import testbed as tb
 from launcher.backends.ssh import SSHBackend
 from launcher.plan import Plan
 from launcher.spec.cluster import ClusterSpec

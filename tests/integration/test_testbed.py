@@ -10,7 +10,7 @@ import sys
 import paramiko
 import pytest
 
-from launcher import testbed as tb
+from tools import testbed as tb
 from tests.testbed_fixture import (  # the `testbed` fixture comes from tests/conftest.py
     host_key_rotated, link_cut, needs_root, ssh_client, ssh_run, sshd_stopped,
 )
