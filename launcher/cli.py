@@ -180,19 +180,19 @@ def plan_command(job_file, cluster_file, overrides, as_json):
     job, plan = prepared.job, prepared.plan
     if job.recipe is None:
         raise LaunchError("`launch plan` estimates memory for built-in recipes; an entrypoint job's model is unknown")
-    gpu_gb = plan.memory["gpu_memory_gib"]
-    rows = fit.strategy_estimates(job, plan.batch.micro_batch, plan.nnodes, plan.nproc_per_node, gpu_gb)
     chosen = plan.memory
+    gpu_gb = chosen.gpu_memory_gib
+    rows = fit.strategy_estimates(job, plan.batch.micro_batch, plan.nnodes, plan.nproc_per_node, gpu_gb)
     if as_json:
-        click.echo(json.dumps({"plan": chosen, "strategies": [r.__dict__ for r in rows]}, indent=2))
+        click.echo(json.dumps({"plan": chosen.model_dump(mode="json"), "strategies": [r.__dict__ for r in rows]}, indent=2))
         return
     out = console()
     out.print(f"{job.name}: {job.recipe} on {plan.nnodes} node(s) x {plan.nproc_per_node}, {job.precision}, "
                   f"micro batch {plan.batch.micro_batch} (global {plan.batch.global_batch})")
     out.print(render.fit_table(rows, job.strategy, gpu_gb))
     out.print("  " + render.memory_line(chosen))
-    if chosen.get("reason"):
-        out.print(f"  recommendation: {chosen['recommended'] or 'none fits'}: {chosen['reason']}")
+    if chosen.reason:
+        out.print(f"  recommendation: {chosen.recommended or 'none fits'}: {chosen.reason}")
 
 
 @cli.command()
@@ -252,7 +252,7 @@ def check(cluster_file, port, no_bandwidth, as_json):
       launch check --no-bandwidth --json
     """
     from launcher import check as checks
-    from launcher.backends.local import free_port
+    from launcher.ports import free_port
     from launcher.orchestrate import load_cluster_spec
 
     cluster = load_cluster_spec(cluster_file)

@@ -89,6 +89,28 @@ def _base_config(
     return config
 
 
+def entrypoint_ds_config(precision: str, batch, gradient_clipping: float, user_config: dict | None) -> dict:
+    """The DeepSpeed config for a user's program under the DeepSpeed launcher (``LAUNCH_DS_CONFIG``).
+
+    The job's batch numbers (when given), precision and clipping, with ``user_config`` deep-merged
+    over them; its ZeRO stage and other sections are the program's own. A user value that
+    contradicts the job's batch arithmetic raises DSConfigError naming both.
+    """
+    config: dict[str, Any] = {"gradient_clipping": gradient_clipping, "steps_per_print": QUIET_STEPS_PER_PRINT}
+    if batch is not None:
+        config.update(train_batch_size=batch.global_batch, train_micro_batch_size_per_gpu=batch.micro_batch,
+                      gradient_accumulation_steps=batch.grad_accum)
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 15}
+    if not user_config:
+        return config
+    if batch is not None:
+        _check_user_batch(user_config, config, batch.micro_batch, batch.grad_accum, batch.world_size)
+    return _deep_merge(config, _drop_auto(user_config))
+
+
 def _check_user_batch(user: dict, ours: dict, micro_batch: int, grad_accum: int, world_size: int) -> None:
     arithmetic = (
         f"micro_batch {micro_batch} x grad_accum {grad_accum} x world_size {world_size} "

@@ -10,6 +10,7 @@ from pathlib import Path
 from launcher.store import TERMINAL, Store
 
 _PREFIX = re.compile(r"^\[(\d+)(?:/(\d+))?\] ")
+_TIME = re.compile(r"^\d+\.\d{3} ")
 
 
 def log_files(store: Store, job: dict, node: int | None, attempt: int | None) -> list[Path]:
@@ -51,6 +52,7 @@ def print_logs(
             complete = data[: data.rfind(b"\n") + 1]
             offsets[path] = offsets.get(path, 0) + len(complete)
             for line in complete.decode("utf-8", errors="replace").splitlines():
+                line = _TIME.sub("", line, count=1)
                 if keep(line, rank):
                     out(line)
         if not follow:

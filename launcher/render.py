@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.metrics.aggregate import summarize
+
+if TYPE_CHECKING:
+    from launcher.fit import MemoryFit
 
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 MASK = "****"
@@ -35,21 +38,23 @@ def plan_json(plan: Any) -> dict[str, Any]:
         for name in plan.secrets:
             node["env"][name] = MASK
             node["env_sources"][name] = "secret: the submitter's environment"
-    data["batch"]["formula"] = "global_batch = micro_batch x grad_accum x world_size"
+    if data["batch"] is not None:
+        data["batch"]["formula"] = "global_batch = micro_batch x grad_accum x world_size"
     return data
 
 
 def plan_text(plan: Any) -> str:
     """A readable dry-run of the plan."""
     b = plan.batch
+    batch = (f"global {b.global_batch} = micro {b.micro_batch} x accumulation {b.grad_accum} x world {b.world_size}"
+             if b is not None else "(not given: the program batches its own data)")
     lines = [
         f"job {plan.job_id}  (dry run: nothing was contacted or started)",
         f"  cluster     {plan.cluster_name} (backend {plan.backend})",
         f"  launcher    {plan.launcher}   strategy {plan.strategy or '(entrypoint)'}   precision {plan.precision}"
         f"   process group {plan.dist_backend}",
         f"  world       {plan.nnodes} node(s) x {plan.nproc_per_node} process(es) = {plan.world_size} ranks",
-        f"  batch       global {b.global_batch} = micro {b.micro_batch} x accumulation {b.grad_accum}"
-        f" x world {b.world_size}",
+        f"  batch       {batch}",
         f"  steps       {plan.max_steps}",
         f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",
     ]
@@ -58,6 +63,8 @@ def plan_text(plan: Any) -> str:
     data = plan_json(plan)
     for node in data["nodes"]:
         lines.append(f"  node {node['index']}  {node['host']} ({node['address']})  {node['nproc']} proc  cwd {node['cwd']}")
+        for name, (filename, _) in node["files"].items():
+            lines.append(f"    file  {filename} in the node's run directory  # {name} holds its path")
         lines.append(f"    argv  {shlex.join(node['argv'])}")
         width = max((len(k) + len(v) for k, v in node["env"].items()), default=0) + 1
         for key, value in node["env"].items():
@@ -70,16 +77,16 @@ def plan_text(plan: Any) -> str:
     return "\n".join(lines)
 
 
-def memory_line(fit: dict[str, Any]) -> str:
+def memory_line(fit: MemoryFit) -> str:
     """One line: the chosen strategy's per-GPU estimate and whether it fits."""
     line = (
-        f"{fit['params'] / 1e6:.1f}M params; {fit['strategy']} needs ~{fit['total_gib']:.2f} GiB a GPU "
-        f"(model states {fit['model_states_gib']:.2f} + activations {fit['activations_gib']:.2f})"
+        f"{fit.params / 1e6:.1f}M params; {fit.strategy} needs ~{fit.total_gib:.2f} GiB a GPU "
+        f"(model states {fit.model_states_gib:.2f} + activations {fit.activations_gib:.2f})"
     )
-    if fit["fits"] is None:
+    if fit.fits is None:
         return line + "; GPU size unknown (CPU ranks, or gpu.memory_gb unset): not checked"
-    verdict = "fits" if fit["fits"] else "does NOT fit"
-    return line + f"; {verdict} in {fit['usable_gib']:.1f} usable GiB; recommended: {fit.get('recommended')}"
+    verdict = "fits" if fit.fits else "does NOT fit"
+    return line + f"; {verdict} in {fit.usable_gib:.1f} usable GiB; recommended: {fit.recommended}"
 
 
 def fit_table(rows: list[Any], chosen: str, gpu_gb: float | None):
@@ -232,10 +239,14 @@ def job_detail(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[Any]:
         out.append(ranks)
     failure = obj.get("first_failure")
     if failure:
-        from launcher.failures import describe
+        from launcher.failures import Failure
 
-        out.append(f"[red]{describe(failure)}[/]")
-        for line in failure.get("last_lines", [])[-10:]:
+        try:
+            shown = Failure.model_validate(failure)
+        except ValueError:
+            shown = Failure(reason="(the stored failure record is unreadable)")
+        out.append(Text(shown.describe(), style="red"))
+        for line in shown.last_lines[-10:]:
             out.append(Text("    " + line))
     out.append("events:")
     for e in events[-12:]:

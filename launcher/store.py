@@ -17,17 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import JobNotFound, LaunchError
+from launcher.states import TERMINAL, JobState
 
-PENDING, LAUNCHING, RUNNING = "PENDING", "LAUNCHING", "RUNNING"
-SUCCEEDED, FAILED, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLED"
-TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
-TRANSITIONS: dict[str, tuple[str, ...]] = {
-    LAUNCHING: (PENDING, RUNNING),
-    RUNNING: (LAUNCHING,),
-    SUCCEEDED: (RUNNING,),
-    FAILED: (PENDING, LAUNCHING, RUNNING),
-    CANCELLED: (PENDING, LAUNCHING, RUNNING),
-}
+PENDING, QUEUED, LAUNCHING, RUNNING = JobState.PENDING, JobState.QUEUED, JobState.LAUNCHING, JobState.RUNNING
+SUCCEEDED, FAILED, CANCELLED = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -161,7 +154,7 @@ class Store:
 
     def transition(self, job_id: str, state: str, **fields: Any) -> bool:
         """Move a job to ``state`` if that is legal from its current state; False if not."""
-        allowed = TRANSITIONS[state]
+        allowed = JobState(state).allowed_from
         updates = {"state": state, **fields}
         if state in TERMINAL:
             updates.setdefault("ended_at", time.time())

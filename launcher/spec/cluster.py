@@ -40,8 +40,8 @@ class RaySpec(Strict):
 
 
 class LocalSpec(Strict):
-    gpus: int = Field(0, ge=0, description="GPUs on this machine; 0 runs gloo on CPU slots.")
-    slots: int = Field(8, ge=1, description="Processes one local node takes without GPUs.")
+    gpus: int | None = Field(None, ge=0, description="GPUs on this machine (default: those nvidia-smi lists); 0 runs gloo on CPU slots.")
+    slots: int | None = Field(None, ge=1, description="Processes the machine takes without GPUs (default: the CPUs launch may use).")
 
 
 class GPUSpec(Strict):

@@ -59,6 +59,9 @@ class CheckpointSpec(Strict):
 class DeepSpeedSpec(Strict):
     config: str | None = Field(None, description="A DeepSpeed JSON config merged over the generated one.")
     gradient_clipping: float = Field(1.0, ge=0)
+    no_local_rank: bool = Field(
+        False, description="Do not pass --local_rank=N to the ranks (the deepspeed command passes it by default).",
+    )
 
 
 class WatchSpec(Strict):
@@ -81,7 +84,10 @@ class JobSpec(Strict):
     strategy: str = "ddp"
     compile_mode: str | None = None
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
-    batch: BatchSpec
+    batch: BatchSpec | None = Field(
+        None, description="Batch arithmetic; required for recipes. For an entrypoint, its values reach the program "
+        "as LAUNCH_GLOBAL_BATCH, LAUNCH_MICRO_BATCH and LAUNCH_GRAD_ACCUM.",
+    )
     resources: ResourcesSpec = ResourcesSpec()
     max_steps: int = Field(100, ge=1)
     seed: int = 0
@@ -89,6 +95,10 @@ class JobSpec(Strict):
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     restarts: int = Field(0, ge=0, description="Relaunch the whole job this many times after a failure, resuming.")
+    restart_on: Literal["transient", "any"] = Field(
+        "transient", description="Which failures a restart follows: 'transient' (a lost node, a network or NCCL error, "
+        "a signal from outside, a hang after progress) or 'any' (also the OOM killer and errors raised before the first step).",
+    )
     leave_out_failed_nodes: bool = Field(
         False, description="On a restart, replace a node that failed first in two attempts with a spare node (ssh).",
     )
@@ -146,6 +156,8 @@ class JobSpec(Strict):
     def _program(self) -> "JobSpec":
         if (self.recipe is None) == (self.entrypoint is None):
             raise ValueError("give exactly one of 'recipe' (a built-in recipe) or 'entrypoint' (your program's argv)")
+        if self.recipe is not None and self.batch is None:
+            raise ValueError("a recipe needs 'batch': any two of global_batch, micro_batch, grad_accum (or micro_batch alone)")
         if self.entrypoint is not None and self.strategy != "ddp":
             raise ValueError("'strategy' applies to built-in recipes; your entrypoint chooses its own")
         if self.launcher == "deepspeed" and self.recipe is not None and self.strategy not in DEEPSPEED_STRATEGIES:

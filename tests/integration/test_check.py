@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import proctree
+from launcher.node import proctree
 from tests.helpers import run_cli, write_yaml
 from tests.testbed_fixture import needs_root, sshd_stopped
 

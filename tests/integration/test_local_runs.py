@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launcher import proctree
+from launcher.node import proctree
 from tests.helpers import HOSTILE, cli_env, launch_argv, probe_job, run_cli, status_json, wait_for, wait_for_state
 
 pytestmark = pytest.mark.slow

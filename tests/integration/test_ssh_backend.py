@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import proctree
+from launcher.node import proctree
 from tools import testbed as tb
 from launcher.backends.ssh import SSHBackend
 from launcher.plan import Plan

@@ -7,6 +7,7 @@ import stat
 import pytest
 
 from launcher.errors import JobNotFound
+from launcher.backends import backend_class
 from launcher.plan import make_plan
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
@@ -14,7 +15,7 @@ from launcher.store import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCE
 
 def _plan(job_id: str):
     job = JobSpec(name="s", entrypoint=["python", "t.py"], batch={"micro_batch": 2})
-    return make_plan(job, ClusterSpec(name="local"), job_id, rdzv_port=29500)
+    return make_plan(job, ClusterSpec(name="local"), job_id, backend=backend_class("local"), rdzv_port=29500)
 
 
 @pytest.fixture
