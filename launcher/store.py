@@ -147,7 +147,8 @@ class Store:
             (
                 plan.job_id, plan.job_name, PENDING, time.time(), plan.backend, plan.cluster_name, plan.launcher,
                 plan.strategy, plan.precision, plan.nnodes, plan.nproc_per_node, plan.world_size,
-                plan.batch.micro_batch, plan.batch.grad_accum, plan.batch.global_batch, plan.max_steps,
+                *((plan.batch.micro_batch, plan.batch.grad_accum, plan.batch.global_batch) if plan.batch else (None,) * 3),
+                plan.max_steps,
                 str(self.run_dir(plan.job_id)), plan.model_dump_json(), json.dumps(spec),
             ),
         )

@@ -213,7 +213,11 @@ class Supervisor:
             self._sweep()
         finally:
             self.backend.close()
-        summary = summarize(self.store.metrics(job_id))
+        try:
+            summary = summarize(self.store.metrics(job_id))
+        except Exception as exc:  # noqa: BLE001 - a summary that cannot be made must not keep the job open
+            self.internal_note(f"the metric summary could not be made: {exc!r}")
+            summary = None
         self.store.transition(job_id, state, reason=reason,
                               first_failure=failure.model_dump(mode="json") if failure else None, summary=summary)
         self.store.add_event(job_id, state.lower(), reason or state)
@@ -396,13 +400,12 @@ class Supervisor:
         tail = list(watcher.tail)
         lost = watcher.agent_exit is None and (watcher.handle.lost_reason is not None or failures.agent_lost(code))
         report = failures.parse_agent_failure(tail, self.plan.world_size)
+        fields = {"exit_code": code, **report.model_dump(exclude_none=True)}
         failure = Failure(
             kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
-            exit_code=code, signal=failures.signal_name(code), detected_at=time.time(),
-            reason=watcher.handle.lost_reason if lost else None, **report.model_dump(exclude_none=True),
+            signal=failures.signal_name(fields["exit_code"]), detected_at=time.time(),
+            reason=watcher.handle.lost_reason if lost else None, **fields,
         )
-        if failure.exit_code is not None:
-            failure = failure.model_copy(update={"signal": failures.signal_name(failure.exit_code)})
         rank_prefix = f"[{node.index}/{failure.rank}] "
         rank_lines = [line for line in tail if line.startswith(rank_prefix)]
         oom = None

@@ -10,6 +10,8 @@ from typing import Any
 from launcher.metrics.reporter import MARKER, RECORD_VERSION
 
 MAX_INT = 2**62
+NUMERIC = ("t", "steps", "local_rank", "interval_s", "step_time_s", "samples", "tokens", "samples_per_sec",
+           "tokens_per_sec", "loss", "mem_peak_bytes", "gpu_util", "flops_per_sample")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ def parse_line(text: str, *, world_size: int, node: int, host: str) -> dict[str,
         return Rejected(f"rank {rank!r} is not an integer in [0, {world_size})")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < MAX_INT:
         return Rejected(f"step {step!r} is not a non-negative integer")
+    for key in NUMERIC:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return Rejected(f"{key}: {str(value)[:40]!r} is not a number")
     for key, value in record.items():
         if isinstance(value, bool) or value is None or isinstance(value, str) and len(value) <= 256:
             continue
