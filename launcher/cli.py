@@ -133,16 +133,24 @@ def status(job, as_json, last, limit):
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
         job = newest[0]["id"]
     if job:
+        from launcher import stacks
+
         row = store.job(job)
         live = store.metrics(row["id"]) if row["state"] not in TERMINAL or not row.get("summary") else None
         obj = render.job_object(row, render.job_summary(row, live), store.nodes(row["id"]))
         events = store.events(row["id"])
+        kept = stacks.latest(store.run_dir(row["id"]))
         if as_json:
-            click.echo(json.dumps({**obj, "events": events}, indent=2))
+            click.echo(json.dumps({**obj, "events": events, "stacks": stacks.json_entries(kept) if kept else []}, indent=2))
         else:
             out = console()
             for part in render.job_detail(obj, events):
                 out.print(part)
+            if kept:
+                from rich.text import Text
+
+                for line in stacks.report_lines(kept):
+                    out.print(Text(line))
         return
     rows = store.jobs(limit=limit or None)
     objects = [
@@ -231,6 +239,47 @@ def cancel(job):
     click.echo(f"job {row['id']}: {row['state']}")
     if row["state"] != "CANCELLED":
         sys.exit(1)
+
+
+@cli.command("stacks")
+@click.argument("job")
+def stacks_command(job):
+    """Every rank's Python stack on every node, now (py-spy on the nodes), grouped so the odd rank stands out.
+
+    For a running job the stacks are taken now and kept with the job; for a finished one, the
+    stacks taken before it was torn down (a hung or stalled job) are shown. py-spy must be
+    installed beside the nodes' Python (the launch[train] extra has it).
+
+    \b
+    Examples:
+      launch stacks cifar10-convnet-3f2a1c9e
+      launch status cifar10-convnet-3f2a1c9e --json | jq '.stacks[] | select(.rank == 3) | .stack'
+    """
+    from rich.text import Text
+
+    from launcher import stacks
+    from launcher.backends import get_backend
+    from launcher.plan import Plan
+    from launcher.spec.cluster import ClusterSpec
+    from launcher.states import is_terminal
+    from launcher.store import Store
+
+    store = Store()
+    row = store.job(job)
+    if is_terminal(row["state"]):
+        report = stacks.latest(store.run_dir(row["id"]))
+        if report is None:
+            raise LaunchError(f"job {row['id']} ended {row['state']} and no stacks were taken; stacks are taken from "
+                              "running jobs, and from hung or stalled ones before they are torn down")
+    else:
+        backend = get_backend(ClusterSpec.model_validate(row["spec"]["cluster"]))
+        try:
+            report = stacks.collect(backend, Plan.model_validate(row["plan"]), store, row["attempt"])
+        finally:
+            backend.close()
+    out = console()
+    for line in stacks.report_lines(report):
+        out.print(Text(line))
 
 
 @cli.command()

@@ -168,6 +168,12 @@ def oom_kill(kernel_log: Sequence[str], pids: Iterable[int], since: float | None
     return None
 
 
+def oom_pid(line: str) -> int | None:
+    """The PID an OOM-killer line names."""
+    match = _OOM_KILL.search(line)
+    return int(match[2] or match[3]) if match else None
+
+
 def classify(failure: Failure, rank_lines: Sequence[str], oom_line: str | None, progressed: bool) -> Failure:
     """Fill in ``kind``, ``reason`` and ``transient`` from launch's observations and the rank's last lines.
 

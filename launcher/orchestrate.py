@@ -97,6 +97,8 @@ def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None
             raise SpecError(f"deepspeed.config: '{job.deepspeed.config}' must hold a JSON object")
     try:
         if entrypoint:
+            if batch is None and user is None:
+                return None  # nothing of the job's to give the program: it brings its own config
             return entrypoint_ds_config(job.precision, batch, job.deepspeed.gradient_clipping, user)
         return make_ds_config(
             job.strategy, job.precision, batch.micro_batch, batch.grad_accum, world,

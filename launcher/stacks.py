@@ -97,3 +97,27 @@ def latest(run_dir: Path) -> StackReport | None:
         return StackReport(ranks=ranks, **data)
     except (OSError, ValueError, TypeError, KeyError):
         return None
+
+
+def report_lines(report: StackReport) -> list[str]:
+    """The report as text: ranks grouped by identical stack, odd ones out first (plain text, no markup)."""
+    lines = [f"stacks of {len(report.ranks)} rank(s), attempt {report.attempt}, "
+             f"taken {time.strftime('%H:%M:%S', time.localtime(report.taken_at))}"]
+    if report.odd_one_out:
+        lines.append(f"  {report.odd_one_out}")
+    for group in report.groups():
+        where = ", ".join(f"rank {r.rank} (node {r.node} {r.host})" for r in group)
+        lines.append(f"  {len(group)} rank(s): {where}")
+        first = group[0]
+        body = first.stack or f"(no stack: {first.error})"
+        lines.extend("    " + line for line in body.strip().splitlines()[:40])
+    lines.extend(f"  {problem}" for problem in report.problems)
+    for node, traces in report.nccl_traces.items():
+        lines.append(f"  node {node}: NCCL flight recorder dumps: {', '.join(traces)}")
+    return lines
+
+
+def json_entries(report: StackReport) -> list[dict]:
+    """``status --json``'s ``stacks``: one ``{node, rank, host, stack}`` per rank (``stack``: text or why none)."""
+    return [{"node": r.node, "rank": r.rank, "host": r.host, "stack": r.stack or f"(no stack: {r.error})"}
+            for r in report.ranks]

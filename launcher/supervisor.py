@@ -411,6 +411,10 @@ class Supervisor:
         oom = None
         if not lost and watcher.pids:
             oom = failures.oom_kill(self.backend.kernel_log(self.plan, node.index), watcher.pids, self.live.started)
+        if oom is not None and failure.rank is None:
+            killed = failures.oom_pid(oom)
+            ranks = [rank for rank, entry in watcher.samples.items() if killed in entry.get("pids", [entry.get("pid")])]
+            failure = failure.model_copy(update={"rank": ranks[0] if ranks else None, "pid": killed})
         progressed = self.live.reporting or time.time() - self.live.started >= PROGRESS_PROXY_S
         failure = failures.classify(failure, rank_lines or tail, oom, progressed)
         return failure.model_copy(update={"last_lines": (rank_lines[-20:] or tail[-20:])})
