@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.errors import PlanError
-from launcher.localhost import DEEPSPEED_RANK_BYTES, GIB, RANK_BASE_BYTES
+
+GIB = 2**30
+RANK_BASE_BYTES = 600 * 2**20  # one rank's interpreter, torch and its libraries, measured on CPU (gloo)
+DEEPSPEED_RANK_BYTES = 900 * 2**20  # the same with deepspeed imported and its engine built
 
 MIN_SEQ_LEN = 32
 
@@ -43,7 +46,7 @@ def host_memory(job, plan) -> HostMemory | None:
     est = estimate(info, job.strategy, job.precision, plan.batch.micro_batch, plan.nnodes, plan.nproc_per_node, 1e9)
     base = DEEPSPEED_RANK_BYTES if job.uses_deepspeed else RANK_BASE_BYTES
     ranks = plan.nnodes * plan.nproc_per_node
-    if plan.dist_backend == "gloo":
+    if not any(node.gpus for node in plan.nodes):  # CPU ranks: everything lives in host memory
         return HostMemory(ranks, base + est.total_bytes + 4 * info.params, 0)
     offloaded = est.cpu_bytes_per_node * plan.nnodes if job.strategy == "zero3_offload" else 0
     return HostMemory(ranks, base, offloaded)

@@ -13,11 +13,9 @@ import shutil
 import subprocess
 
 from launcher.errors import PlanError
+from launcher.hostfit import GIB, host_memory, suggestion
 
-GIB = 2**30
 MEMORY_SHARE = 0.85  # of MemTotal a job may plan to use: the rest is the OS, the supervisor, page cache
-RANK_BASE_BYTES = 600 * 2**20  # one rank's interpreter, torch and its libraries, measured on CPU (gloo)
-DEEPSPEED_RANK_BYTES = 900 * 2**20  # the same with deepspeed imported and its engine built
 
 
 def cpu_slots() -> int:
@@ -49,8 +47,6 @@ def memory_total() -> int | None:
 
 def check_fits(job, cluster, plan) -> None:
     """PlanError when the job's processes or their estimated host memory exceed this machine."""
-    from launcher.hostfit import host_memory, suggestion
-
     ranks = plan.nnodes * plan.nproc_per_node
     problems = []
     slots = cluster.local.gpus or cluster.local.slots
