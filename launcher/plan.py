@@ -16,6 +16,7 @@ from launcher.fit import memory_fit, misfit_problem
 from launcher.netenv import AUTO, NodeNetwork, network_env
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec
+from launcher.strategies import get_strategy
 
 LOG_PREFIX_TEMPLATE = "[${rank}]:"
 
@@ -196,6 +197,8 @@ def _fit_problems(job: JobSpec, cluster: ClusterSpec, chosen: list[NodeSpec], pl
                 f"{wanted}: no spare node to restart on; list more nodes or drop the option"
             )
     nproc = job.resources.nproc_per_node
+    if job.recipe is not None:
+        problems += get_strategy(job.strategy).resource_problems(wanted, nproc)
     if cluster.backend == "ray" and not placed:
         return problems
     for index, node in enumerate(chosen):

@@ -30,8 +30,9 @@ CASES = [
      ["resources.nproc_per_node", "64 processes", "8 CPU slots"]),
     ("nested unknown key", "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8, grad_acum: 2}\n",
      ["job.yaml:3", "batch.grad_acum", "did you mean 'grad_accum'"]),
-    ("data parallel refused", "name: x\nrecipe: convnet\nstrategy: dp\nbatch: {micro_batch: 8}\n",
-     ["job.yaml:3", "strategy", "DataParallel", "torch.compile"]),
+    ("unknown strategy", "name: x\nrecipe: convnet\nstrategy: data_parallel\nbatch: {micro_batch: 8}\n",
+     ["job.yaml:3", "strategy", "unknown strategy 'data_parallel'",
+      "choose one of ddp_compile, ddp, zero2, zero3, zero3_offload, fsdp2, dp"]),
     ("both recipe and entrypoint", "name: x\nrecipe: convnet\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n",
      ["exactly one of 'recipe'"]),
     ("leaving out nodes without restarts", "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n"
