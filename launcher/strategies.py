@@ -194,25 +194,29 @@ def _fully_sharded(strategy: Strategy, info: RecipeInfo, precision: str, nnodes:
     return ModelStates(int(16 * info.params / (nnodes * nproc)) + in_flight, _load_copy(info, nproc))
 
 
-def _zero(strategy: Strategy, info: RecipeInfo, precision: str, nnodes: int, nproc: int) -> ModelStates:
-    """DeepSpeed's estimators for the strategy's stage and offload; 4-byte copies at fp32."""
-    params, world, fp32 = info.params, nnodes * nproc, precision == "fp32"
-    if strategy.zero_stage == 2:
-        cpu, gpu = zero2_model_states(params, nproc, nnodes, cpu_offload=strategy.offload)
-        if fp32 and not strategy.offload:  # 4 B replicated params; 4 B grads + 4 B master + 8 B moments partitioned
-            gpu = 4 * params + int(16 * params / world)
-        return ModelStates(gpu, cpu)
+def _zero2(strategy: Strategy, info: RecipeInfo, precision: str, nnodes: int, nproc: int) -> ModelStates:
+    """DeepSpeed's ZeRO-2 estimator (with the strategy's offload); 4-byte copies at fp32."""
+    params, world = info.params, nnodes * nproc
+    cpu, gpu = zero2_model_states(params, nproc, nnodes, cpu_offload=strategy.offload)
+    if precision == "fp32" and not strategy.offload:  # 4 B replicated params; 4+4+8 B partitioned
+        gpu = 4 * params + int(16 * params / world)
+    return ModelStates(gpu, cpu)
+
+
+def _zero3(strategy: Strategy, info: RecipeInfo, precision: str, nnodes: int, nproc: int) -> ModelStates:
+    """DeepSpeed's ZeRO-3 estimator (offload: optimizer and parameters); 4-byte copies at fp32."""
+    params, world = info.params, nnodes * nproc
     cpu, gpu, largest_bytes = zero3_model_states(
         params, info.largest_layer_params, nproc, nnodes, cpu_offload=strategy.offload,
         cpu_offload_params=strategy.offload, zero_init=info.name in LANGUAGE_MODELS,
     )
-    if fp32:  # gathered layer in 4 B; partitions hold 4+4+4+8 B per param
+    if precision == "fp32":  # gathered layer in 4 B; partitions hold 4+4+4+8 B per param
         gpu = 2 * largest_bytes + (0 if strategy.offload else int(20 * params / world))
     return ModelStates(gpu, cpu)
 
 
 _DEEPSPEED = {
-    "family": Family.DEEPSPEED, "memory": _zero, "launchers": ("torchrun", "deepspeed"),
+    "family": Family.DEEPSPEED, "launchers": ("torchrun", "deepspeed"),
     "gpu_only_precisions": ("fp16",), "checkpoint": CheckpointFormat.DEEPSPEED,
 }
 
@@ -226,12 +230,12 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              "DistributedDataParallel: one process per GPU, bucketed all-reduce during backward",
              Family.DDP, _replicated, recommended=True),
     Strategy("zero2", "ZeRO-2", "DeepSpeed ZeRO-2: optimizer states and gradients partitioned",
-             zero_stage=2, recommended=True, **_DEEPSPEED),
+             memory=_zero2, zero_stage=2, recommended=True, **_DEEPSPEED),
     Strategy("zero3", "ZeRO-3", "DeepSpeed ZeRO-3: parameters partitioned too, gathered layer by layer",
-             zero_stage=3, recommended=True, **_DEEPSPEED),
+             memory=_zero3, zero_stage=3, recommended=True, **_DEEPSPEED),
     Strategy("zero3_offload", "ZeRO-3 + CPU offload",
              "ZeRO-3 with optimizer states and parameters in host memory",
-             zero_stage=3, offload=True, recommended=True, **_DEEPSPEED),
+             memory=_zero3, zero_stage=3, offload=True, recommended=True, **_DEEPSPEED),
     Strategy("fsdp2", "FSDP2", "torch fully_shard per block: parameters, gradients, optimizer states sharded",
              Family.FSDP2, _fully_sharded),
     Strategy("dp", "DataParallel",
