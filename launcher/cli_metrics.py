@@ -12,6 +12,7 @@ import sys
 import click
 
 from launcher.render import console
+from launcher.strategies import BENCH_DEFAULT, REGISTRY
 
 
 def _load(store, refs):
@@ -99,10 +100,16 @@ def compare(jobs, as_json):
         console().print(comparison_table(rows))
 
 
-@click.command()
+def _strategy_list() -> str:
+    """The strategies `launch bench` accepts, one line each, for its --help."""
+    width = max(map(len, REGISTRY))
+    return "\n".join(f"  {s.name:<{width}}  {s.description}" for s in REGISTRY.values())
+
+
+@click.command(epilog="\b\nStrategies (launcher/strategies.py):\n" + _strategy_list())
 @click.argument("job_file", type=click.Path(dir_okay=False))
-@click.option("--strategies", default="ddp,ddp_compile,zero2,zero3", show_default=True,
-              help="Comma-separated strategies to run, in order; the first is the baseline.")
+@click.option("--strategies", default=",".join(BENCH_DEFAULT), show_default=True,
+              help="Comma-separated strategies to run, in order; the first is the baseline of the ratios.")
 @click.option("--steps", type=click.IntRange(min=1), help="max_steps of every run (default: the job's).")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
               help="Cluster spec (default: ./cluster.yaml, else this machine).")
@@ -116,7 +123,11 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
     """Run a job under each strategy in turn, then compare.
 
     JOB_FILE runs once per strategy, one after the other, on the same cluster.
-    Every run is an ordinary job in the store. A strategy that fails is shown
+    Each run gets what its strategy requires (launcher/strategies.py): dp runs
+    as one process on one node, DataParallel driving the node's GPUs; a torch
+    strategy of a `launcher: deepspeed` job runs under torchrun. The micro
+    batch is per process, so dp's global batch is micro x accumulation. Every
+    run is an ordinary job in the store. A strategy that fails is shown
     as failed with its reason and the others still run; Ctrl-C cancels the
     current run and stops the bench. The comparison is saved (JSON and HTML)
     in the store's run directory, and to --out if given. The exit code is 0
@@ -124,7 +135,7 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
 
     \b
     Examples:
-      launch bench jobs/cifar10_convnet.yaml --strategies ddp,ddp_compile --steps 50
+      launch bench jobs/cifar10_convnet.yaml --strategies dp,ddp,ddp_compile,zero2,zero3 --steps 50
       launch bench jobs/bert_large_zero3.yaml --strategies ddp,zero2,zero3 --cluster examples/clusters/a800.yaml --out bench.html
       launch bench jobs/cifar10_convnet.yaml --set resources.nproc_per_node=4 --json
     """

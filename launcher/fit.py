@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher.memory import GIB, STRATEGIES, MemoryEstimate, estimate, recommend
+from launcher.memory import GIB, MemoryEstimate, estimate, recommend
 from launcher.recipes import recipe_info
 from launcher.spec.job import JobSpec
+from launcher.strategies import STRATEGIES
 
 # Without a known GPU size (CPU nodes, or gpu.memory_gb unset) estimates are shown, never enforced.
 UNKNOWN_GPU_GB = 1e9

@@ -18,6 +18,7 @@ from launcher.fit import MemoryFit, memory_fit, misfit_problem
 from launcher.netenv import AUTO, NodeNetwork, network_env
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec
+from launcher.strategies import get_strategy
 
 if TYPE_CHECKING:
     from launcher.backends.base import Backend
@@ -205,6 +206,8 @@ def _fit_problems(job: JobSpec, cluster: ClusterSpec, backend: type[Backend], ch
                 f"leave_out_failed_nodes: cluster '{cluster.name}' lists {len(cluster.nodes)} nodes and the job uses "
                 f"{wanted}: no spare node to restart on; list more nodes or drop the option"
             )
+    if job.recipe is not None:
+        problems += get_strategy(job.strategy).resource_problems(wanted, job.resources.nproc_per_node)
     if backend.places_nodes and not placed:
         return problems
     return problems + backend.capacity_problems(job, chosen)

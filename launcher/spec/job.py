@@ -7,9 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-RECIPES = ("convnet", "resnet50", "bert", "gpt2")
-STRATEGIES = ("ddp", "ddp_compile", "zero2", "zero3", "zero3_offload", "fsdp2")
-DEEPSPEED_STRATEGIES = ("zero2", "zero3", "zero3_offload")
+from launcher.recipes import RECIPES
+from launcher.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -77,13 +76,13 @@ class JobSpec(Strict):
     """A training job. Exactly one of ``recipe`` and ``entrypoint``."""
 
     name: str
-    recipe: Literal["convnet", "resnet50", "bert", "gpt2"] | None = None
+    recipe: Literal[RECIPES] | None = None
     entrypoint: list[str] | None = Field(None, min_length=1)
     model: ModelSpec = ModelSpec()
-    launcher: Literal["torchrun", "deepspeed"] = "torchrun"
-    strategy: str = "ddp"
+    launcher: Literal[LAUNCHERS] = "torchrun"
+    strategy: str = DEFAULT_STRATEGY
     compile_mode: str | None = None
-    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    precision: Literal[PRECISIONS] = "fp32"
     batch: BatchSpec | None = Field(
         None, description="Batch arithmetic; required for recipes. For an entrypoint, its values reach the program "
         "as LAUNCH_GLOBAL_BATCH, LAUNCH_MICRO_BATCH and LAUNCH_GRAD_ACCUM.",
@@ -118,14 +117,7 @@ class JobSpec(Strict):
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        if v in ("dp", "data_parallel"):
-            raise ValueError(
-                "nn.DataParallel is not offered: it is slower than DDP (one process, GIL-bound, "
-                "scatter/gather on GPU 0) and does not work with torch.compile; use 'ddp'"
-            )
-        if v not in STRATEGIES:
-            raise ValueError(f"must be one of {', '.join(STRATEGIES)}")
-        return v
+        return get_strategy(v).name
 
     @field_validator("env")
     @classmethod
@@ -158,15 +150,13 @@ class JobSpec(Strict):
             raise ValueError("give exactly one of 'recipe' (a built-in recipe) or 'entrypoint' (your program's argv)")
         if self.recipe is not None and self.batch is None:
             raise ValueError("a recipe needs 'batch': any two of global_batch, micro_batch, grad_accum (or micro_batch alone)")
-        if self.entrypoint is not None and self.strategy != "ddp":
+        if self.entrypoint is not None and self.strategy != DEFAULT_STRATEGY:
             raise ValueError("'strategy' applies to built-in recipes; your entrypoint chooses its own")
-        if self.launcher == "deepspeed" and self.recipe is not None and self.strategy not in DEEPSPEED_STRATEGIES:
-            raise ValueError(
-                f"launcher 'deepspeed' runs the DeepSpeed strategies ({', '.join(DEEPSPEED_STRATEGIES)}); "
-                f"strategy '{self.strategy}' runs under 'torchrun'"
-            )
+        problem = get_strategy(self.strategy).launcher_problem(self.launcher) if self.recipe is not None else None
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
     def uses_deepspeed(self) -> bool:
-        return self.launcher == "deepspeed" or self.strategy in DEEPSPEED_STRATEGIES
+        return self.launcher == "deepspeed" or get_strategy(self.strategy).uses_deepspeed

@@ -31,8 +31,18 @@ CASES = [
      ["64 processes on this machine", "local.slots", "this fits: --set resources.nodes=1 --set resources.nproc_per_node="]),
     ("nested unknown key", "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8, grad_acum: 2}\n",
      ["job.yaml:3", "batch.grad_acum", "did you mean 'grad_accum'"]),
-    ("data parallel refused", "name: x\nrecipe: convnet\nstrategy: dp\nbatch: {micro_batch: 8}\n",
-     ["job.yaml:3", "strategy", "DataParallel", "torch.compile"]),
+    ("unknown strategy", "name: x\nrecipe: convnet\nstrategy: data_parallel\nbatch: {micro_batch: 8}\n",
+     ["job.yaml:3", "strategy", "unknown strategy 'data_parallel'",
+      "choose one of ddp_compile, ddp, zero2, zero3, zero3_offload, fsdp2, dp"]),
+    ("dp with two processes a node", "name: x\nrecipe: convnet\nstrategy: dp\nbatch: {micro_batch: 8}\n"
+     "resources: {nodes: 1, nproc_per_node: 2}\n",
+     ["resources.nproc_per_node: strategy 'dp'", "drives all of the node's GPUs", "set resources.nproc_per_node: 1"]),
+    ("dp on two nodes", "name: x\nrecipe: convnet\nstrategy: dp\nbatch: {micro_batch: 8}\n"
+     "resources: {nodes: 2, nproc_per_node: 1}\n",
+     ["resources.nodes: strategy 'dp'", "runs on one node", "set resources.nodes: 1"]),
+    ("deepspeed launcher with a torch strategy", "name: x\nrecipe: convnet\nlauncher: deepspeed\nstrategy: ddp\n"
+     "batch: {micro_batch: 8}\n",
+     ["launcher 'deepspeed' runs the strategies zero2, zero3, zero3_offload", "strategy 'ddp' runs under 'torchrun'"]),
     ("both recipe and entrypoint", "name: x\nrecipe: convnet\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n",
      ["exactly one of 'recipe'"]),
     ("leaving out nodes without restarts", "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n"
