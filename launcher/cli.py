@@ -405,3 +405,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+
+
+# Shell completion: `launch completion SHELL`; every JOB argument completes job ids (keep this last).
+from launcher.completion import complete_job_arguments, completion  # noqa: E402
+
+cli.add_command(completion)
+complete_job_arguments(cli)
