@@ -40,6 +40,7 @@ Examples:
   launch submit jobs/bert_large_zero3.yaml --cluster examples/clusters/a800.yaml --dry-run
   launch submit jobs/cifar10_convnet.yaml --set resources.nproc_per_node=4 --detach
   launch status                                        all jobs; `launch status JOB` for one
+  launch status JOB --watch                            live progress of a detached job
   launch logs JOB --node 1 --rank 3 --follow
   launch cancel JOB""",
 )
@@ -271,8 +272,10 @@ def cancel(job):
     """Cancel JOB: end exactly its processes on every node; it ends CANCELLED.
 
     \b
-    Example:
+    Examples:
       launch cancel cifar10-convnet-3f2a1c9e
+      launch cancel cifar10                                         # a unique prefix of an id
+      launch cancel "$(launch status --last --json | jq -r .id)"    # the newest job
     """
     from launcher.orchestrate import cancel as cancel_job
     from launcher.store import Store
@@ -329,8 +332,9 @@ def validate(files):
     """Check job and cluster specs (kind told by a 'backend:' key) without running anything.
 
     \b
-    Example:
+    Examples:
       launch validate jobs/*.yaml cluster.yaml examples/clusters/*.yaml
+      launch validate my_job.yaml        # each problem as file:line: field; exit 2
     """
     from launcher.spec.load import load_cluster, load_job
 
@@ -364,8 +368,10 @@ def schema(kind):
     """Print the JSON Schema of a job or cluster spec (for editors' YAML support).
 
     \b
-    Example:
+    Examples:
       launch schema job > job.schema.json
+      launch schema cluster > cluster.schema.json
+      # then, as the first line of a job file: # yaml-language-server: $schema=job.schema.json
     """
     from launcher.spec import ClusterSpec, JobSpec
 

@@ -135,3 +135,15 @@ def test_zsh_completion_function_offers_job_ids(jobs, launch_on_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["compdef _launch_completion launch",
                                           "described:cifar-00000002:PENDING", "cifar-00000001:PENDING"]
+
+
+def test_completing_imports_nothing_heavy(jobs):
+    check = (
+        "import sys\n"
+        "from launcher.cli import main\n"
+        "try:\n    main([])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED:' + ','.join(m for m in ('torch', 'deepspeed', 'ray', 'rich', 'pydantic', 'yaml') if m in sys.modules))\n"
+    )
+    env = cli_env(jobs, _LAUNCH_COMPLETE="bash_complete", COMP_WORDS="launch logs cif", COMP_CWORD="2")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, cwd=ROOT, timeout=30)
+    assert result.stdout.splitlines() == ["plain,cifar-00000002", "plain,cifar-00000001", "LOADED:"], result.stderr
