@@ -11,14 +11,14 @@ the log lines as they come, and a ``[progress]`` summary at most every PLAIN_EVE
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
 from launcher.logs import TIMESTAMP, LogLine, prefix_colour
+from launcher.metrics.snapshot import Snapshot, figures, snapshot, step_text, summary_line, timing, with_elapsed
 
 STAGES = ("queued", "preflight", "sync", "setup", "start")
 STAGE_STATES = ("waiting", "running", "done", "failed")
@@ -28,127 +28,6 @@ READ_EVERY_S = 0.5      # how often the store is read (at least; more rarely whe
 READ_COST_FACTOR = 10   # ... at most a tenth of the time is spent reading the store
 PLAIN_EVERY_S = 30.0    # plain mode: a summary line at most this often
 NODES_SHOWN = 8         # more nodes than this: a stage line counts them by state
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Where a running job is, from its metric records (``snapshot()``)."""
-
-    step: int | None
-    max_steps: int | None
-    samples_per_sec: float | None
-    slowest_rank: int | None
-    slowest_step_s: float | None
-    peak_mem_bytes: int | None
-    loss: float | None
-    ranks: int
-    elapsed_s: float
-    eta_s: float | None
-
-
-def _number(record: Mapping[str, Any], key: str) -> float | None:
-    """A finite, non-negative number from an untrusted record, else None."""
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return None
-    return float(value)
-
-
-def _whole(record: Mapping[str, Any], key: str) -> int | None:
-    value = record.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def snapshot(records: Iterable[Mapping[str, Any]], max_steps: int | None, started_at: float, now: float) -> Snapshot:
-    """The job's progress from its raw metric records (latest attempt only).
-
-    step: the lowest of the ranks' latest steps; samples/s: the sum of the ranks' latest rates;
-    slowest rank: the longest latest step time, which also paces the ETA; peak memory: the
-    highest any rank reported. Records without a valid rank and step are ignored.
-    """
-    latest: dict[int, Mapping[str, Any]] = {}
-    peak: float | None = None
-    loss: float | None = None
-    attempt = -1
-    for record in records:
-        rank, step, this_attempt = _whole(record, "rank"), _whole(record, "step"), _whole(record, "attempt") or 0
-        if rank is None or step is None or this_attempt < attempt:
-            continue
-        if this_attempt > attempt:
-            attempt, latest, peak, loss = this_attempt, {}, None, None
-        if rank not in latest or step >= latest[rank]["step"]:
-            latest[rank] = record
-        memory = _number(record, "mem_peak_bytes")
-        peak = memory if peak is None or (memory is not None and memory > peak) else peak
-        value = record.get("loss")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            loss = float(value)
-    elapsed = max(0.0, now - started_at)
-    if not latest:
-        return Snapshot(None, max_steps, None, None, None, None, None, 0, elapsed, None)
-    step = min(r["step"] for r in latest.values())
-    rates = [_number(r, "samples_per_sec") for r in latest.values()]
-    times = [(t, rank) for rank, r in latest.items() if (t := _number(r, "step_time_s")) is not None]
-    slowest_s, slowest_rank = max(times) if times else (None, None)
-    eta = None
-    if max_steps:
-        eta = 0.0 if step >= max_steps else (max_steps - step) * slowest_s if slowest_s is not None else None
-    return Snapshot(
-        step, max_steps, sum(r for r in rates if r is not None) if any(r is not None for r in rates) else None,
-        slowest_rank, slowest_s, int(peak) if peak is not None else None, loss, len(latest), elapsed, eta,
-    )
-
-
-def duration(seconds: float) -> str:
-    """h:mm:ss, to the nearest second."""
-    whole = round(seconds)
-    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
-
-
-def _memory(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
-
-
-def _rate(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def step_text(snap: Snapshot) -> str:
-    """``step 30/60`` (or ``step 30`` without a step limit)."""
-    step = snap.step or 0
-    return f"step {step}/{snap.max_steps}" if snap.max_steps else f"step {step}"
-
-
-def timing(snap: Snapshot) -> list[str]:
-    """What goes beside the bar: percent done, elapsed, ETA."""
-    parts = []
-    if snap.max_steps and snap.step is not None:
-        parts.append(f"{min(100, 100 * snap.step // snap.max_steps)}%")
-    parts.append(f"elapsed {duration(snap.elapsed_s)}")
-    if snap.eta_s is not None:
-        parts.append(f"ETA {duration(snap.eta_s)}")
-    return parts
-
-
-def figures(snap: Snapshot) -> list[str]:
-    """What goes under the bar: samples/s, the slowest rank, peak memory, loss."""
-    if snap.step is None:
-        return ["no metric records yet"]
-    parts = []
-    if snap.samples_per_sec is not None:
-        parts.append(f"{_rate(snap.samples_per_sec)} samples/s")
-    if snap.slowest_rank is not None and snap.ranks > 1:
-        parts.append(f"slowest rank {snap.slowest_rank} ({snap.slowest_step_s * 1000:.0f} ms/step)")
-    if snap.peak_mem_bytes is not None:
-        parts.append(f"peak mem {_memory(snap.peak_mem_bytes)}")
-    if snap.loss is not None:
-        parts.append(f"loss {snap.loss:.4g}")
-    return parts
-
-
-def summary_line(snap: Snapshot) -> str:
-    """The plain-mode summary: ``[progress] step 30/60  50%  elapsed 0:00:30  ETA 0:00:30  120 samples/s ...``."""
-    return "  ".join([f"[progress] {step_text(snap)}", *timing(snap), *figures(snap)])
 
 
 def who(node: int | None, host: str) -> str:
@@ -295,7 +174,8 @@ class PlainProgress(Progress):
     def __init__(self, stream: IO[str], max_steps: int | None, nnodes: int, every_s: float = PLAIN_EVERY_S) -> None:
         super().__init__(stream, max_steps, nnodes)
         self.every_s = every_s
-        self._last_summary: tuple[float, int | None] | None = None
+        self._summary_at: float | None = None  # when the last summary was written, and at which step
+        self._summary_step: int | None = None
 
     def _write(self, text: str) -> None:
         with self._lock:
@@ -303,24 +183,24 @@ class PlainProgress(Progress):
             self.stream.flush()
 
     def _stage_changed(self, stage: str, entry: NodeStage) -> None:
-        self._write(f"[{stage}] {who(entry.node, entry.host)}: {entry.state}" + (f": {entry.detail}" if entry.detail else ""))
+        detail = f": {entry.detail}" if entry.detail else ""
+        self._write(f"[{stage}] {who(entry.node, entry.host)}: {entry.state}{detail}")
 
     def _line(self, text: str) -> None:
         self._write(text)
 
-    def _refreshed(self) -> None:
+    def _summary(self, due: bool) -> None:
+        """A summary line if there is a new step to tell and ``due``."""
         snap = self._snapshot
-        if snap is None or snap.step is None:
-            return
-        now = time.monotonic()
-        if self._last_summary is None or (now - self._last_summary[0] >= self.every_s and snap.step != self._last_summary[1]):
-            self._last_summary = (now, snap.step)
+        if snap is not None and snap.step is not None and snap.step != self._summary_step and due:
+            self._summary_at, self._summary_step = time.monotonic(), snap.step
             self._write(summary_line(snap))
 
+    def _refreshed(self) -> None:
+        self._summary(self._summary_at is None or time.monotonic() - self._summary_at >= self.every_s)
+
     def _finish(self) -> None:
-        snap = self._snapshot
-        if snap is not None and snap.step is not None and (self._last_summary is None or snap.step != self._last_summary[1]):
-            self._write(summary_line(snap))
+        self._summary(due=True)
 
 
 class LiveProgress(Progress):
@@ -332,6 +212,7 @@ class LiveProgress(Progress):
 
         super().__init__(stream, max_steps, nnodes)
         self._pending: list[str] = []
+        self._shown_above: dict[str, dict[int | None, NodeStage]] = {}
         self._console = Console(file=stream, force_terminal=True, highlight=False)
         self._live = Live(console=self._console, get_renderable=self._render, refresh_per_second=4)
         self._live.start()
@@ -356,11 +237,13 @@ class LiveProgress(Progress):
             self._console.print(Group(*(_log_text(line) for line in lines)), overflow="fold")
 
     def _attached(self) -> None:
-        """The stages are done with: they stay above, the bar takes their place. (Never print holding
-        the lock: Live's refresh thread holds its own lock while it asks ``_render`` for the view.)"""
+        """The stages are done with: they stay above (after the lines relayed so far), the bar takes their
+        place; a stage that changes later (a restart) is drawn live again. (Never print holding the lock:
+        Live's refresh thread holds its own lock while it asks ``_render`` for the view.)"""
+        self._flush()
         with self._lock:
             lines = list(self._stage_lines())
-            self._stages = {}
+            self._shown_above = {stage: dict(nodes) for stage, nodes in self._stages.items()}
         if lines:
             from rich.console import Group
 
@@ -382,13 +265,15 @@ class LiveProgress(Progress):
 
     def _stage_lines(self) -> Iterable[Any]:
         for stage, nodes in self._stages.items():
+            if self._shown_above.get(stage) == nodes:
+                continue
             yield _stage_line(stage, list(nodes.values()))
             for entry in nodes.values():
                 if entry.state == "failed" and entry.detail:
                     yield _text(f"  {who(entry.node, entry.host)}: {entry.detail}", STATE_COLOURS["failed"])
 
     def _bar(self):
-        """Two lines: ``step 30/60 ━━━━━━╸━━━━━ 50%  elapsed 0:00:30  ETA 0:00:30``, then the figures."""
+        """Two lines: ``step 30/60 ━━━━━╸━━━━━ 50%  elapsed 0:00:30  ETA 0:00:30``, then the figures."""
         from rich.console import Group
         from rich.progress_bar import ProgressBar
         from rich.table import Table
@@ -396,7 +281,7 @@ class LiveProgress(Progress):
 
         snap = self._snapshot or snapshot([], self.max_steps, time.time(), time.time())
         if self._started_at is not None and self._ended_at is None:
-            snap = _with_elapsed(snap, time.time() - self._started_at)
+            snap = with_elapsed(snap, time.time() - self._started_at)
         head, tail = step_text(snap), "  ".join(timing(snap))
         line = Table.grid(padding=(0, 1))
         line.add_column(no_wrap=True, min_width=len(head))
@@ -410,13 +295,6 @@ class LiveProgress(Progress):
         line.add_row(*cells)
         below = Text("  ".join(figures(snap)), no_wrap=True, overflow="ellipsis")
         return Group(line, below)
-
-
-def _with_elapsed(snap: Snapshot, elapsed: float) -> Snapshot:
-    """The snapshot with the elapsed time of now (between reads of the store); the ETA counts down with it."""
-    ticked = max(0.0, elapsed - snap.elapsed_s)
-    eta = None if snap.eta_s is None else max(0.0, snap.eta_s - ticked)
-    return dataclasses.replace(snap, elapsed_s=max(elapsed, snap.elapsed_s), eta_s=eta)
 
 
 def _text(text: str, style: str = ""):

@@ -51,7 +51,9 @@ def _from_event(data: Any) -> StageUpdate | None:
                        data["state"], str(data.get("detail") or ""))
 
 
-def job_stages(job: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> list[StageUpdate]:
+def job_stages(
+    job: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
+) -> list[StageUpdate]:
     """The stages of a job as the store tells them, oldest first: recorded ``stage`` events, ``queued`` while
     the scheduler holds the job, and ``start`` from the node rows of the current attempt (when no start
     events were recorded)."""
@@ -70,24 +72,22 @@ def job_stages(job: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], event
     return updates
 
 
-def watch(store: Store, job_ref: str, *, stream: IO[str], plain: bool | None = None, poll_s: float = 0.5) -> dict[str, Any]:
-    """Show the job's progress until it ends (its last TAIL_LINES log lines first); the final job row."""
+def watch(
+    store: Store, job_ref: str, *, stream: IO[str], plain: bool | None = None, poll_s: float = 0.5,
+) -> dict[str, Any]:
+    """Show the job's progress until it ends (its stages, its last TAIL_LINES log lines, then what comes);
+    the final job row."""
     reader = LogReader(store, job_ref, LogQuery(tail=TAIL_LINES))
     job = reader.job
     progress = open_progress(stream, max_steps=job["max_steps"], nnodes=job["nnodes"] or 1, plain=plain)
-    queued_shown = False
+    stages = _StageFeed(store, progress)
     try:
+        stages.show(job, reader.ended)
         for line in reader.existing():
             progress.log(line.text)
         while True:
             ended, job = reader.ended, reader.job
-            for update in job_stages(job, store.nodes(job["id"], job["attempt"]), store.events(job["id"])):
-                queued_shown = queued_shown or update.stage == "queued"
-                progress.stage(update.stage, update.node, update.host, update.state, update.detail)
-            if queued_shown and job["state"] != QUEUED:
-                progress.stage("queued", None, "", "done")
-            if (job["state"] == RUNNING or ended) and not progress.attached:
-                progress.attach(store, job["id"])
+            stages.show(job, ended)
             for line in reader.new():
                 progress.log(line.text)
             if ended:
@@ -96,3 +96,21 @@ def watch(store: Store, job_ref: str, *, stream: IO[str], plain: bool | None = N
     finally:
         progress.close()
     return store.job(job["id"])
+
+
+class _StageFeed:
+    """Feeds a job's stages from the store to the view (the view shows only changes)."""
+
+    def __init__(self, store: Store, progress) -> None:
+        self.store, self.progress = store, progress
+        self.queued_shown = False
+
+    def show(self, job: Mapping[str, Any], ended: bool) -> None:
+        """The stages as they stand; the bar from when the job runs (or has ended)."""
+        for update in job_stages(job, self.store.nodes(job["id"], job["attempt"]), self.store.events(job["id"])):
+            self.queued_shown = self.queued_shown or update.stage == "queued"
+            self.progress.stage(update.stage, update.node, update.host, update.state, update.detail)
+        if self.queued_shown and job["state"] != QUEUED:
+            self.progress.stage("queued", None, "", "done")
+        if (job["state"] == RUNNING or ended) and not self.progress.attached:
+            self.progress.attach(self.store, job["id"])

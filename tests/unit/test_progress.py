@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from launcher.plan import make_plan
-from launcher.progress import PlainProgress, snapshot, summary_line
+from launcher.metrics.snapshot import snapshot, summary_line
+from launcher.progress import PlainProgress
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store import LAUNCHING, RUNNING, Store
 from tests.helpers import ROOT, cli_env

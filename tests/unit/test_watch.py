@@ -57,8 +57,8 @@ def test_watch_follows_a_running_job_until_it_fails(home):
     proc = subprocess.Popen(launch_argv("status", "--watch", "w-000001"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cli_env(home), cwd=ROOT)
     shown = [proc.stdout.readline() for _ in range(12)]
-    assert shown[:10] == [f"[0/{i % 2}] line {i}\n" for i in range(5, 15)], "the last ten lines first"
-    assert set(shown[10:]) == {"[start] node 0 (h0): done\n", "[start] node 1 (h1): done\n"}
+    assert shown[:2] == ["[start] node 0 (h0): done\n", "[start] node 1 (h1): done\n"]
+    assert shown[2:] == [f"[0/{i % 2}] line {i}\n" for i in range(5, 15)], "then the last ten lines"
     log = store.run_dir("w-000001") / "attempt0-node1.log"
     log.write_text(f"{T0 + 99:.3f} [0/1] a new line\n")
     stage_recorder(store, "w-000001")("setup", 1, "h1", "failed", "pip: no space left")
@@ -79,7 +79,7 @@ def test_watch_of_an_ended_job_exits_with_its_state(home, state, code):
     assert store.transition("w-000001", state)
     result = run_cli(home, "status", "w", "--watch", timeout=30)
     assert result.returncode == code, result.stderr
-    assert result.stdout.splitlines()[:10] == [f"[0/{i % 2}] line {i}" for i in range(5, 15)]
+    assert result.stdout.splitlines()[2:12] == [f"[0/{i % 2}] line {i}" for i in range(5, 15)]
     assert result.stderr.splitlines()[0] == f"job w-000001: {state}"
 
 
