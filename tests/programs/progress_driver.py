@@ -35,6 +35,7 @@ def main(job_id: str) -> int:
         thread.start()
     for thread in threads:
         thread.join()
+    progress.log("[0/0] [bold red]not markup[/] \x1b[32mgreen\x1b[0m \x1b[2J\x1b[Hno clear screen")
     deadline = time.monotonic() + 20
     while (progress.current is None or progress.current.step != 30) and time.monotonic() < deadline:
         time.sleep(0.05)
