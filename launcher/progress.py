@@ -39,6 +39,8 @@ def who(node: int | None, host: str) -> str:
 
 @dataclass(frozen=True)
 class NodeStage:
+    """One node's state in one stage, with what went wrong when it failed."""
+
     node: int | None
     host: str
     state: str

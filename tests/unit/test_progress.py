@@ -145,3 +145,27 @@ def test_plain_output_on_a_pipe(job_with_records):
     assert len(summaries) == 1, "one summary: at the first read, not repeated at the end for the same step"
     assert re.fullmatch(r"\[progress\] step 30/60  50%  elapsed \d+:\d\d:\d\d  ETA 0:00:0[56]  120 samples/s  "
                         r"slowest rank 1 \(200 ms/step\)  peak mem 1.5 GiB", summaries[0])
+
+
+def test_live_stage_lines_count_many_nodes_and_are_drawn_once(job_with_records, monkeypatch):
+    import pyte
+
+    from launcher.progress import LiveProgress
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "40")
+    out = io.StringIO()
+    progress = LiveProgress(out, max_steps=60, nnodes=10)
+    for node in range(10):
+        progress.stage("setup", node, f"h{node}", "failed" if node == 3 else "done", "disk full" if node == 3 else "")
+    progress.stage("start", 0, "h0", "done")
+    progress.attach(Store(job_with_records), "p-000001")
+    progress.stage("start", 0, "h0", "done")  # unchanged: not drawn again
+    progress.stage("start", 0, "h0", "running")  # a restart: drawn live again
+    progress.close()
+    screen = pyte.Screen(80, 40)
+    pyte.Stream(screen).feed(out.getvalue().replace("\n", "\r\n"))  # what a tty makes of a newline
+    lines = [line.rstrip() for line in screen.display if line.strip()]
+    assert lines[:4] == ["setup      9 done 1 failed", "  node 3 (h3): disk full", "start      node 0 (h0) done",
+                         "start      node 0 (h0) running"]
+    assert lines[4].startswith("step 30/60 ") and len(lines) == 6
