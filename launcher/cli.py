@@ -134,16 +134,14 @@ def status(job, as_json, last, limit, watch):
     from launcher.store import TERMINAL, Store
 
     store = Store()
+    if watch:
+        _watch(store, job, last, as_json)
+        return
     if last:
         newest = store.jobs(limit=1)
         if not newest:
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
         job = newest[0]["id"]
-    if watch:
-        if as_json or not job:
-            raise click.UsageError("--watch follows one job: give JOB (or --last), without --json")
-        _watch(store, job)
-        return
     if job:
         row = store.job(job)
         live = store.metrics(row["id"]) if row["state"] not in TERMINAL or not row.get("summary") else None
@@ -169,10 +167,17 @@ def status(job, as_json, last, limit, watch):
         console().print(render.jobs_table(objects))
 
 
-def _watch(store, job: str) -> None:
+def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
     """`status --watch`: the live view until the job ends, then exit as submit does."""
     from launcher.watch import watch
 
+    if as_json or not (job or last):
+        raise click.UsageError("--watch follows one job: give JOB (or --last), without --json")
+    if last:
+        newest = store.jobs(limit=1)
+        if not newest:
+            raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
+        job = newest[0]["id"]
     try:
         row = watch(store, job, stream=sys.stdout)
     except KeyboardInterrupt:
