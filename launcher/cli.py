@@ -40,6 +40,7 @@ Examples:
   launch submit jobs/bert_large_zero3.yaml --cluster examples/clusters/a800.yaml --dry-run
   launch submit jobs/cifar10_convnet.yaml --set resources.nproc_per_node=4 --detach
   launch status                                        all jobs; `launch status JOB` for one
+  launch status JOB --watch                            live progress of a detached job
   launch logs JOB --node 1 --rank 3 --follow
   launch cancel JOB""",
 )
@@ -111,22 +112,31 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_che
 @click.option("--json", "as_json", is_flag=True, help="JSON: an object for JOB, else a list of objects.")
 @click.option("--last", is_flag=True, help="The newest job, in detail.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Jobs listed, newest first (0: all).")
-def status(job, as_json, last, limit):
+@click.option("--watch", "-w", is_flag=True,
+              help="Follow JOB live until it ends: stages, log lines, a progress bar; exit code as submit's.")
+def status(job, as_json, last, limit, watch):
     """Show jobs, or one JOB in detail (nodes, exit codes, metrics, first failure).
 
-    JOB is a job id or a unique prefix of one.
+    JOB is a job id or a unique prefix of one. With --watch, JOB (a detached one, or one
+    running in another terminal) is shown as a foreground submit shows it: stages while its
+    nodes are prepared, its last log lines and then new ones, a progress bar with step,
+    samples/s, the slowest rank, peak memory and ETA; plain lines on a pipe. It exits when
+    the job ends: 0 SUCCEEDED, 1 FAILED, 130 CANCELLED. Ctrl-C stops watching, not the job.
 
     \b
     Examples:
       launch status
       launch status cifar10-convnet-3f2a1c9e
-      launch status --last
+      launch status --last --watch
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
     from launcher import render
     from launcher.store import TERMINAL, Store
 
     store = Store()
+    if watch:
+        _watch(store, job, last, as_json)
+        return
     if last:
         newest = store.jobs(limit=1)
         if not newest:
@@ -163,6 +173,29 @@ def status(job, as_json, last, limit):
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
         console().print(render.jobs_table(objects))
+
+
+def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
+    """`status --watch`: the live view until the job ends, then exit as submit does."""
+    from launcher.watch import watch
+
+    if as_json or not (job or last):
+        raise click.UsageError("--watch follows one job: give JOB (or --last), without --json")
+    if last:
+        newest = store.jobs(limit=1)
+        if not newest:
+            raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
+        job = newest[0]["id"]
+    try:
+        row = watch(store, job, stream=sys.stdout)
+    except KeyboardInterrupt:
+        click.echo("stopped watching; the job goes on (`launch cancel` ends it)", err=True)
+        sys.exit(EXIT_CANCELLED)
+    click.echo(f"job {row['id']}: {row['state']}", err=True)
+    if row["state"] != "SUCCEEDED":
+        if row.get("reason"):
+            click.echo(f"  reason: {row['reason']}", err=True)
+        sys.exit(EXIT_CANCELLED if row["state"] == "CANCELLED" else 1)
 
 
 @cli.command("plan")
@@ -208,19 +241,42 @@ def plan_command(job_file, cluster_file, overrides, as_json):
 @click.option("--node", type=int, help="Only this node.")
 @click.option("--rank", type=int, help="Only this global rank.")
 @click.option("--attempt", type=int, help="Attempt (default: the latest).")
+@click.option("--since", metavar="WHEN", help="Only lines written since: a duration back (30s, 10m, 2h, 1d) or an ISO time.")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Only the last N lines (after the other filters).")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax), across all nodes.")
+@click.option("--timestamps", "-t", is_flag=True, help="Show when each line was written (local time).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
-def logs(job, node, rank, attempt, follow):
-    """Print a job's logs, each line prefixed [node/rank].
+def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow):
+    """Print a job's logs, each line prefixed [node/rank], all nodes merged in time order.
+
+    On a terminal the prefixes are coloured per rank (not on a pipe, nor with NO_COLOR set).
+    Filters combine: --node, --rank, --since and --grep choose lines, then --tail keeps
+    the last N of them; --follow then prints new matching lines until the job ends.
 
     \b
     Examples:
       launch logs cifar10-convnet-3f2a1c9e
       launch logs cifar10 --node 1 --rank 3 --follow
+      launch logs cifar10 --grep 'NCCL|Traceback' --since 10m --timestamps
+      launch logs cifar10 --tail 50 -f
     """
-    from launcher.logs import print_logs
+    import os
+    import re
+
+    from launcher.logs import LogFormat, LogQuery, parse_since, print_logs
     from launcher.store import Store
 
-    print_logs(Store(), job, node=node, rank=rank, attempt=attempt, follow=follow, out=_echo_line)
+    try:
+        compiled = re.compile(pattern) if pattern is not None else None
+    except re.error as exc:
+        raise click.BadParameter(f"{pattern!r} is not a regular expression: {exc}", param_hint="--grep") from None
+    try:
+        since_t = parse_since(since) if since is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    query = LogQuery(node=node, rank=rank, attempt=attempt, since=since_t, pattern=compiled, tail=tail)
+    fmt = LogFormat(colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR"), timestamps=timestamps)
+    print_logs(Store(), job, query, follow=follow, fmt=fmt, out=_echo_line)
 
 
 @cli.command()
@@ -229,8 +285,10 @@ def cancel(job):
     """Cancel JOB: end exactly its processes on every node; it ends CANCELLED.
 
     \b
-    Example:
+    Examples:
       launch cancel cifar10-convnet-3f2a1c9e
+      launch cancel cifar10                                         # a unique prefix of an id
+      launch cancel "$(launch status --last --json | jq -r .id)"    # the newest job
     """
     from launcher.orchestrate import cancel as cancel_job
     from launcher.store import Store
@@ -253,6 +311,7 @@ def stacks_command(job):
     \b
     Examples:
       launch stacks cifar10-convnet-3f2a1c9e
+      launch stacks cifar10                       (a unique prefix of the id is enough)
       launch status cifar10-convnet-3f2a1c9e --json | jq '.stacks[] | select(.rank == 3) | .stack'
     """
     from rich.text import Text
@@ -328,8 +387,9 @@ def validate(files):
     """Check job and cluster specs (kind told by a 'backend:' key) without running anything.
 
     \b
-    Example:
+    Examples:
       launch validate jobs/*.yaml cluster.yaml examples/clusters/*.yaml
+      launch validate my_job.yaml        # each problem as file:line: field; exit 2
     """
     from launcher.spec.load import load_cluster, load_job
 
@@ -363,8 +423,10 @@ def schema(kind):
     """Print the JSON Schema of a job or cluster spec (for editors' YAML support).
 
     \b
-    Example:
+    Examples:
       launch schema job > job.schema.json
+      launch schema cluster > cluster.schema.json
+      # then, as the first line of a job file: # yaml-language-server: $schema=job.schema.json
     """
     from launcher.spec import ClusterSpec, JobSpec
 
@@ -404,3 +466,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+
+
+# Shell completion: `launch completion SHELL`; every JOB argument completes job ids (keep this last).
+from launcher.completion import complete_job_arguments, completion  # noqa: E402
+
+cli.add_command(completion)
+complete_job_arguments(cli)

@@ -201,6 +201,15 @@ class Store:
             sql += f" LIMIT {int(limit)}"
         return [_job_dict(r) for r in self._execute(sql).fetchall()]
 
+    def job_ids(self, prefix: str = "", limit: int = 100) -> list[tuple[str, str]]:
+        """(id, state) of the newest jobs whose id starts with ``prefix`` (for shell completion)."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._execute(
+            "SELECT id, state FROM jobs WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT ?",
+            (escaped + "%", int(limit)),
+        ).fetchall()
+        return [(r["id"], r["state"]) for r in rows]
+
     # nodes
 
     def set_node(self, job_id: str, attempt: int, node: int, **fields: Any) -> None:

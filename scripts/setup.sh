@@ -34,6 +34,8 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
   command -v ip >/dev/null || missing+=(iproute2)
   command -v chromium >/dev/null || missing+=(chromium)
+  command -v zsh >/dev/null || missing+=(zsh)    # the completion scripts run in each shell
+  command -v fish >/dev/null || missing+=(fish)
   if (( ${#missing[@]} )); then
     echo "setup: apt-get install ${missing[*]}"
     apt-get update -qq >/dev/null

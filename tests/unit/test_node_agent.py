@@ -55,6 +55,15 @@ def _run_agent(argv: list[str], env: dict[str, str], cwd: str, secrets: dict[str
     return done.returncode, (done.stdout + done.stderr).decode().splitlines(), job_id
 
 
+def _eventually(condition, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _output(lines: list[str]) -> list[str]:
     return [line[1:] for line in lines if line.startswith("|")]
 
@@ -131,12 +140,12 @@ def test_signalled_agent_ends_its_command_group_and_every_tagged_process() -> No
     proc.stdin.close()
     started = json.loads(proc.stdout.readline().partition(" ")[2])
     assert proc.stdout.readline().strip() == "|True", "the command runs in a session of its own"
-    assert len(proctree.job_pids(job_id)) >= 3
+    assert _eventually(lambda: len(proctree.job_pids(job_id)) >= 3), "agent, command and its setsid child are tagged"
     signalled = subprocess.run(node_argv(sys.executable, "signal", {"pid": started["pid"], "start_ticks": started["start_ticks"],
                                                                     "signal": int(signal.SIGTERM)}), capture_output=True, text=True)
     assert json.loads(signalled.stdout) == {"sent": True}
-    assert proc.wait(10) == 128 + signal.SIGTERM
-    assert proctree.job_pids(job_id) == [], "the setsid child escaped the group but not the job tag"
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert _eventually(lambda: proctree.job_pids(job_id) == []), "the setsid child escaped the group but not the job tag"
 
 
 def test_a_signal_is_refused_for_a_reused_pid() -> None:
@@ -160,11 +169,8 @@ def test_a_broken_output_pipe_ends_the_job() -> None:
     proc.stdin.close()
     proc.stdout.readline()
     proc.stdout.close()
-    assert proc.wait(15) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 5
-    while proctree.job_pids(job_id) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert proctree.job_pids(job_id) == []
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert _eventually(lambda: proctree.job_pids(job_id) == [])
 
 
 def test_another_users_or_an_open_run_root_is_refused(tmp_path: Path) -> None:
