@@ -68,7 +68,10 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_che
     """Validate, plan, preflight and run JOB_FILE.
 
     In the foreground, logs stream with [node/rank] prefixes and the exit code
-    is 0 only if the job succeeded; Ctrl-C cancels the job on every node.
+    is 0 only if the job succeeded; Ctrl-C cancels the job on every node. On a
+    terminal a live view shows each node's stages (preflight, sync, setup, start)
+    and then a progress bar (step, samples/s, slowest rank, peak memory, ETA) under
+    the scrolling logs; on a pipe or in CI the output is plain lines.
 
     \b
     Examples:
@@ -86,15 +89,29 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_che
             click.echo(render.plan_text(prepared.plan))
         return
     quiet = as_json or detach
+    view = None
+    if not quiet and sys.stdout.isatty():
+        from launcher.progress import open_progress
+
+        view = open_progress(sys.stdout, max_steps=prepared.plan.max_steps, nnodes=prepared.plan.nnodes, plain=False)
 
     def recorded(job_id: str) -> None:
         if not quiet:
             click.echo(f"job {job_id}: {prepared.plan.nnodes} node(s) x {prepared.plan.nproc_per_node} on {prepared.cluster.name}", err=True)
+        if view is not None:
+            from launcher.store import Store
 
-    job_id, state = orchestrate.submit(
-        prepared, detach=detach, echo=None if quiet else _echo_line, on_recorded=recorded,
-        run_check=not skip_check, warn=lambda text: click.echo(text, err=True),
-    )
+            view.attach(Store(), job_id)
+
+    try:
+        job_id, state = orchestrate.submit(
+            prepared, detach=detach, echo=None if quiet else (view.log if view else _echo_line), on_recorded=recorded,
+            run_check=not skip_check, warn=lambda text: click.echo(text, err=True),
+            **({"stage": view.stage} if view else {}),
+        )
+    finally:
+        if view is not None:
+            view.close()
     if as_json:
         click.echo(json.dumps({"id": job_id, "state": state}))
     elif detach:

@@ -17,6 +17,7 @@ from launcher.spec.job import JobSpec
 from launcher.states import JobState
 from launcher.store import Store
 from launcher.supervisor import Supervisor
+from launcher.watch import stage_recorder
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +28,8 @@ def main(argv: list[str]) -> int:
     job = JobSpec.model_validate(row["spec"]["job"])
     run_check = row["spec"].get("check", True)
     supervisor = Supervisor(
-        store, plan, get_backend(cluster), secrets=read_secrets(plan.secrets), grace=job.watch.grace_period,
+        store, plan, get_backend(cluster), stage=stage_recorder(store, plan.job_id),
+        secrets=read_secrets(plan.secrets), grace=job.watch.grace_period,
         restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
     )
