@@ -466,8 +466,19 @@ cli.add_command(bench_command)
 cli.add_command(report_command)
 
 
+def quiet_libraries() -> None:
+    """Keep paramiko's own log records (its transport thread logs a whole traceback for a host that
+    answers with something else than SSH) off the console: launch reports the problem in one line."""
+    import logging
+
+    paramiko_log = logging.getLogger("paramiko")
+    paramiko_log.addHandler(logging.NullHandler())
+    paramiko_log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI, print LaunchErrors as one paragraph, exit with their code."""
+    quiet_libraries()
     try:
         cli.main(args=argv, prog_name="launch", standalone_mode=False)
     except LaunchError as exc:

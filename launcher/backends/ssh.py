@@ -13,7 +13,6 @@ preflight, the version comparison, sync, setup, start and watch.
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -35,8 +34,6 @@ from launcher.plan import NodePlan, Plan
 from launcher.shell import render_command
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.sshconn import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
-
-log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
 CLEANUP_CONNECT_S = 2.0
