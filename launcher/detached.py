@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from launcher.backends import get_backend
-from launcher.orchestrate import replanner
+from launcher.orchestrate import placer, replanner
 from launcher.plan import Plan
 from launcher.secrets import read_secrets
 from launcher.spec.cluster import ClusterSpec
@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
         secrets=read_secrets(plan.secrets), grace=job.watch.grace_period,
         restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
+        place=placer(job, cluster),
     )
     supervisor.install_signal_handlers()
     return 0 if supervisor.run() == JobState.SUCCEEDED else 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.backends import Backend, backend_class, get_backend
-from launcher.backends.base import Stage, StageSink, StageState, no_stage
+from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
 from launcher.checks import version_differences
 from launcher.errors import LaunchError, PreflightError, SpecError
 from launcher.plan import Plan, make_plan
@@ -147,6 +147,7 @@ def submit(
         store, plan, backend, echo=echo, warn=warn, stage=stage, secrets=secret_values, grace=job.watch.grace_period,
         restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
+        place=placer(job, cluster),
     )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
@@ -201,14 +202,27 @@ def preflight(
 
         for text in node_warnings([NodeFacts(i, plan.nodes[i].host, f) for i, f in sorted(found.facts.items())]):
             warn(f"warning: {text}")
+    return placed(job, cluster, plan, type(backend), found)
+
+
+def placed(job: JobSpec, cluster: ClusterSpec, plan: Plan, backend: type[Backend], found: Preflight) -> Plan:
+    """The plan re-made with what the backend found on the nodes (addresses, network, interpreter);
+    PreflightError if a value the plan needs is still unknown."""
     if found.nodes is not None or found.probes or found.python:
         plan = make_plan(
-            job, cluster, plan.job_id, backend=type(backend), rdzv_port=plan.rendezvous.port,
+            job, cluster, plan.job_id, backend=backend, rdzv_port=plan.rendezvous.port,
             nodes=found.nodes, probes=found.probes, python=found.python or plan.python, ds_config=plan.ds_config,
         )
     if plan.unresolved():
         raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))
     return plan
+
+
+def placer(job: JobSpec, cluster: ClusterSpec) -> Callable[[Plan, Preflight], Plan]:
+    """For backends that learn the nodes only once a scheduler allocates them (Slurm): the supervisor's way
+    to re-plan the job with the preflight it ran inside the allocation."""
+    backend = backend_class(cluster.backend)
+    return lambda plan, found: placed(job, cluster, plan, backend, found)
 
 
 def plan_without(

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher import failures, identity, stacks
-from launcher.backends.base import Backend, NodeHandle, StageSink, StartContext, no_stage
+from launcher.backends.base import Backend, NodeHandle, Preflight, StageSink, StartContext, no_stage
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.failures import Failure, FailureKind
 from launcher.liveness import HangDetector, Liveness
@@ -145,6 +145,7 @@ class Supervisor:
         restart_on: str = "transient",
         stall_timeout: float | None = None,
         replan: Replanner | None = None,
+        place: Callable[[Plan, Preflight], Plan] | None = None,
     ) -> None:
         """``replan`` (given with ``leave_out_failed_nodes``) re-plans a restart without the hosts given:
         a host that failed first in two attempts is left out."""
@@ -159,6 +160,7 @@ class Supervisor:
         self.restarts = restarts
         self.restart_on = restart_on
         self.replan = replan
+        self.place = place
         self.first_failures: collections.Counter[str] = collections.Counter()
         self.hangs = HangDetector(stall_timeout, plan.max_steps) if stall_timeout else None
         self.live = Liveness(time.time())
@@ -352,7 +354,7 @@ class Supervisor:
             self.store.set_node(job_id, attempt, node.index, host=node.host, address=node.address,
                                 state=NodeState.STARTING, started_at=time.time())
         context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace,
-                               stage=self.stage, cancelled=self._cancel)
+                               stage=self.stage, cancelled=self._cancel, place=self.place)
         try:
             self.plan, handles = self.backend.start(self.plan, context)
         except NodeStartError as exc:

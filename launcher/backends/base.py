@@ -89,6 +89,8 @@ class StartContext:
     stage: StageSink = no_stage
     queued: Callable[[str, str | None], None] = lambda reason, scheduler_id: None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: re-plans with what a preflight inside the allocation found (backends whose scheduler places nodes at start)
+    place: Callable[[Plan, Preflight], Plan] | None = None
 
 
 class NodeHandle(Protocol):
