@@ -124,7 +124,7 @@ def status(job, as_json, last, limit):
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
     from launcher import render
-    from launcher.store import TERMINAL, Store
+    from launcher.store import Store
 
     store = Store()
     if last:
@@ -132,29 +132,25 @@ def status(job, as_json, last, limit):
         if not newest:
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
         job = newest[0]["id"]
-    if job:
+    if job is not None:
         row = store.job(job)
-        live = store.metrics(row["id"]) if row["state"] not in TERMINAL or not row.get("summary") else None
-        obj = render.job_object(row, render.job_summary(row, live), store.nodes(row["id"]))
+        summary = render.job_summary(store, row)
+        obj = render.job_object(row, summary, store.nodes(row["id"]))
         events = store.events(row["id"])
         if as_json:
-            click.echo(json.dumps({**obj, "events": events}, indent=2))
+            click.echo(render.json_text({**obj, "events": events}))
         else:
             out = console()
-            for part in render.job_detail(obj, events):
+            for part in render.job_detail(obj, summary, events):
                 out.print(part)
         return
-    rows = store.jobs(limit=limit or None)
-    objects = [
-        render.job_object(r, render.job_summary(r, store.metrics(r["id"]) if r["state"] not in TERMINAL else None))
-        for r in rows
-    ]
+    jobs = [(r, render.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
     if as_json:
-        click.echo(json.dumps(objects, indent=2))
-    elif not objects:
+        click.echo(render.json_text([render.job_object(r, summary) for r, summary in jobs]))
+    elif not jobs:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
-        console().print(render.jobs_table(objects))
+        console().print(render.jobs_table(jobs))
 
 
 @cli.command("plan")
