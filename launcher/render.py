@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from launcher.metrics.aggregate import summarize
+from launcher.metrics.columns import text
 from launcher.metrics.summary import JobSummary
 
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
@@ -204,7 +205,7 @@ def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]]):
         table.add_column(column, no_wrap=True)
     for job, m in jobs:
         table.add_row(
-            Text(_fmt(job["id"])), _state(job["state"]), Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
+            Text(text(job["id"])), _state(job["state"]), Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
             Text(f"{m.steps}/{_fmt(job['max_steps'], 'd')}"), _fmt(m.samples_per_sec),
             _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job["created_at"]),
         )
@@ -215,7 +216,7 @@ def _state(state: Any):
     from rich.text import Text
 
     color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
-    return Text(_fmt(state), style=color)
+    return Text(text(state), style=color)
 
 
 def _failure_line(failure: dict[str, Any]) -> str:
@@ -238,7 +239,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     from rich.text import Text
 
     m = summary
-    header = Text.assemble(Text(_fmt(obj["id"]), style="bold"), "  ", _state(obj["state"]), f"  {obj['reason'] or ''}")
+    header = Text.assemble(Text(text(obj["id"]), style="bold"), "  ", _state(obj["state"]), f"  {obj['reason'] or ''}")
     out: list[Any] = [
         header,
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
@@ -255,7 +256,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     for column in ("ATTEMPT", "NODE", "HOST", "ADDRESS", "STATE", "PID", "EXIT"):
         nodes.add_column(column)
     for n in obj.get("nodes", []):
-        nodes.add_row(*(Text(_fmt(n.get(k))) for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
+        nodes.add_row(*(Text(text(n.get(k))) for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
     out.append(nodes)
     for net in obj.get("network", []):
         values = ", ".join(f"{k}={v} ({net['sources'][k]})" for k, v in net["env"].items())
@@ -266,7 +267,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
             ranks.add_column(column)
         for r in m.per_rank:
             ranks.add_row(
-                str(r.rank), _fmt(r.node), Text(_fmt(r.host)), _fmt(r.samples_per_sec),
+                str(r.rank), text(r.node), Text(text(r.host)), _fmt(r.samples_per_sec),
                 _fmt(r.step_time_ms_p50, ".1f", " ms"), _fmt(r.peak_mem_mb, ".0f", " MB"), str(r.steps),
             )
         out.append(ranks)

@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sqlite3
 import threading
 import time
@@ -207,8 +208,8 @@ class Store:
         if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in text or "not a database" in text or "corrupt" in text):
             return StoreError(
                 f"the job store {self.path} is corrupted ({text})",
-                hint=f"move it aside (mv {self.path} {self.path}.broken) and run launch again: it makes a new, empty "
-                     "store; the jobs' logs stay under " + str(self.runs),
+                hint=f"move it aside (mv {shlex.quote(str(self.path))} {shlex.quote(str(self.path))}.broken) and run launch "
+                     f"again: it makes a new, empty store; the jobs' logs stay under {self.runs}",
             )
         if "locked" in text or "busy" in text:
             return StoreError(f"the job store {self.path} is locked by another process ({text})",

@@ -10,7 +10,9 @@ fields reach `metrics --csv` from ``MetricRecord`` itself).
 To add a figure from a new record field (or a key the program adds with
 ``Reporter(extra=...)``), append for example::
 
-    Column("grad_norm", job=last("grad_norm"), header="GRAD NORM", cell=number(".3g"))
+    Column("grad_norm", job=last("grad_norm"), rank=last("grad_norm"), header="GRAD NORM", cell=number(".3g"))
+
+(tests/unit/test_columns.py registers one that way and finds it in every output).
 
 Standard library only: `launch status` imports this module.
 """
@@ -107,18 +109,21 @@ def values(records: Sequence[MetricRecord], name: str) -> list[float]:
     return [v for v in (r.number(name) for r in records) if v is not None]
 
 
-def last(name: str) -> Callable[[AttemptData], float | None]:
-    """Job figure: the latest known value of a field over all records of the attempt."""
+# Aggregations of one field, for a job (AttemptData) or a rank (RankData) alike.
+
+
+def last(name: str) -> Callable[[AttemptData | RankData], float | None]:
+    """The latest known value of a field."""
     return lambda data: next(iter(values(list(reversed(data.records)), name)), None)
 
 
-def mean(name: str) -> Callable[[AttemptData], float | None]:
-    """Job figure: the mean of a field over the records past warm-up."""
+def mean(name: str) -> Callable[[AttemptData | RankData], float | None]:
+    """The mean of a field over the records past warm-up."""
     return lambda data: _fmean(values(data.steady, name))
 
 
-def maximum(name: str) -> Callable[[AttemptData], float | None]:
-    """Job figure: the largest value of a field over all records."""
+def maximum(name: str) -> Callable[[AttemptData | RankData], float | None]:
+    """The largest value of a field."""
     return lambda data: max(values(data.records, name), default=None)
 
 

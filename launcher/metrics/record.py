@@ -15,8 +15,9 @@ store keeps of them per rank and attempt (the latest sample, the peaks, the
 mean utilisation).
 
 This module imports only the standard library: `launch status` reads stored
-records with ``MetricRecord.from_stored`` (lenient: a value out of type or
-bounds reads as unknown, so any stored row renders). Validation of untrusted
+records with ``MetricRecord.from_stored``, which never raises: a row that would
+not validate is left out and a NaN (as older launches stored) reads as unknown,
+so any stored row renders. Validation of untrusted
 input (``parse_line``, ``parse_samples``, ``check_extra``) uses pydantic,
 imported on first use; the bounds it enforces are the ``Bound`` marks below.
 """
@@ -125,7 +126,11 @@ class MetricRecord:
 
     @classmethod
     def from_stored(cls, data: Mapping[str, Any], attempt: int | None = None) -> MetricRecord | None:
-        """A stored record, read leniently (bad values read as unknown); None without a valid rank and step."""
+        """A stored record; None if one of its values is of the wrong type or out of bounds.
+
+        NaN and infinities (which launches before the record model stored) read as unknown;
+        program-added keys that would not validate are left out.
+        """
         values = _read_fields(cls, data)
         if values is None:
             return None
@@ -184,7 +189,7 @@ class RankUsage:
 
     @classmethod
     def from_stored(cls, data: Mapping[str, Any]) -> RankUsage | None:
-        """A stored row, read leniently; None without a valid rank."""
+        """A stored row; None if one of its values is of the wrong type or out of bounds."""
         values = _read_fields(cls, data)
         return None if values is None else cls(**values)
 
@@ -344,15 +349,23 @@ def _field_kinds(kind: type) -> tuple[tuple[str, type, Bound | None, bool, Any],
 
 
 def _read_fields(kind: type, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The fields of a stored row; None if a value is of the wrong type or out of bounds (NaN reads as unknown)."""
     values = {}
     for name, base, bound, _optional, default in _field_kinds(kind):
-        value = clean_value(data.get(name), base, bound)
+        raw = data.get(name)
+        value = clean_value(raw, base, bound)
+        if value is None and raw is not None and not _non_finite(raw):
+            return None
         if value is None and default is not None:
             if default is _REQUIRED:
                 return None
             value = default
         values[name] = value
     return values
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _read_extras(data: Mapping[str, Any]) -> dict[str, Any]:
