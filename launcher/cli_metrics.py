@@ -33,7 +33,8 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
     """Show a job's metrics per job and per rank; flag stragglers.
 
     Throughput, step time p50/p95, peak memory, GPU util, MFU and loss, then
-    one row per rank.
+    one row per rank. Throughput and step time need the Reporter; peak memory
+    and GPU util of ranks without it come from the node agent's process samples.
     Warm-up steps are left out of throughput and step time. A rank more than
     10% slower than the median rank is flagged as a straggler. MFU needs the
     program's FLOPs per sample (the recipes report them) and the GPU's peak

@@ -241,12 +241,10 @@ def parse_line(text: str, *, world_size: int, node: int | None, host: str | None
         return Rejected(f"record version {_short(repr(data.get('v')))}; this launch reads version {RECORD_VERSION}")
     fields = {k: v for k, v in data.items() if k in RECORD_FIELDS and k not in ORIGIN_FIELDS}
     extra = {k: v for k, v in data.items() if k not in RECORD_FIELDS and k != "v"}
-    result = _validate(MetricRecord, {**fields, "extra": extra})
-    if isinstance(result, Rejected):
-        return result
-    if result.rank >= world_size:
+    result = _validate(MetricRecord, {**fields, "extra": extra, "node": node, "host": host})
+    if isinstance(result, MetricRecord) and result.rank >= world_size:
         return Rejected(f"rank {result.rank} is not in this job (world size {world_size})")
-    return dataclasses.replace(result, node=node, host=host)
+    return result
 
 
 def parse_samples(data: Any, *, world_size: int, node: int, host: str | None) -> list[ProcessSample | Rejected]:
@@ -261,10 +259,10 @@ def parse_samples(data: Any, *, world_size: int, node: int, host: str | None) ->
             continue
         values = {k: v for k, v in entry.items() if k in names}
         values.setdefault("t", data.get("t"))
-        sample = _validate(ProcessSample, {**values, "node": node})
+        sample = _validate(ProcessSample, {**values, "node": node, "host": host})
         if isinstance(sample, ProcessSample) and sample.rank >= world_size:
             sample = Rejected(f"sampled rank {sample.rank} is not in this job (world size {world_size})")
-        out.append(dataclasses.replace(sample, host=host) if isinstance(sample, ProcessSample) else sample)
+        out.append(sample)
     return out
 
 
