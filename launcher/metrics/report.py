@@ -40,18 +40,24 @@ svg text { font: 12px system-ui, sans-serif; fill: #333; }
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values covering [low, high]."""
+    """About ``count`` round tick values covering [low, high].
+
+    A range too narrow to divide (equal ends, or a difference lost in the floats' precision)
+    is widened to [low, low + |low|] (or [low, low + 1]); non-finite ends give [0].
+    """
     if not math.isfinite(low) or not math.isfinite(high):
         return [0.0]
-    if high <= low:
+    if high - low <= max(abs(low), abs(high)) * 1e-9 or high - low < 1e-300:
         high = low + (abs(low) or 1.0)
     raw = (high - low) / count
+    if not math.isfinite(raw) or raw <= 0:
+        return [low]
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
     ticks = [math.floor(low / step) * step]
     while ticks[-1] < high:
         ticks.append(ticks[0] + step * len(ticks))
-    return [round(t, 10) for t in ticks]
+    return [round(t, 10) if abs(step) >= 1e-9 else t for t in ticks]
 
 
 def _label(value: float) -> str:
