@@ -10,7 +10,7 @@ memory ratio (peak memory per GPU) against the first job that has metrics.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from launcher.metrics import columns as registry

@@ -303,7 +303,7 @@ def _reason(exc: Any) -> str:
             return f"more than {MAX_EXTRA_KEYS} program-added keys"
         if loc[2:3] == ["[key]"]:
             return f"key {_short(repr(loc[1]))}: names are letters, digits and _, at most {MAX_KEY_CHARS} characters"
-        return (f"'{_short(loc[1])}': a program-added value must be a boolean, a number within +-{MAX_MAGNITUDE:g} "
+        return (f"{_short(repr(loc[1]))}: a program-added value must be a boolean, a number within +-{MAX_MAGNITUDE:g} "
                 f"or a text of at most {MAX_TEXT_CHARS} characters{got}")
     where = ".".join(loc)
     if error["type"] == "missing":
@@ -320,36 +320,37 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# Lenient reading of stored rows: the same fields and bounds, but a bad value reads as unknown.
+# Reading stored rows without pydantic: the same fields and bounds; a row that would not validate
+# is left out, and a NaN or infinity (as launches before the record model stored) reads as unknown.
 
 _REQUIRED = object()
 
 
 @functools.cache
-def _field_kinds(kind: type) -> tuple[tuple[str, type, Bound | None, bool, Any], ...]:
-    """(name, base type, bound, optional, default) of each plain field of a record class."""
+def _field_kinds(kind: type) -> tuple[tuple[str, type, Bound | None, Any], ...]:
+    """(name, base type, bound, default) of each plain field of a record class."""
     hints = typing.get_type_hints(kind, include_extras=True)
     out = []
     for field in dataclasses.fields(kind):
         if field.name == "extra":
             continue
-        hint, optional = hints[field.name], False
+        hint = hints[field.name]
         args = typing.get_args(hint)
         if typing.get_origin(hint) is not Annotated and type(None) in args:
-            hint, optional = next(a for a in args if a is not type(None)), True
+            hint = next(a for a in args if a is not type(None))
         base, bound = hint, None
         if typing.get_origin(hint) is Annotated:
             base, *meta = typing.get_args(hint)
             bound = next((m for m in meta if isinstance(m, Bound)), None)
         default = field.default if field.default is not dataclasses.MISSING else _REQUIRED
-        out.append((field.name, base, bound, optional, default))
+        out.append((field.name, base, bound, default))
     return tuple(out)
 
 
 def _read_fields(kind: type, data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The fields of a stored row; None if a value is of the wrong type or out of bounds (NaN reads as unknown)."""
     values = {}
-    for name, base, bound, _optional, default in _field_kinds(kind):
+    for name, base, bound, default in _field_kinds(kind):
         raw = data.get(name)
         value = clean_value(raw, base, bound)
         if value is None and raw is not None and not _non_finite(raw):
