@@ -1,15 +1,18 @@
-"""Turn plans and store rows into what users read: text, tables and JSON objects."""
+"""Turn plans and store rows into what users read: text, tables and JSON objects.
+
+Every command imports this module (for ``console``), so it imports the metric
+summaries only inside the functions that use them: `launch --help` stays light.
+"""
 
 from __future__ import annotations
 
 import re
 import shlex
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.metrics.aggregate import summarize
-from launcher.metrics.columns import text
-from launcher.metrics.summary import JobSummary
+if TYPE_CHECKING:
+    from launcher.metrics.summary import JobSummary
 
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 MASK = "****"
@@ -113,6 +116,8 @@ def fit_table(rows: list[Any], chosen: str, gpu_gb: float | None):
 
 def job_summary(store: Any, job: dict[str, Any]) -> JobSummary:
     """A job's metric summary: the stored one of a finished job, else live from its records and process samples."""
+    from launcher.metrics.aggregate import summarize
+    from launcher.metrics.summary import JobSummary
     from launcher.store import TERMINAL
 
     if job["state"] in TERMINAL and job.get("summary"):
@@ -205,7 +210,7 @@ def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]]):
         table.add_column(column, no_wrap=True)
     for job, m in jobs:
         table.add_row(
-            Text(text(job["id"])), _state(job["state"]), Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
+            Text(_fmt(job["id"], "")), _state(job["state"]), Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
             Text(f"{m.steps}/{_fmt(job['max_steps'], 'd')}"), _fmt(m.samples_per_sec),
             _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job["created_at"]),
         )
@@ -216,7 +221,7 @@ def _state(state: Any):
     from rich.text import Text
 
     color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
-    return Text(text(state), style=color)
+    return Text(_fmt(state, ""), style=color)
 
 
 def _failure_line(failure: dict[str, Any]) -> str:
@@ -239,7 +244,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     from rich.text import Text
 
     m = summary
-    header = Text.assemble(Text(text(obj["id"]), style="bold"), "  ", _state(obj["state"]), f"  {obj['reason'] or ''}")
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"]), f"  {obj['reason'] or ''}")
     out: list[Any] = [
         header,
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
@@ -256,7 +261,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     for column in ("ATTEMPT", "NODE", "HOST", "ADDRESS", "STATE", "PID", "EXIT"):
         nodes.add_column(column)
     for n in obj.get("nodes", []):
-        nodes.add_row(*(Text(text(n.get(k))) for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
+        nodes.add_row(*(Text(_fmt(n.get(k), "")) for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
     out.append(nodes)
     for net in obj.get("network", []):
         values = ", ".join(f"{k}={v} ({net['sources'][k]})" for k, v in net["env"].items())
@@ -267,7 +272,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
             ranks.add_column(column)
         for r in m.per_rank:
             ranks.add_row(
-                str(r.rank), text(r.node), Text(text(r.host)), _fmt(r.samples_per_sec),
+                str(r.rank), _fmt(r.node, ""), Text(_fmt(r.host, "")), _fmt(r.samples_per_sec),
                 _fmt(r.step_time_ms_p50, ".1f", " ms"), _fmt(r.peak_mem_mb, ".0f", " MB"), str(r.steps),
             )
         out.append(ranks)

@@ -68,11 +68,6 @@ def fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
-def text(value: Any) -> str:
-    """Any value as cell text; '-' for unknown."""
-    return "-" if value is None else str(value)
-
-
 def fmt_pct(fraction: float | None) -> str:
     """A fraction as a percentage with three significant digits (tiny CPU MFUs stay visible)."""
     return "-" if fraction is None else f"{fraction * 100:.3g}%"

@@ -16,7 +16,7 @@ from typing import Any
 from launcher.metrics import columns as registry
 from launcher.metrics import mfu as mfu_mod
 from launcher.metrics.aggregate import as_records, summarize
-from launcher.metrics.columns import fmt, fmt_mem, fmt_pct, text
+from launcher.metrics.columns import fmt, fmt_mem, fmt_pct
 from launcher.metrics.record import MetricRecord, RankUsage
 from launcher.store import TERMINAL
 
@@ -214,7 +214,7 @@ def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> l
         table.add_column(column, no_wrap=True)
     for r in m["per_rank"]:
         table.add_row(
-            str(r["rank"]), text(r["node"]), Text(text(r["host"])), fmt(r["samples_per_sec"]),
+            str(r["rank"]), fmt(r["node"], ""), Text(fmt(r["host"], "")), fmt(r["samples_per_sec"]),
             fmt(r["tokens_per_sec"] or None, ".0f"), fmt(r["step_time_ms_p50"], ".1f", " ms"),
             fmt(r["slowdown"], ".2f", "x"), fmt_mem(r["peak_mem_mb"]), fmt_pct(r["mfu"]), str(r["steps"]),
             "[yellow]STRAGGLER[/]" if r["straggler"] else "",
@@ -224,7 +224,7 @@ def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> l
     for r in m["per_rank"]:
         if r["straggler"]:
             out.append(
-                f"[yellow]straggler: rank {r['rank']} on {escape(text(r['host']))} (node {text(r['node'])}) is "
+                f"[yellow]straggler: rank {r['rank']} on {escape(fmt(r['host'], ''))} (node {fmt(r['node'], '')}) is "
                 f"{(r['slowdown'] - 1):.0%} slower than the median rank[/]"
             )
     return out
