@@ -11,8 +11,9 @@ The schema is versioned (``PRAGMA user_version``): a store made by an older
 launch is migrated in place when opened, one made by a newer launch is
 refused. Every SQLite error (a corrupted file, a locked or read-only one)
 becomes a ``StoreError`` that names the file and what to do. Rows are read
-back leniently: a value of the wrong type, a JSON column that does not parse
-or a NaN reads as unknown, so every view renders any stored row.
+back defensively, so every view renders any stored row: in a job row a value
+of the wrong type, a JSON column that does not parse or a NaN reads as unknown;
+a metric record or sample row that would not validate is left out.
 """
 
 from __future__ import annotations
