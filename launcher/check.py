@@ -50,7 +50,7 @@ def allreduce_bandwidth(cluster: ClusterSpec, nodes: int) -> tuple[str, float | 
     job_id, state = orchestrate.submit(prepared, detach=False, echo=None)
     if state != "SUCCEEDED":
         return job_id, None, f"job {job_id} ended {state} (launch status {job_id})"
-    values = [r["allreduce_busbw_gbps"] for r in Store().metrics(job_id) if "allreduce_busbw_gbps" in r]
+    values = [v for v in (r.number("allreduce_busbw_gbps") for r in Store().metrics(job_id)) if v is not None]
     return job_id, (max(values) if values else None), None
 
 

@@ -148,7 +148,7 @@ def status(job, as_json, last, limit, watch):
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
     from launcher import render
-    from launcher.store import TERMINAL, Store
+    from launcher.store import Store
 
     store = Store()
     if watch:
@@ -159,19 +159,19 @@ def status(job, as_json, last, limit, watch):
         if not newest:
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
         job = newest[0]["id"]
-    if job:
+    if job is not None:
         from launcher import stacks
 
         row = store.job(job)
-        live = store.metrics(row["id"]) if row["state"] not in TERMINAL or not row.get("summary") else None
-        obj = render.job_object(row, render.job_summary(row, live), store.nodes(row["id"]))
+        summary = render.job_summary(store, row)
+        obj = render.job_object(row, summary, store.nodes(row["id"]))
         events = store.events(row["id"])
         kept = stacks.latest(store.run_dir(row["id"]))
         if as_json:
-            click.echo(json.dumps({**obj, "events": events, "stacks": stacks.json_entries(kept) if kept else []}, indent=2))
+            click.echo(render.json_text({**obj, "events": events, "stacks": stacks.json_entries(kept) if kept else []}))
         else:
             out = console()
-            for part in render.job_detail(obj, events):
+            for part in render.job_detail(obj, summary, events):
                 out.print(part)
             if kept:
                 from rich.text import Text
@@ -179,17 +179,13 @@ def status(job, as_json, last, limit, watch):
                 for line in stacks.report_lines(kept):
                     out.print(Text(line))
         return
-    rows = store.jobs(limit=limit or None)
-    objects = [
-        render.job_object(r, render.job_summary(r, store.metrics(r["id"]) if r["state"] not in TERMINAL else None))
-        for r in rows
-    ]
+    jobs = [(r, render.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
     if as_json:
-        click.echo(json.dumps(objects, indent=2))
-    elif not objects:
+        click.echo(render.json_text([render.job_object(r, summary) for r, summary in jobs]))
+    elif not jobs:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
-        console().print(render.jobs_table(objects))
+        console().print(render.jobs_table(jobs))
 
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:

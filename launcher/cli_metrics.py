@@ -6,12 +6,11 @@ export) and the orchestration are imported inside the commands that use them.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from launcher.render import console
+from launcher.render import console, json_text
 from launcher.strategies import BENCH_DEFAULT, REGISTRY
 
 
@@ -35,7 +34,8 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
     """Show a job's metrics per job and per rank; flag stragglers.
 
     Throughput, step time p50/p95, peak memory, GPU util, MFU and loss, then
-    one row per rank.
+    one row per rank. Throughput and step time need the Reporter; peak memory
+    and GPU util of ranks without it come from the node agent's process samples.
     Warm-up steps are left out of throughput and step time. A rank more than
     10% slower than the median rank is flagged as a straggler. MFU needs the
     program's FLOPs per sample (the recipes report them) and the GPU's peak
@@ -55,6 +55,7 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
         raise click.UsageError("--json and --csv are exclusive: give one")
     store = Store()
     [(row, records)] = _load(store, [job])
+    usage = store.samples(row["id"])
     if tb_dir:
         from launcher.metrics.export import write_tensorboard
 
@@ -65,9 +66,9 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
 
         write_csv(records, sys.stdout)
         return
-    figures = job_metrics(row, records, attempt)
+    figures = job_metrics(row, records, attempt, usage)
     if as_json:
-        click.echo(json.dumps({"id": row["id"], "state": row["state"], **figures}, indent=2))
+        click.echo(json_text({"id": row["id"], "state": row["state"], **figures}))
         return
     out = console()
     for part in metrics_renderables(row, figures):
@@ -92,10 +93,11 @@ def compare(jobs, as_json):
     from launcher.metrics.compare import comparison, comparison_table, job_metrics
     from launcher.store import Store
 
-    entries = _load(Store(), jobs)
-    rows = comparison([(job, job_metrics(job, records)) for job, records in entries])
+    store = Store()
+    entries = _load(store, jobs)
+    rows = comparison([(job, job_metrics(job, records, usage=store.samples(job["id"]))) for job, records in entries])
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json_text(rows))
     else:
         console().print(comparison_table(rows))
 
@@ -155,7 +157,7 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
     )
     saved = bench_mod.save(result, job_file, out_file)
     if as_json:
-        click.echo(json.dumps(result.rows, indent=2))
+        click.echo(json_text(result.rows))
     else:
         console().print(comparison_table(result.rows))
     click.echo("saved " + ", ".join(str(path) for path in saved), err=True)
@@ -186,7 +188,9 @@ def report(jobs, out_file, title):
     from launcher.metrics.report import build_report
     from launcher.store import Store
 
-    page = build_report(_load(Store(), jobs), title=title)
+    store = Store()
+    entries = _load(store, jobs)
+    page = build_report(entries, title=title, usage={job["id"]: store.samples(job["id"]) for job, _ in entries})
     path = Path(out_file).expanduser()
     try:
         path.write_text(page)

@@ -285,8 +285,6 @@ def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
     """Cancel a job: signal its supervisor (once proven to be it), or clean up directly if it is gone."""
     from launcher import identity
 
-    if not job_ref.strip():
-        raise LaunchError("give the id of the job to cancel (`launch status` lists them)")
     job = store.job(job_ref)
     if is_terminal(job["state"]):
         raise LaunchError(f"job {job['id']} already ended {job['state']}; nothing to cancel")

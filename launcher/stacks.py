@@ -14,10 +14,12 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from launcher.backends.base import Backend
-from launcher.plan import Plan
-from launcher.store import Store
+if TYPE_CHECKING:
+    from launcher.backends.base import Backend
+    from launcher.plan import Plan
+    from launcher.store import Store
 
 _THREAD_ID = re.compile(r"Thread (0x[0-9A-Fa-f]+|\d+)")
 _PROCESS = re.compile(r"^Process \d+:.*$", re.M)

@@ -29,7 +29,7 @@ from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.failures import Failure, FailureKind
 from launcher.liveness import HangDetector, Liveness
 from launcher.metrics.aggregate import summarize
-from launcher.metrics.record import Rejected, parse_line
+from launcher.metrics.record import Rejected, RejectedCount, parse_line, parse_samples
 from launcher.plan import Plan
 from launcher.shell import mask
 from launcher.states import JobState, NodeState
@@ -59,7 +59,6 @@ class NodeWatcher:
         self.pids: set[int] = set()
         self.samples: dict[int, dict] = {}
         self.agent_exit: int | None = None
-        self.rejected = 0
         self.errors = 0
         self._sup, self._attempt = sup, attempt
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"node{handle.index}")
@@ -90,12 +89,10 @@ class NodeWatcher:
         self._sup.live.output(now)
         record = parse_line(text, world_size=self._sup.plan.world_size, node=node, host=self.host)
         if isinstance(record, Rejected):
-            self.rejected += 1
-            if self.rejected == 1:
-                self._sup.warn(f"node {node}: dropped a malformed metric record ({record.reason}); further ones are counted")
+            self._sup.rejected_record(node, record)
             return
         if record is not None:
-            self._sup.live.progress(node, record["rank"], record["step"], now)
+            self._sup.live.progress(node, record.rank, record.step, now)
             self._sup.store.add_metrics(self._sup.plan.job_id, self._attempt, [record])
             return
         match = _RANK_PREFIX.match(text)
@@ -107,13 +104,18 @@ class NodeWatcher:
 
     def _event(self, kind: str, data: dict, now: float) -> None:
         if kind == "sample":
-            for entry in data.get("ranks", []):
-                rank = int(entry["rank"])
-                if not 0 <= rank < self._sup.plan.world_size:
-                    continue
-                self.samples[rank] = entry
-                self.pids.update(int(pid) for pid in entry.get("pids", [entry["pid"]]))
-                self._sup.live.sample(self.handle.index, rank, float(entry["cpu_s"]), entry.get("gpu_util"), now)
+            node = self.handle.index
+            samples = [s for s in parse_samples(data, world_size=self._sup.plan.world_size, node=node, host=self.host)
+                       if not isinstance(s, Rejected)]
+            for entry in data.get("ranks", []) if isinstance(data.get("ranks"), list) else []:
+                if isinstance(entry, dict) and isinstance(entry.get("pids"), list):
+                    self.pids.update(pid for pid in entry["pids"] if isinstance(pid, int))
+            for sample in samples:
+                self.samples[sample.rank] = sample
+                self.pids.add(sample.pid)
+                self._sup.live.sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now)
+            if samples:
+                self._sup.store.add_samples(self._sup.plan.job_id, self._attempt, samples)
         elif kind == "started":
             self.handle.pid = int(data["pid"])
         elif kind == "exit":
@@ -168,6 +170,8 @@ class Supervisor:
         self._cancel = threading.Event()
         self._cancel_reason = ""
         self._quiet = threading.Event()
+        self._rejected = RejectedCount()
+        self._rejected_lock = threading.Lock()
 
     # output
 
@@ -180,6 +184,13 @@ class Supervisor:
         self.store.add_event(self.plan.job_id, "warning", text)
         if self._warn is not None:
             self._warn(f"warning: {text}")
+
+    def rejected_record(self, node: int, rejected: Rejected) -> None:
+        """Count a malformed metric record (never stored); warn once an attempt."""
+        with self._rejected_lock:
+            warning = self._rejected.add(rejected)
+        if warning:
+            self.warn(f"node {node}: {warning}")
 
     def internal_note(self, text: str) -> None:
         with open(self.run_dir / "supervisor-errors.log", "a", encoding="utf-8") as handle:
@@ -216,7 +227,7 @@ class Supervisor:
         finally:
             self.backend.close()
         try:
-            summary = summarize(self.store.metrics(job_id))
+            summary = summarize(self.store.metrics(job_id), self.store.samples(job_id))
         except Exception as exc:  # noqa: BLE001 - a summary that cannot be made must not keep the job open
             self.internal_note(f"the metric summary could not be made: {exc!r}")
             summary = None
@@ -230,6 +241,7 @@ class Supervisor:
         while True:
             state, reason, failure = self._run_attempt(attempt)
             self._sweep()
+            self._file_rejected()
             if state != JobState.FAILED or self._cancel.is_set():
                 return state, reason, failure
             why_not = self._why_not_restart(attempt, failure)
@@ -252,6 +264,15 @@ class Supervisor:
             )
             if not self._next_attempt(attempt):
                 return JobState.CANCELLED, self._cancel_reason or "cancelled", None
+
+    def _file_rejected(self) -> None:
+        """One event for the attempt's dropped metric records, then count afresh."""
+        with self._rejected_lock:
+            count, self._rejected = self._rejected, RejectedCount()
+        if count.count:
+            self.store.add_event(self.plan.job_id, "metrics_rejected",
+                                 f"{count.count} malformed metric record(s) dropped; first: {count.first}",
+                                 {"count": count.count, "first": count.first})
 
     def _why_not_restart(self, attempt: int, failure: Failure | None) -> str | None:
         """Why this failure is not restarted (None: restart)."""
@@ -415,7 +436,7 @@ class Supervisor:
             oom = failures.oom_kill(self.backend.kernel_log(self.plan, node.index), watcher.pids, self.live.started)
         if oom is not None and failure.rank is None:
             killed = failures.oom_pid(oom)
-            ranks = [rank for rank, entry in watcher.samples.items() if killed in entry.get("pids", [entry.get("pid")])]
+            ranks = [rank for rank, sample in watcher.samples.items() if sample.pid == killed]
             failure = failure.model_copy(update={"rank": ranks[0] if ranks else None, "pid": killed})
         progressed = self.live.reporting or time.time() - self.live.started >= PROGRESS_PROXY_S
         failure = failures.classify(failure, rank_lines or tail, oom, progressed)

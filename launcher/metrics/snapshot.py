@@ -41,7 +41,14 @@ def _whole(record: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def snapshot(records: Iterable[Mapping[str, Any]], max_steps: int | None, started_at: float, now: float) -> Snapshot:
+def _fields(record: Any) -> Mapping[str, Any]:
+    """A stored MetricRecord (or a mapping with its keys) as a mapping that includes its attempt."""
+    if isinstance(record, Mapping):
+        return record
+    return {**record.to_wire(), "attempt": record.attempt}
+
+
+def snapshot(records: Iterable[Any], max_steps: int | None, started_at: float, now: float) -> Snapshot:
     """The job's progress from its raw metric records (latest attempt only).
 
     step: the lowest of the ranks' latest steps; samples/s: the sum of the ranks' latest rates;
@@ -52,7 +59,7 @@ def snapshot(records: Iterable[Mapping[str, Any]], max_steps: int | None, starte
     peak: float | None = None
     loss: float | None = None
     attempt = -1
-    for record in records:
+    for record in map(_fields, records):
         rank, step, this_attempt = _whole(record, "rank"), _whole(record, "step"), _whole(record, "attempt") or 0
         if rank is None or step is None or this_attempt < attempt:
             continue

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from launcher.metrics.reporter import parse_record
+from launcher.metrics.record import MetricRecord, parse_line
 from tests.helpers import TORCH_EXTENSIONS_DIR
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,8 @@ def run_ranks(args: list[str], timeout: float = 180, nproc: int = 2) -> tuple[in
         _kill_tree(proc.pid)
         output, _ = proc.communicate(timeout=30)
         pytest.fail(f"ranks did not finish in {timeout}s:\n{output[-6000:]}\n{stacks}")
-    records = [r for r in map(parse_record, output.splitlines()) if r is not None]
+    parsed = (parse_line(line, world_size=1024, node=None, host=None) for line in output.splitlines())
+    records = [r for r in parsed if isinstance(r, MetricRecord)]
     return proc.returncode, output, records
 
 
@@ -89,9 +90,9 @@ def _kill_tree(pid: int) -> None:
             continue
 
 
-def losses(records: list[dict]) -> dict[tuple[int, int], float]:
+def losses(records: list[MetricRecord]) -> dict[tuple[int, int], float]:
     """{(rank, step): loss} from metric records."""
-    return {(r["rank"], r["step"]): r["loss"] for r in records}
+    return {(r.rank, r.step): r.loss for r in records}
 
 
 def assert_ok(rc: int, output: str) -> None:
@@ -124,14 +125,14 @@ def test_checkpoint_resume_ends_at_max_steps(strategy, ddp_baseline, tmp_path):
     common = [*CONVNET, "--strategy", strategy, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
     rc, output, records = run_ranks([*common, "--max-steps", "4"])
     assert_ok(rc, output)
-    assert max(r["step"] for r in records) == 4
+    assert max(r.step for r in records) == 4
     assert (tmp_path / "latest").read_text().strip() == "step_00000004"
 
     rc, output, records = run_ranks([*common, "--max-steps", "6"])
     assert_ok(rc, output)
     assert "resumed from step 4" in output.splitlines()
-    assert sorted({r["step"] for r in records}) == [5, 6]
-    assert records[-1]["step"] == 6
+    assert sorted({r.step for r in records}) == [5, 6]
+    assert records[-1].step == 6
     for key, value in losses(records).items():  # the same trajectory as an uninterrupted run
         assert abs(value - ddp_baseline[key]) <= LOSS_TOLERANCE
 
@@ -191,11 +192,11 @@ def test_zero3_two_layer_bert_large():
         "--max-steps", "2", "--metrics-every", "1",
     ])
     assert_ok(rc, output)
-    assert {(r["rank"], r["step"]) for r in records} == {(0, 1), (1, 1), (0, 2), (1, 2)}
+    assert {(r.rank, r.step) for r in records} == {(0, 1), (1, 1), (0, 2), (1, 2)}
     for record in records:
-        assert math.isfinite(record["loss"]) and record["loss"] > 0
-        assert record["tokens"] == 2 * 2 * 32
-        assert record["flops_per_sample"] > 0
+        assert math.isfinite(record.loss) and record.loss > 0
+        assert record.tokens == 2 * 2 * 32
+        assert record.flops_per_sample > 0
 
 
 @pytest.mark.parametrize("argv, message", [
