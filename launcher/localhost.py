@@ -12,10 +12,10 @@ import os
 import shutil
 import subprocess
 
+from launcher.backends.base import HOST_MEMORY_SHARE as MEMORY_SHARE
 from launcher.errors import PlanError
 from launcher.hostfit import GIB, host_memory, suggestion
 
-MEMORY_SHARE = 0.85  # of MemTotal a job may plan to use: the rest is the OS, the supervisor, page cache
 
 
 def cpu_slots() -> int:

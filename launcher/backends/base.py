@@ -30,6 +30,7 @@ from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec
 
 NODE_COMMAND_TIMEOUT_S = 60.0
+HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: the OS, page cache, other work)
 
 
 @dataclass
@@ -337,6 +338,13 @@ def node_problems(host: str, plan: Plan, facts: dict, node: NodePlan | None = No
     if facts.get("route_error") and not facts.get("dev"):
         problems.append(
             f"{host}: cannot find the interface routing to node 0: {facts['route_error']} (pin network.interface in cluster.yaml)"
+        )
+    offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy == "zero3_offload" else None
+    total = facts.get("mem_total_bytes")
+    if offloaded and isinstance(total, int) and offloaded * 2**30 > total * HOST_MEMORY_SHARE:
+        problems.append(
+            f"{host}: zero3_offload keeps about {offloaded:.1f} GiB of model states in host memory on each node; "
+            f"this node has {total / 2**30:.1f} GiB ({HOST_MEMORY_SHARE:.0%} usable): use more nodes, or zero3"
         )
     if facts.get("hostname_resolves") not in (None, True):
         problems.append(

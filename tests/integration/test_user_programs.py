@@ -97,7 +97,7 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
 
     torchrun_out = tmp_path / "out-ddp"
     torchrun_out.mkdir()
-    job = _job(tmp_path / "ddp.yaml", "user_ddp.py", "--out", str(torchrun_out), "--epochs", "2",
+    job = _job(tmp_path / "ddp.yaml", "user_ddp.py", "--out", str(torchrun_out), "--epochs", "20", "--hold-mb", "300",
                "--save-dir", str(tmp_path / "ckpt"), batch={"micro_batch": 8, "grad_accum": 2})
     result = run_cli(home, "submit", str(job), timeout=120)
     assert result.returncode == 0, result.stderr + result.stdout
@@ -105,6 +105,10 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
         assert entry["batch_env"] == {"LAUNCH_GLOBAL_BATCH": "32", "LAUNCH_MICRO_BATCH": "8", "LAUNCH_GRAD_ACCUM": "2"}
         assert entry["local_rank_arg"] == rank and entry["launcher_imported"] is False
     assert (tmp_path / "ckpt" / "checkpoint.pth").exists()
+    metrics = status_json(home, _job_id(result))["metrics"]
+    assert sorted(r["rank"] for r in metrics["per_rank"]) == [0, 1], "ranks measured from outside, without the Reporter"
+    assert all(r["peak_mem_mb"] >= 300 for r in metrics["per_rank"]) and metrics["peak_mem_mb"] >= 300
+    assert metrics["samples_per_sec"] is None, "throughput needs the Reporter"
 
 
 def test_no_local_rank_is_honoured(tmp_path, home):
