@@ -432,8 +432,9 @@ class Supervisor:
         rank_prefix = f"[{node.index}/{failure.rank}] "
         rank_lines = [line for line in tail if line.startswith(rank_prefix)]
         oom = None
-        if not lost and watcher.pids:
-            oom = failures.oom_kill(self.backend.kernel_log(self.plan, node.index), watcher.pids, self.live.started)
+        pids = watcher.pids | ({failure.pid} if failure.pid else set())
+        if not lost and pids:
+            oom = failures.oom_kill(self.backend.kernel_log(self.plan, node.index), pids, self.live.started)
         if oom is not None and failure.rank is None:
             killed = failures.oom_pid(oom)
             ranks = [rank for rank, sample in watcher.samples.items() if sample.pid == killed]

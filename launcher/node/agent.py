@@ -34,6 +34,7 @@ from . import proctree
 
 LINE_LIMIT = 64 * 1024
 SAMPLE_S = 2.0
+FIRST_SAMPLE_S = 0.25
 READ_CHUNK = 64 * 1024
 PR_SET_PDEATHSIG = 1
 EXIT_SIGNAL_BASE = 128
@@ -149,8 +150,11 @@ class Sampler:
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.wait(self.every):
+        """Sample soon after the start (ranks that die young are still seen), then every ``every`` seconds."""
+        wait = min(self.every, FIRST_SAMPLE_S)
+        while not self.stop.wait(wait):
             self.sample()
+            wait = min(self.every, wait * 2)
 
     def sample(self) -> None:
         trees = proctree.rank_trees(proctree.job_procs(self.job_id))
