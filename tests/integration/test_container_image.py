@@ -22,7 +22,7 @@ import pytest
 
 from launcher.containers import (
     ContainerName, exit_meaning, image_present_argv, inspect_argv, list_argv, parse_names, parse_state,
-    remove_argv, run_argv,
+    remove_argv, run_argv, stop_argv,
 )
 from launcher.spec.container import Runtime
 from tests.container_fixture import REPO_ROOT, TestImage, needs_podman
@@ -146,6 +146,27 @@ def test_a_container_killed_by_podman_exits_137(container_image: TestImage, tmp_
         removed = _podman(*remove_argv(Runtime.PODMAN, name)[1:])
     assert removed.returncode == 0, removed.stderr
     assert parse_names(_podman(*list_argv(Runtime.PODMAN, name.job_id)[1:]).stdout, name.job_id) == []
+
+
+def test_stop_by_name_sends_sigterm_first_and_rm_leaves_no_container(container_image: TestImage,
+                                                                     tmp_path: Path) -> None:
+    name = _name("stop")
+    program = ("import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(43))\n"
+               "print('ready', flush=True)\nsignal.pause()")
+    argv = run_argv(container_image.spec(), name, [container_image.python, "-c", program], [], WORKDIR, gpus=0)
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"  # its SIGTERM handler is installed
+        grace_s = 30.0
+        started = time.monotonic()
+        stopped = _podman(*stop_argv(Runtime.PODMAN, name, grace_s)[1:])
+        assert stopped.returncode == 0, stopped.stderr
+        assert time.monotonic() - started < grace_s  # ended by its handler, not by the SIGKILL after the grace
+        assert proc.wait(timeout=60) == 43
+    finally:
+        proc.kill()
+    assert parse_names(_podman(*list_argv(Runtime.PODMAN, name.job_id)[1:]).stdout, name.job_id) == []  # --rm
+    assert _podman(*remove_argv(Runtime.PODMAN, name)[1:]).returncode == 0  # removing a gone one succeeds
 
 
 def test_a_container_over_its_memory_limit_exits_137_and_the_kernel_log_names_it(
