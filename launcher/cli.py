@@ -373,8 +373,8 @@ def check(cluster_file, port, no_bandwidth, as_json):
       launch check --no-bandwidth --json
     """
     from launcher import check as checks
-    from launcher.ports import free_port
     from launcher.orchestrate import load_cluster_spec
+    from launcher.ports import free_port
 
     cluster = load_cluster_spec(cluster_file)
     report = checks.run_check(cluster, port or cluster.rendezvous.port or free_port(), bandwidth=not no_bandwidth)
@@ -450,6 +450,7 @@ def schema(kind):
 # Commands defined in their own modules (each imports only click at module level).
 # One import and one add_command line per command, in this block.
 from launcher.trust import trust  # noqa: E402
+
 cli.add_command(trust)
 from launcher.cli_metrics import bench as bench_command  # noqa: E402
 from launcher.cli_metrics import compare as compare_command  # noqa: E402

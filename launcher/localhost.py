@@ -17,7 +17,6 @@ from launcher.errors import PlanError
 from launcher.hostfit import GIB, host_memory, suggestion
 
 
-
 def cpu_slots() -> int:
     """The CPUs this process may run on (its affinity mask, not the machine's total)."""
     return len(os.sched_getaffinity(0))

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher import commands
+from launcher import commands, containers
 from launcher.batch import BatchPlan, resolve_batch
 from launcher.errors import PlanError
 from launcher.fit import MemoryFit, memory_fit, misfit_problem
 from launcher.netenv import AUTO, NodeNetwork, network_env
 from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.container import ContainerSpec, Runtime, effective_container
 from launcher.spec.job import JobSpec
 from launcher.strategies import get_strategy
 
@@ -57,6 +58,8 @@ class NodePlan(Frozen):
     env_sources: dict[str, str]
     cwd: str
     files: dict[str, tuple[str, str]] = {}
+    cleanup: tuple[tuple[str, ...], ...] = ()
+    env_prefix: str = ""
 
 
 class Plan(Frozen):
@@ -79,6 +82,7 @@ class Plan(Frozen):
     nodes: tuple[NodePlan, ...]
     secrets: tuple[str, ...]
     python: str
+    container: ContainerSpec | None = None
     ds_config: dict | None = None
     memory: MemoryFit | None = None
 
@@ -129,25 +133,33 @@ def make_plan(
 
     probes = probes or {}
     python = python or backend.default_python(cluster)
+    container = effective_container(job.container, cluster.container)
+    launcher_python = container.python if container else python
     master = _address(chosen[0], probes.get(0))
     rendezvous = Rendezvous(id=job_id, host=master, port=rdzv_port)
     gpus = [node.gpus for node in chosen]
-    program = commands.program_args(job, batch, ds_config, python)
+    program = commands.program_args(job, batch, ds_config, launcher_python)
     cwd = cluster.workdir or "."
+    if container and not cwd.startswith("/"):
+        raise PlanError(f"job '{job.name}': a container mounts the workdir at its own path: cluster.yaml workdir "
+                        f"must be an absolute path (got {cwd!r})")
     files = {"LAUNCH_DS_CONFIG": (DS_CONFIG_FILE, _json(ds_config))} if ds_config and job.entrypoint else {}
     node_plans = []
     for index, node in enumerate(chosen):
         address = _address(node, probes.get(index))
         if job.launcher == "deepspeed":
             argv = commands.deepspeed_argv(
-                python, [job.resources.nproc_per_node] * len(chosen), index, master, rdzv_port, program,
+                launcher_python, [job.resources.nproc_per_node] * len(chosen), index, master, rdzv_port, program,
                 local_rank_flag=not job.deepspeed.no_local_rank,
             )
         else:
             argv = commands.torchrun_argv(
-                python, len(chosen), job.resources.nproc_per_node, index, rendezvous.endpoint, job_id, address, program
+                launcher_python, len(chosen), job.resources.nproc_per_node, index, rendezvous.endpoint, job_id,
+                address, program,
             )
         env = _node_env(job, cluster, backend, job_id, index, node, probes.get(index), master, batch)
+        in_container = _in_container(container, job_id, index, argv, [*env, *job.secrets, *files, "LAUNCH_RUN_DIR"],
+                                     cwd, node.gpus, job.watch.grace_period) if container else None
         node_plans.append(
             NodePlan(
                 index=index,
@@ -155,11 +167,13 @@ def make_plan(
                 address=address,
                 nproc=job.resources.nproc_per_node,
                 gpus=node.gpus,
-                argv=tuple(argv),
+                argv=tuple(in_container.argv if in_container else argv),
                 env={k: v for k, (v, _) in env.items()},
                 env_sources={k: s for k, (_, s) in env.items()},
                 cwd=cwd,
                 files=files,
+                cleanup=in_container.cleanup if in_container else (),
+                env_prefix=in_container.env_prefix if in_container else "",
             )
         )
     return Plan(
@@ -180,9 +194,32 @@ def make_plan(
         nodes=tuple(node_plans),
         secrets=tuple(job.secrets),
         python=python,
+        container=container,
         ds_config=ds_config,
         memory=memory,
     )
+
+
+class InContainer(Frozen):
+    """A node's command wrapped in its container runtime, and what removes the container afterwards."""
+
+    argv: tuple[str, ...]
+    cleanup: tuple[tuple[str, ...], ...]
+    env_prefix: str
+
+
+def _in_container(spec: ContainerSpec, job_id: str, index: int, argv: list[str], env_names: list[str], cwd: str,
+                  gpus: int, grace: float) -> InContainer:
+    """The node's launcher command run in the job's image: the node's run directory mounted at its own path
+    (the agent fills it in), every variable passed by name, the container named after the job and node."""
+    name = containers.ContainerName(job_id, index)
+    run_dir = ["--bind", RUN_DIR_TOKEN] if spec.runtime == Runtime.APPTAINER else ["-v", f"{RUN_DIR_TOKEN}:{RUN_DIR_TOKEN}"]
+    with_run_dir = spec.model_copy(update={"options": [*run_dir, *spec.options]})
+    wrapped = containers.run_argv(with_run_dir, name, argv, env_names, cwd, gpus)
+    cleanup = [command for command in (containers.stop_argv(spec.runtime, name, grace),
+                                       containers.remove_argv(spec.runtime, name)) if command]
+    prefix = containers.APPTAINER_ENV_PREFIX if spec.runtime == Runtime.APPTAINER else ""
+    return InContainer(argv=tuple(wrapped), cleanup=tuple(tuple(c) for c in cleanup), env_prefix=prefix)
 
 
 def _json(data: dict) -> str:

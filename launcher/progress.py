@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from launcher.logs import TIMESTAMP, LogLine, prefix_colour
-from launcher.metrics.snapshot import Snapshot, figures, snapshot, step_text, summary_line, timing, with_elapsed
+from launcher.metrics.snapshot import (
+    Snapshot,
+    figures,
+    snapshot,
+    step_text,
+    summary_line,
+    timing,
+    with_elapsed,
+)
 
 STAGES = ("queued", "preflight", "sync", "setup", "start")
 STAGE_STATES = ("waiting", "running", "done", "failed")

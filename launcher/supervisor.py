@@ -24,7 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher import failures, identity, stacks
-from launcher.backends.base import Backend, NodeHandle, Preflight, StageSink, StartContext, no_stage
+from launcher.backends.base import (
+    Backend,
+    NodeHandle,
+    Preflight,
+    StageSink,
+    StartContext,
+    no_stage,
+)
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.failures import Failure, FailureKind
 from launcher.liveness import HangDetector, Liveness

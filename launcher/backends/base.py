@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from launcher import containers
 from launcher.commands import RECIPE_MODULE
 from launcher.failures import LOST_NODE_EXIT
 from launcher.netenv import NodeNetwork
@@ -30,6 +31,7 @@ from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec
 
 NODE_COMMAND_TIMEOUT_S = 60.0
+FACTS_TIMEOUT_S = 1800.0 + 360.0  # a preflight may pull a container image (launch.node.facts.PULL_TIMEOUT_S)
 HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: the OS, page cache, other work)
 
 
@@ -139,7 +141,8 @@ class SweepReport:
     def problems(self) -> list[str]:
         """One line per node that is not known to be clean."""
         return [
-            f"node {n.index} ({n.host}): processes still alive: {', '.join(map(str, n.pids))}"
+            f"node {n.index} ({n.host}): left behind: "
+            + "; ".join(filter(None, [f"processes {', '.join(map(str, n.pids))}" if n.pids else None, n.detail]))
             if n.outcome == SweepOutcome.LEFTOVERS else f"node {n.index} ({n.host}): unreachable, not checked: {n.detail}"
             for n in self.nodes if n.outcome != SweepOutcome.CLEAN
         ]
@@ -268,12 +271,16 @@ class Backend(ABC):
 
         def one(index: int) -> NodeSweep:
             host = self.host(plan, index)
+            cleanup = [list(c) for c in plan.nodes[index].cleanup] if end else []
             answer, error = self.node_command(plan, index, "end" if end else "list",
-                                              {"job_id": plan.job_id, "grace": grace}, timeout=grace + 30)
+                                              {"job_id": plan.job_id, "grace": grace, "cleanup": cleanup},
+                                              timeout=grace + 30 + 30 * len(cleanup))
             if answer is None:
                 return NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail=error)
             pids = tuple(answer["pids"])
-            return NodeSweep(index, host, SweepOutcome.LEFTOVERS if pids else SweepOutcome.CLEAN, pids)
+            failed = answer.get("cleanup_failed") or []
+            outcome = SweepOutcome.LEFTOVERS if pids or failed else SweepOutcome.CLEAN
+            return NodeSweep(index, host, outcome, pids, "; ".join(failed) or None)
 
         return SweepReport(tuple(self.on_nodes(plan, one)))
 
@@ -293,7 +300,33 @@ def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bo
     return {
         "job_id": plan.job_id, "node": node.index, "argv": list(node.argv), "env": dict(node.env), "cwd": node.cwd,
         "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
-        "secrets_on_stdin": secrets_on_stdin,
+        "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
+    }
+
+
+def facts_request(plan: Plan, index: int, **extra) -> dict:
+    """The facts request preflight sends to node ``index``: the modules the job needs, its workdir, the
+    rendezvous port on node 0, and, for a job in a container, the runtime, the image and the facts of the
+    interpreter inside it. ``extra`` adds backend-specific keys (the route to node 0, pinned interfaces...)."""
+    node = plan.nodes[index]
+    request = {"modules": required_modules(plan), "workdir": node.cwd,
+               "port": plan.rendezvous.port if index == 0 else None, **extra}
+    if plan.container is not None:
+        request["container"] = container_request(plan, index)
+    return request
+
+
+def container_request(plan: Plan, index: int) -> dict:
+    """How a node checks the job's container: runtime usable, image present or pulled, facts inside the image."""
+    spec, node = plan.container, plan.nodes[index]
+    probe_name = containers.ContainerName(f"{plan.job_id}-probe", index)
+    inside = node_argv(spec.python, "facts", {"modules": required_modules(plan), "workdir": node.cwd})
+    return {
+        "probe": containers.probe_argv(spec.runtime),
+        "present": containers.image_present_argv(spec),
+        "pull": spec.pull.value if spec.runtime.value != "apptainer" else "never",
+        "pull_argv": containers.pull_argv(spec) if spec.runtime.value != "apptainer" else None,
+        "inside": containers.run_argv(spec, probe_name, inside, [], node.cwd, 0),
     }
 
 
@@ -317,7 +350,10 @@ def node_problems(host: str, plan: Plan, facts: dict, node: NodePlan | None = No
     """What a node's facts say is wrong with it for this plan (every backend's preflight uses this)."""
     node = node or plan.nodes[0]
     problems = []
-    if facts.get("missing"):
+    if facts.get("missing") and plan.container is not None:
+        problems.append(f"{host}: {plan.container.python} in image {plan.container.image} cannot import "
+                        f"{', '.join(facts['missing'])} (container.python names the image's interpreter)")
+    elif facts.get("missing"):
         problems.append(
             f"{host}: {plan.python} cannot import {', '.join(facts['missing'])} "
             "(install it on the node, or point cluster.yaml python at an interpreter that has it)"
@@ -339,6 +375,12 @@ def node_problems(host: str, plan: Plan, facts: dict, node: NodePlan | None = No
         problems.append(
             f"{host}: cannot find the interface routing to node 0: {facts['route_error']} (pin network.interface in cluster.yaml)"
         )
+    box = facts.get("container") or {}
+    for key in ("runtime_error", "image_error", "inside_error"):
+        if box.get(key):
+            what = {"runtime_error": f"container runtime {plan.container.runtime.value} is not usable",
+                    "image_error": f"image {plan.container.image}", "inside_error": "inside the image"}[key]
+            problems.append(f"{host}: {what}: {box[key]}")
     offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy == "zero3_offload" else None
     total = facts.get("mem_total_bytes")
     if offloaded and isinstance(total, int) and offloaded * 2**30 > total * HOST_MEMORY_SHARE:

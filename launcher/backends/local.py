@@ -15,8 +15,17 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from launcher.backends.base import (
-    Backend, CommandResult, Preflight, Stage, StageState, StartContext, agent_exit_code, agent_request, node_problems,
-    required_modules,
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
 )
 from launcher.errors import NodeStartError
 from launcher.node.ship import node_argv
@@ -137,8 +146,7 @@ class LocalBackend(Backend):
         return "localhost"
 
     def preflight(self, plan: Plan) -> Preflight:
-        request = {"modules": required_modules(plan), "workdir": plan.nodes[0].cwd, "port": plan.rendezvous.port}
-        answer, error = self.node_command(plan, 0, "facts", request)
+        answer, error = self.node_command(plan, 0, "facts", facts_request(plan, 0), timeout=FACTS_TIMEOUT_S)
         if answer is None:
             return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
                                        " (cluster.yaml python)"])

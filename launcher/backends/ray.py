@@ -24,13 +24,22 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-
 from typing import ClassVar
 
 from launcher import rayagent
 from launcher.backends.base import (
-    Backend, CommandResult, Preflight, Stage, StageState, StartContext, agent_exit_code, agent_request, node_problems,
-    required_modules, unreachable,
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+    unreachable,
 )
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.failures import LOST_NODE_EXIT
@@ -223,13 +232,10 @@ class RayBackend(Backend):
         resolve = plan.launcher == "torchrun" and not ipaddress.ip_address(master).is_loopback
 
         def request(index: int) -> list[str]:
-            return node_argv(python, "facts", {
-                "modules": required_modules(plan), "workdir": plan.nodes[index].cwd,
-                "port": plan.rendezvous.port if index == 0 else None, "master": master if probe_route else None,
-                "resolve_self": resolve,
-            })
+            return node_argv(python, "facts", facts_request(plan, index, master=master if probe_route else None,
+                                                             resolve_self=resolve))
 
-        answers = self._gather([agent.run.remote(request(index), 60.0) for index, agent in enumerate(agents)],
+        answers = self._gather([agent.run.remote(request(index), FACTS_TIMEOUT_S) for index, agent in enumerate(agents)],
                                "probe their nodes")
         problems, found = [], {}
         for index, (fact, (code, out, err)) in enumerate(zip(facts, answers)):

@@ -23,8 +23,18 @@ import paramiko
 
 from launcher import sync
 from launcher.backends.base import (
-    Backend, CommandResult, Preflight, Stage, StageState, StartContext, agent_exit_code, agent_request, node_problems,
-    required_modules, unreachable,
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+    unreachable,
 )
 from launcher.errors import LaunchError, NodeStartError
 from launcher.failures import LOST_NODE_EXIT
@@ -171,16 +181,14 @@ class SSHBackend(Backend):
             publish(address)
         node = plan.nodes[index]
         pinned = node.env.get("GLOO_SOCKET_IFNAME", AUTO)
-        request = {
-            "modules": required_modules(plan),
-            "workdir": None if self.cluster.sync_workdir else node.cwd,
-            "ifaces": [] if pinned == AUTO else [name for name in pinned.split(",") if name],
-            "port": plan.rendezvous.port if index == 0 else None,
-            "gpus": spec.gpus,
-            "master": master.result() if self.cluster.network.interface == AUTO else None,
-        }
+        request = facts_request(
+            plan, index, ifaces=[] if pinned == AUTO else [name for name in pinned.split(",") if name],
+            gpus=spec.gpus, master=master.result() if self.cluster.network.interface == AUTO else None,
+        )
+        if self.cluster.sync_workdir:
+            request["workdir"] = None  # made by the sync at start
         host = self.targets[index].alias
-        facts, error = self.node_command(plan, index, "facts", request)
+        facts, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
         if facts is None:
             missing = error and ("not found" in error or "No such file" in error)
             why = (f"python interpreter '{plan.python}' not found (cluster.yaml python)" if missing

@@ -15,7 +15,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher.metrics.compare import TEXT_HEADERS, comparison, job_metrics, row_cells, table_headers
+from launcher.metrics.compare import (
+    TEXT_HEADERS,
+    comparison,
+    job_metrics,
+    row_cells,
+    table_headers,
+)
 from launcher.metrics.record import MetricRecord, RankUsage
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")

@@ -24,7 +24,13 @@ import sys
 import time
 from typing import Any
 
-from launcher.metrics.record import MARKER, MAX_MAGNITUDE, MAX_TEXT_CHARS, MetricRecord, check_extra
+from launcher.metrics.record import (
+    MARKER,
+    MAX_MAGNITUDE,
+    MAX_TEXT_CHARS,
+    MetricRecord,
+    check_extra,
+)
 
 
 def _torch():

@@ -39,7 +39,8 @@ READ_CHUNK = 64 * 1024
 PR_SET_PDEATHSIG = 1
 EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
-RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value: this node's run directory
+RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
+TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
 
 class RunDirError(Exception):
@@ -221,16 +222,20 @@ class Agent:
     def start(self, secrets: dict[str, str]) -> None:
         run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
         planned = {key: value.replace(RUN_DIR_TOKEN, run_dir) for key, value in self.req.get("env", {}).items()}
-        env = {**os.environ, **planned, **secrets, "LAUNCH_RUN_DIR": run_dir}
+        given = {**planned, **secrets, "LAUNCH_RUN_DIR": run_dir}
         for name, (filename, text) in self.req.get("files", {}).items():
             path = os.path.join(run_dir, os.path.basename(filename))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as handle:
                 handle.write(text)
-            env[name] = path
+            given[name] = path
+        prefix = self.req.get("env_prefix", "")
+        tag = {key: given[key] for key in TAG_NAMES if key in given}
+        env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
+        argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]]
         prctl = _prctl()
         self.proc = subprocess.Popen(
-            self.req["argv"], cwd=self.req.get("cwd") or None, env=env, stdin=subprocess.DEVNULL,
+            argv, cwd=run_dir if self.req.get("cleanup") else (self.req.get("cwd") or None), env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)) if prctl else None,
         )
@@ -240,18 +245,16 @@ class Agent:
                                    "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid())})
 
     def end(self, why: str) -> None:
-        """End the command and everything of the job on this node (once, from any thread)."""
+        """End the command and everything of the job on this node (once, from any thread). A container
+        runtime's command starts in the run directory (podman's conmon leaves files where it is started)
+        and its container is stopped and removed by the request's ``cleanup`` commands."""
         with self._ending:
             if self._ended:
                 return
             self._ended = True
         if self.proc is not None and self.proc.poll() is None:
             proctree.end_group(self.proc.pid, self.grace, alive=lambda: self.proc.poll() is None)
-        for argv in self.req.get("cleanup", []):
-            try:
-                subprocess.run(argv, capture_output=True, timeout=30 + self.grace)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+        run_cleanup(self.req.get("cleanup", []), self.grace)
         proctree.end_job(self.job_id, self.grace)
 
     def watch_output(self) -> None:
@@ -283,6 +286,20 @@ class Agent:
         self.proc.wait()
         if not relayed.wait(ORPHAN_WAIT_S):
             proctree.end_job(self.job_id, self.grace)
+
+
+def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
+    """Run each clean-up command (stop and remove a container); the ones that failed, with why."""
+    failed = []
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30 + grace, cwd="/")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failed.append(f"{' '.join(argv[:3])}: {exc}")
+            continue
+        if done.returncode != 0:
+            failed.append(f"{' '.join(argv[:3])}: {(done.stderr or done.stdout).strip()[-200:]}")
+    return failed
 
 
 def _prctl():

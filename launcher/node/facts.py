@@ -22,6 +22,8 @@ import time
 IB_CLASS_DIR = "/sys/class/infiniband"
 NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 KERNEL_LOG_LINES = 500
+PULL_TIMEOUT_S = 1800.0
+INSIDE_TIMEOUT_S = 300.0
 
 
 def run(argv: list[str], timeout: float = 10.0) -> tuple[str | None, str | None]:
@@ -159,6 +161,28 @@ def kernel_log(since: float | None = None) -> list[str]:
     return (text or "").splitlines()[-KERNEL_LOG_LINES:]
 
 
+def container_facts(req: dict) -> dict:
+    """The container runtime's state on this node, the image (pulled as the request says), and the facts
+    of the interpreter inside the image (``inside``: a facts command run in a container of it)."""
+    out: dict = {}
+    _, error = run(req["probe"], timeout=30)
+    if error:
+        return {"runtime_error": error}
+    present = subprocess.run(req["present"], capture_output=True, timeout=60).returncode == 0
+    if req["pull"] == "always" or (not present and req["pull"] == "missing"):
+        _, error = run(req["pull_argv"], timeout=PULL_TIMEOUT_S)
+        if error:
+            return {"image_error": f"pulling the image failed: {error}"}
+    elif not present:
+        return {"image_error": "the image is not on this node (pull: never)"}
+    text, error = run(req["inside"], timeout=INSIDE_TIMEOUT_S)
+    lines = [line for line in (text or "").splitlines() if line.startswith("{")]
+    if error or not lines:
+        return {"inside_error": f"the interpreter inside the image could not run: {error or 'no answer'}"}
+    out["inside"] = json.loads(lines[-1])
+    return out
+
+
 def collect(req: dict) -> dict:
     """The answer to a facts request (see the module docstring)."""
     out: dict = {
@@ -194,6 +218,11 @@ def collect(req: dict) -> dict:
         out["port_free"] = port_free(port)
     if req.get("kernel_log"):
         out["kernel_log"] = kernel_log()
+    if req.get("container"):
+        out["container"] = container_facts(req["container"])
+        inside = out["container"].get("inside")
+        if inside:  # what the job will run with is the image's, not this host's
+            out.update({key: inside.get(key) for key in ("python", "executable", "torch", "deepspeed", "nccl", "missing")})
     out["time"] = time.time()
     return out
 

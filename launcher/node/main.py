@@ -21,11 +21,12 @@ def main(argv: list[str]) -> int:
 
         return stacks.main(rest)
     if command in ("list", "end"):
-        from . import proctree
+        from . import agent, proctree
 
         req = json.loads(rest[0])
+        failed = agent.run_cleanup(req.get("cleanup", []), req["grace"]) if command == "end" else []
         pids = proctree.job_pids(req["job_id"]) if command == "list" else proctree.end_job(req["job_id"], req["grace"])
-        print(json.dumps({"pids": pids}), flush=True)
+        print(json.dumps({"pids": pids, "cleanup_failed": failed}), flush=True)
         return 0
     if command == "signal":
         from . import proctree

@@ -18,7 +18,14 @@ import os
 import sys
 
 from launcher.recipes import DEFAULT_SEQ_LEN, LANGUAGE_MODELS, RECIPES, recipe_info
-from launcher.strategies import DEFAULT_STRATEGY, PRECISIONS, STRATEGIES, get_strategy, names
+from launcher.strategies import (
+    DEFAULT_STRATEGY,
+    PRECISIONS,
+    STRATEGIES,
+    get_strategy,
+    names,
+)
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RECIPE_MODULES = {"convnet": "convnet", "resnet50": "resnet", "bert": "bert", "gpt2": "gpt2"}
 DEFAULT_LR = {"convnet": 1e-3, "resnet50": 1e-3, "bert": 1e-4, "gpt2": 3e-4}
@@ -156,7 +163,12 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
     from launcher.metrics.reporter import Reporter
     from launcher.recipes import checkpoint
     from launcher.recipes.data import DataSpec, split_micro_batches, step_batches
-    from launcher.recipes.strategies import TrainOptions, build_trainer, device_for, init_distributed
+    from launcher.recipes.strategies import (
+        TrainOptions,
+        build_trainer,
+        device_for,
+        init_distributed,
+    )
 
     init_distributed(get_strategy(args.strategy))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from launcher.spec.job import Strict
+from launcher.spec.base import Strict
+from launcher.spec.container import ContainerSpec
 
 
 class NodeSpec(Strict):
@@ -73,6 +74,9 @@ class ClusterSpec(Strict):
     workdir: str | None = Field(None, description="Working directory on the nodes (default: current directory).")
     sync_workdir: str | None = Field(None, description="Local directory copied to workdir on each node (ssh).")
     setup: list[str] = Field(default_factory=list, description="Shell commands run on every node before launch.")
+    container: ContainerSpec | None = Field(
+        None, description="The default container of this cluster's jobs (docs/CONTAINERS.md); a job's own section wins.",
+    )
 
     @model_validator(mode="after")
     def _nodes_for_backend(self) -> "ClusterSpec":

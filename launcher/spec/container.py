@@ -12,10 +12,17 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, PlainSerializer, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from launcher.errors import SpecError
-from launcher.spec.job import Strict
+from launcher.spec.base import Strict
 
 
 class Runtime(str, Enum):
@@ -97,6 +104,11 @@ class ContainerSpec(Strict):
         default_factory=list,
         description="Bind mounts SOURCE:TARGET[:ro|rw] (absolute paths). The workdir is mounted at its own path "
                     "unless a mount targets it.",
+    )
+    python: str = Field(
+        "python3", min_length=1,
+        description="The interpreter inside the image that runs torchrun or the DeepSpeed launcher "
+                    "(a name on the image's PATH, or an absolute path).",
     )
     options: list[str] = Field(
         default_factory=list,

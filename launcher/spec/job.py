@@ -5,19 +5,15 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from launcher.recipes import RECIPES
+from launcher.spec.base import Strict
+from launcher.spec.container import ContainerSpec
 from launcher.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class Strict(BaseModel):
-    """Base for spec sections: unknown keys are errors, values are frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelSpec(Strict):
@@ -104,6 +100,10 @@ class JobSpec(Strict):
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     watch: WatchSpec = WatchSpec()
     metrics: MetricsSpec = MetricsSpec()
+    container: ContainerSpec | None = Field(
+        None, description="Run every node's command in a container of one image (docs/CONTAINERS.md); "
+        "the cluster's container section is the default, the job's keys win.",
+    )
     env: dict[str, str] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list)
 
@@ -160,3 +160,4 @@ class JobSpec(Strict):
     @property
     def uses_deepspeed(self) -> bool:
         return self.launcher == "deepspeed" or get_strategy(self.strategy).uses_deepspeed
+

@@ -49,7 +49,7 @@ def test_mounts_are_stored_as_the_strings_users_write() -> None:
     ("image: x\nruntime: apptainer\n", ["absolute path", "apptainer pull"]),
     ("image: /i.sif\nruntime: apptainer\npull: always\n", ["pull: always does not apply to apptainer"]),
     ("image: '--privileged'\n", ["image", "cannot start with '-'"]),
-    ("image: x\nvolumes: []\n", ["volumes", "unknown key", "expected one of: image, runtime, pull, mounts, options"]),
+    ("image: x\nvolumes: []\n", ["volumes", "unknown key", "expected one of: image, runtime, pull, mounts, python, options"]),
 ])
 def test_bad_sections_name_the_line_the_field_and_what_was_expected(text: str, fragments: list[str]) -> None:
     message = errors_of(text)
