@@ -23,7 +23,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,9 +82,18 @@ def image_exists(name: str = DEFAULT_IMAGE) -> bool:
     return _run(["podman", "image", "exists", name], check=False).returncode == 0
 
 
-def write_rootfs_tar(path: Path, etc: Path = Path("/etc")) -> None:
-    """The skeleton root file system as a tar archive at ``path``."""
+CLAIMS_DIR = "opt/launch-claims"
+
+
+def write_rootfs_tar(path: Path, etc: Path = Path("/etc"), claims: Mapping[str, str] | None = None) -> None:
+    """The skeleton root file system as a tar archive at ``path``; ``claims`` (package -> version) adds
+    dist-info metadata under /opt/launch-claims, so that an image can report other package versions."""
     with tarfile.open(path, "w") as tar:
+        for package, version in (claims or {}).items():
+            metadata = f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode()
+            info = tarfile.TarInfo(f"{CLAIMS_DIR}/{package}-{version}.dist-info/METADATA")
+            info.size, info.mode = len(metadata), 0o644
+            tar.addfile(info, io.BytesIO(metadata))
         for name, mode in EMPTY_DIRS.items():
             info = tarfile.TarInfo(name)
             info.type, info.mode = tarfile.DIRTYPE, mode
@@ -102,8 +111,12 @@ def write_rootfs_tar(path: Path, etc: Path = Path("/etc")) -> None:
         tar.addfile(info, io.BytesIO(marker))
 
 
-def build_image(name: str = DEFAULT_IMAGE, *, rebuild: bool = False, host: tb.Host | None = None) -> ImageBuild:
-    """Import the skeleton as ``name`` into the local store (of ``host`` when given), unless it is there."""
+def build_image(name: str = DEFAULT_IMAGE, *, rebuild: bool = False, host: tb.Host | None = None,
+                claims: Mapping[str, str] | None = None) -> ImageBuild:
+    """Import the skeleton as ``name`` into the local store (of ``host`` when given), unless it is there.
+
+    ``claims`` (package -> version) makes ``importlib.metadata`` in the image report those versions
+    (their dist-info directory first on PYTHONPATH): an image whose torch differs, for version checks."""
     start = time.monotonic()
     prefix = _host_prefix(host) if host else []
     if not rebuild and _run([*prefix, "podman", "image", "exists", name], check=False).returncode == 0:
@@ -111,8 +124,11 @@ def build_image(name: str = DEFAULT_IMAGE, *, rebuild: bool = False, host: tb.Ho
     previous = _run([*prefix, "podman", "image", "inspect", "--format", "{{.Id}}", name], check=False)
     with tempfile.TemporaryDirectory(prefix="launch-image-") as tmp:
         archive = Path(tmp) / "rootfs.tar"
-        write_rootfs_tar(archive)
-        _run([*prefix, "podman", "import", "--change", "CMD=[\"/bin/sh\"]", str(archive), name])
+        write_rootfs_tar(archive, claims=claims)
+        changes = ["--change", "CMD=[\"/bin/sh\"]"]
+        if claims:
+            changes += ["--change", f"ENV=PYTHONPATH=/{CLAIMS_DIR}"]
+        _run([*prefix, "podman", "import", *changes, str(archive), name])
     if previous.returncode == 0:  # the image it replaced, now untagged (kept if a container uses it)
         _run([*prefix, "podman", "rmi", previous.stdout.strip()], check=False)
     return ImageBuild(name=name, built=True, seconds=time.monotonic() - start)
