@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, Arg, FiniteFloat, Line, Name
+from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, Arg, FiniteFloat, Line, Name, NonEmptyLine
 from launcher.spec.hosts import check_host, parse_jump_hosts
 from launcher.spec.job import Strict
 
@@ -96,12 +96,12 @@ class ClusterSpec(Strict):
     network: NetworkSpec = NetworkSpec()
     rendezvous: RendezvousSpec = RendezvousSpec()
     python: Line | None = Field(None, description="Interpreter on the nodes (default: the one running launch).")
-    workdir: Line | None = Field(
-        None, min_length=1,
+    workdir: NonEmptyLine | None = Field(
+        None,
         description="Working directory on the nodes (default: the current directory; ssh: the login directory, "
         "which a relative path starts from).",
     )
-    sync_workdir: Line | None = Field(None, min_length=1, description="Local directory copied to workdir on each node (ssh).")
+    sync_workdir: NonEmptyLine | None = Field(None, description="Local directory copied to workdir on each node (ssh).")
     setup: list[Arg] = Field(default_factory=list, description="Shell commands run on every node before launch.")
 
     @field_validator("nodes")

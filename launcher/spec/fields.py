@@ -41,11 +41,14 @@ def _one_line(value: str) -> str:
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
-        raise ValueError(f"contains a NUL character at position {value.index(chr(0))}, which no argument or environment value can carry")
+        raise ValueError(
+            f"contains a NUL character at position {value.index(chr(0))}, which no argument or environment value can carry"
+        )
     return value
 
 
 Line = Annotated[str, Field(max_length=MAX_LINE), AfterValidator(_one_line)]
+NonEmptyLine = Annotated[str, Field(min_length=1, max_length=MAX_LINE), AfterValidator(_one_line)]
 Name = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_one_line)]
 Arg = Annotated[str, Field(max_length=MAX_ARG), AfterValidator(_no_nul)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -60,16 +63,17 @@ def reserved_reason(name: str) -> str | None:
     return None
 
 
-def check_env_names(names: list[str], what: str) -> None:
-    """ValueError naming every invalid or reserved environment variable name in ``names``."""
-    problems = []
-    bad = [name for name in names if not _ENV_NAME.fullmatch(name) or len(name) > MAX_ENV_NAME]
-    if bad:
-        shown = ", ".join(repr(name[:40]) for name in bad)
-        problems.append(f"not valid environment variable names (letters, digits, '_', not starting with a digit, at most {MAX_ENV_NAME} characters): {shown}")
-    for name in names:
-        reason = reserved_reason(name)
-        if reason:
-            problems.append(f"{name} cannot be set in {what}: {reason}")
-    if problems:
-        raise ValueError("; ".join(problems))
+def _env_name(name: str) -> str:
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name[:40]!r} is not an environment variable name (letters, digits and '_', not starting with a digit)"
+        )
+    reason = reserved_reason(name)
+    if reason:
+        raise ValueError(f"{name} is reserved: {reason}")
+    return name
+
+
+EnvName = Annotated[
+    str, Field(max_length=MAX_ENV_NAME, json_schema_extra={"pattern": f"^{_ENV_NAME.pattern}$"}), AfterValidator(_env_name),
+]

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from launcher.spec.fields import (
-    MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, FiniteFloat, Line, Name, check_env_names,
+    MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name,
 )
 
 RECIPES = ("convnet", "resnet50", "bert", "gpt2")
@@ -102,10 +102,10 @@ class JobSpec(Strict):
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     watch: WatchSpec = WatchSpec()
     metrics: MetricsSpec = MetricsSpec()
-    env: dict[str, Arg] = Field(
+    env: dict[EnvName, Arg] = Field(
         default_factory=dict, description="Environment of every rank; LAUNCH_* (but LAUNCH_METRICS*) are launch's own.",
     )
-    secrets: list[str] = Field(
+    secrets: list[EnvName] = Field(
         default_factory=list, description="Names of variables whose values come from the submitter's environment.",
     )
 
@@ -135,17 +135,6 @@ class JobSpec(Strict):
             raise ValueError(f"the first item is the program to run; {v[0]!r} is not a program name or path")
         return v
 
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        check_env_names(list(v), "env")
-        return v
-
-    @field_validator("secrets")
-    @classmethod
-    def _secrets(cls, v: list[str]) -> list[str]:
-        check_env_names(v, "secrets")
-        return v
 
     @model_validator(mode="after")
     def _leave_out(self) -> "JobSpec":

@@ -100,7 +100,7 @@ def _kind(model: type[BaseModel]) -> str:
 
 
 def _describe(model: type[BaseModel], err: dict[str, Any], source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> str:
-    loc = tuple(err["loc"])
+    loc = tuple(part for part in err["loc"] if part != "[key]")
     field = ".".join(str(p) for p in loc) or "(top level)"
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":

@@ -163,7 +163,9 @@ def compose(text: str, source: str) -> yaml.Node | None:
     except yaml.reader.ReaderError as exc:
         line = text.encode("utf-8", "surrogatepass")[: exc.position].count(b"\n") + 1
         character = f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
-        raise YAMLSyntaxError(f"{source}:{line}: not valid YAML: the control character {character} is not allowed in YAML text") from None
+        raise YAMLSyntaxError(
+            f"{source}:{line}: not valid YAML: the control character {character} is not allowed in YAML text"
+        ) from None
     except yaml.YAMLError as exc:
         raise YAMLSyntaxError(f"{source}: not valid YAML: {exc}") from None
     finally:
@@ -177,7 +179,8 @@ def to_data(node: yaml.Node, source: str) -> Document:
     if builder.problems:
         problems = sorted(builder.problems.items())
         noun = "problem" if len(problems) == 1 else "problems"
-        raise SpecError(f"{source}: {len(problems)} YAML {noun}:\n" + "\n".join(f"  {source}:{line}: {text}" for (line, text), _ in problems))
+        listed = "\n".join(f"  {source}:{line}: {text}" for (line, text), _ in problems)
+        raise SpecError(f"{source}: {len(problems)} YAML {noun}:\n{listed}")
     return Document(data, builder.lines)
 
 
@@ -221,7 +224,10 @@ class _Builder:
             return [self.build(item, loc + (index,)) for index, item in enumerate(node.value)]
         if isinstance(node, yaml.ScalarNode) and node.tag in SCALAR_TAGS:
             return self._scalar(node)
-        self.problem(node, f"the tag {_tag_name(node.tag)} is not allowed: a spec holds plain values (text, numbers, true/false, lists, mappings)")
+        self.problem(
+            node,
+            f"the tag {_tag_name(node.tag)} is not allowed: a spec holds plain values (text, numbers, true/false, lists, mappings)",
+        )
         return None
 
     def _scalar(self, node: yaml.ScalarNode) -> Any:
@@ -246,7 +252,9 @@ class _Builder:
             key, line = key_node.value, key_node.start_mark.line + 1
             if key in first_line:
                 where = ".".join(str(p) for p in loc + (key,))
-                self.problem(key_node, f"{where}: the key '{key}' is given twice, on lines {first_line[key]} and {line}; keep one")
+                self.problem(
+                    key_node, f"{where}: the key '{key}' is given twice, on lines {first_line[key]} and {line}; keep one",
+                )
                 continue
             first_line[key] = line
             self.lines.setdefault(loc + (key,), line)
