@@ -63,6 +63,10 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
 
 def apply_override(data: dict[str, Any], item: str) -> Loc:
     """Apply one ``key.path=value`` override in place; the value is parsed as YAML (text if it is not YAML)."""
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes from a command line that were not UTF-8
+        raise SpecError(f"--set {item!r}: not UTF-8 text (undecodable byte at character {exc.start + 1})") from None
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise SpecError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set resources.nproc_per_node=2")

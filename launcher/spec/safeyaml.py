@@ -150,6 +150,10 @@ class _SpecLoader(Composer, _Parser, SafeConstructor, _Resolver):
 
 def compose(text: str, source: str) -> yaml.Node | None:
     """The document's node graph, sizes checked; YAMLSyntaxError or SpecError naming the line."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a --set from a command line that was not UTF-8
+        raise SpecError(f"{source}: not UTF-8 text (undecodable byte at character {exc.start + 1})") from None
     loader = _SpecLoader(text)
     try:
         return loader.get_single_node()

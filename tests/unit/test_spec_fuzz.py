@@ -78,7 +78,9 @@ documents = st.one_of(
         lambda data: yaml.safe_dump(data, allow_unicode=True).encode()
     ),
 )
-overrides = st.lists(st.tuples(st.sampled_from([*SPEC_KEYS, "batch.micro_batch", "a..b", "", "env.X"]), plain_scalar)
+# Values as a shell hands them over, lone surrogates included (argv bytes that were not UTF-8).
+set_value = st.one_of(plain_scalar, st.text(max_size=10), st.binary(max_size=10).map(lambda b: b.decode("utf-8", "surrogateescape")))
+overrides = st.lists(st.tuples(st.sampled_from([*SPEC_KEYS, "batch.micro_batch", "a..b", "", "env.X"]), set_value)
                      .map(lambda kv: f"{kv[0]}={kv[1]}"), max_size=3)
 
 

@@ -110,6 +110,15 @@ def test_the_same_set_given_twice_is_refused(tmp_path, home, capsys):
     assert "--set 'max_steps=7': 'max_steps' is already set by --set 'max_steps=5'" in capsys.readouterr().err
 
 
+def test_a_set_that_is_not_utf8_is_refused(tmp_path, home):
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    for item, where in (("env.A=\udcff", "character 7"), ("env.\udcff=1", "character 5")):  # the byte 0xff on the command line
+        result = run_cli(home, "submit", str(job), "--dry-run", "--set", item)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"not UTF-8 text (undecodable byte at {where})" in result.stderr
+
+
 def test_yaml_merge_keys_still_work_and_explicit_keys_win(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("name: x\nentrypoint: [python, t.py]\nbatch:\n  <<: {micro_batch: 4, grad_accum: 2}\n  micro_batch: 8\n")
