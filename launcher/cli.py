@@ -420,14 +420,13 @@ def validate(files):
 
 
 def _looks_like_cluster(path: str) -> bool:
-    import yaml
+    """A spec with a top-level 'backend:' key is a cluster; one that cannot be read is left to the job loader to report."""
+    from launcher.spec.load import read_mapping
 
     try:
-        with open(path) as handle:
-            data = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError):
+        return "backend" in read_mapping(path)
+    except LaunchError:
         return False
-    return isinstance(data, dict) and "backend" in data
 
 
 @cli.command()

@@ -16,7 +16,7 @@ RECIPE_MODULE = "launcher.recipes.train"
 PYTHON_NAMES = ("python", "python3")
 
 
-def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None, python: str) -> tuple[bool, list[str]]:
+def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) -> tuple[bool, list[str]]:
     """What each rank runs: (is_python, args). Python programs omit the interpreter.
 
     An entrypoint whose program is exactly ``python`` or ``python3`` runs under the cluster's

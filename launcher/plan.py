@@ -138,7 +138,7 @@ def make_plan(
     master = _address(chosen[0], probes.get(0))
     rendezvous = Rendezvous(id=job_id, host=master, port=rdzv_port)
     gpus = [node.gpus for node in chosen]
-    program = commands.program_args(job, batch, ds_config, launcher_python)
+    program = commands.program_args(job, batch, ds_config)
     cwd = cluster.workdir or "."
     if container and not cwd.startswith("/"):
         raise PlanError(f"job '{job.name}': a container mounts the workdir at its own path: cluster.yaml workdir "

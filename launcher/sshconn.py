@@ -16,6 +16,7 @@ import base64
 import getpass
 import hashlib
 import socket
+import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,10 +25,12 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import paramiko
+from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from launcher.errors import LaunchError, PreflightError
 from launcher.shell import render_command
 from launcher.spec.cluster import SSHSpec
+from launcher.spec.hosts import Hop, check_host, check_port, parse_jump_hosts
 
 KEEPALIVE_S = 1
 DEAD_AFTER_S = 4
@@ -86,30 +89,41 @@ class SSHSettings:
         """
         found = self._config.lookup(host)
         spec = self.spec
-        jump = spec.jump_host or found.get("proxyjump")
         via = None
-        if jump and jump.lower() != "none":
-            for hop in jump.split(","):
-                via = self._hop(hop.strip(), via)
+        for hop in self._jump_hops(host, found):
+            via = self._hop(hop, via)
         return Target(
             alias=host,
-            hostname=found.get("hostname", host),
-            port=port or (spec.port if spec.port != 22 else int(found.get("port", 22))),
+            hostname=self._config_value(host, found, "hostname", check_host, host),
+            port=port or (spec.port if spec.port != 22 else self._config_value(host, found, "port", check_port, 22)),
             user=user or spec.user or found.get("user") or getpass.getuser(),
             key_files=self._key_files(found),
             via=via,
         )
 
-    def _hop(self, hop: str, via: Target | None) -> Target:
-        """A ProxyJump hop ``[user@]host[:port]``, itself resolved through ~/.ssh/config."""
-        user, _, rest = hop.rpartition("@")
-        host, _, port = rest.partition(":")
-        found = self._config.lookup(host)
+    def _jump_hops(self, host: str, found: Mapping[str, Any]) -> list[Hop]:
+        """The jump hosts to ``host``: cluster.yaml's ``ssh.jump_host`` (checked by the spec), else ProxyJump."""
+        if self.spec.jump_host:
+            return parse_jump_hosts(self.spec.jump_host)
+        return self._config_value(host, found, "proxyjump", parse_jump_hosts, [])
+
+    def _config_value(self, host: str, found: Mapping[str, Any], key: str, parse: Callable[[str], Any], default: Any) -> Any:
+        """``key`` of ``host``'s ~/.ssh/config entry read by ``parse``; LaunchError naming the file when it is invalid."""
+        if key not in found:
+            return default
+        try:
+            return parse(found[key])
+        except ValueError as exc:
+            raise LaunchError(f"{self.spec.config_file}: {key} for host {host}: {exc}") from None
+
+    def _hop(self, hop: Hop, via: Target | None) -> Target:
+        """A ProxyJump hop, itself resolved through ~/.ssh/config."""
+        found = self._config.lookup(hop.host)
         return Target(
-            alias=host,
-            hostname=found.get("hostname", host),
-            port=int(port or found.get("port", 22)),
-            user=user or found.get("user") or self.spec.user or getpass.getuser(),
+            alias=hop.host,
+            hostname=self._config_value(hop.host, found, "hostname", check_host, hop.host),
+            port=hop.port or self._config_value(hop.host, found, "port", check_port, 22),
+            user=hop.user or found.get("user") or self.spec.user or getpass.getuser(),
             key_files=self._key_files(found),
             via=via,
         )
@@ -119,15 +133,64 @@ class SSHSettings:
             return (str(Path(self.spec.key_file).expanduser()),)
         return tuple(str(Path(p).expanduser()) for p in found.get("identityfile", []))
 
-    def host_keys(self) -> paramiko.HostKeys:
+    def host_keys(self) -> KnownHosts:
         """The known_hosts entries (empty when the file does not exist yet)."""
-        keys = paramiko.HostKeys()
-        if self.known_hosts.exists():
-            try:
-                keys.load(str(self.known_hosts))
-            except (OSError, paramiko.SSHException) as exc:
-                raise LaunchError(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
-        return keys
+        return load_known_hosts(self.known_hosts)
+
+
+class KnownHosts(paramiko.HostKeys):
+    """known_hosts entries, and the keys its ``@revoked`` lines name (never trusted, for any host)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.revoked: set[bytes] = set()
+
+    def is_revoked(self, key: paramiko.PKey) -> bool:
+        return key.asbytes() in self.revoked
+
+
+# What paramiko may raise on a line it cannot read: a bad base64 blob, a key that does not decode.
+_BAD_LINE = (paramiko.SSHException, InvalidHostKey, ValueError, TypeError, IndexError, struct.error)
+
+
+def load_known_hosts(path: Path) -> KnownHosts:
+    """Parse an OpenSSH known_hosts file around paramiko's loader, which stops at marker lines.
+
+    ``@revoked`` keys are collected and dropped from the entries (so paramiko never
+    accepts them); ``@cert-authority`` lines are skipped, as launch does not accept
+    host certificates; lines that cannot be read are skipped, as OpenSSH does.
+    """
+    known = KnownHosts()
+    if not path.exists():
+        return known
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+    except OSError as exc:
+        raise LaunchError(f"cannot read known_hosts {path}: {exc.strerror or exc}") from None
+    entries = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.partition(" ")
+            line = line.strip()
+            if marker != "@revoked":
+                continue
+        try:
+            entry = HostKeyEntry.from_line(line, number)
+        except _BAD_LINE:
+            continue
+        if entry is None or entry.key is None:
+            continue
+        if marker == "@revoked":
+            known.revoked.add(entry.key.asbytes())
+        else:
+            entries.append(entry)
+    # Appended as HostKeys.load does (add() would keep one key per host and type; OpenSSH accepts every listed key).
+    known._entries.extend(entry for entry in entries if entry.key.asbytes() not in known.revoked)
+    return known
 
 
 class _SSHConfig(paramiko.SSHConfig):
@@ -164,6 +227,12 @@ def check_host_key(known: paramiko.HostKeys, target: Target, offered: paramiko.P
     differs is refused with the expected and the offered fingerprints.
     """
     name = target.known_hosts_name
+    if isinstance(known, KnownHosts) and known.is_revoked(offered):
+        raise HostKeyError(
+            f"{target.label}: the host offered {offered.get_name()} {fingerprint(offered)}, a key {known_hosts} marks "
+            "@revoked. Nothing was run on it.",
+            hint="a revoked key is never accepted; ask the host's administrator which key it should have",
+        )
     status, expected = key_status(known, name, offered)
     if status == "new":
         raise HostKeyError(
@@ -184,11 +253,11 @@ def check_host_key(known: paramiko.HostKeys, target: Target, offered: paramiko.P
 class _CheckKnownHosts(paramiko.RejectPolicy):
     """RejectPolicy that says which host and key it rejected."""
 
-    def __init__(self, target: Target, known_hosts: Path) -> None:
-        self.target, self.known_hosts = target, known_hosts
+    def __init__(self, target: Target, known: KnownHosts, known_hosts: Path) -> None:
+        self.target, self.known, self.known_hosts = target, known, known_hosts
 
     def missing_host_key(self, client, hostname, key) -> None:
-        check_host_key(paramiko.HostKeys(), self.target, key, self.known_hosts)
+        check_host_key(self.known, self.target, key, self.known_hosts)
 
 
 @dataclass(frozen=True)
@@ -305,8 +374,9 @@ def connect(
     if on_peer is not None and via is None:
         on_peer(sock.getpeername()[0])
     client = paramiko.SSHClient()
-    client.get_host_keys().update(settings.host_keys())
-    client.set_missing_host_key_policy(_CheckKnownHosts(target, settings.known_hosts))
+    known = settings.host_keys()
+    client.get_host_keys().update(known)
+    client.set_missing_host_key_policy(_CheckKnownHosts(target, known, settings.known_hosts))
     try:
         client.connect(
             target.hostname, port=target.port, username=target.user, sock=sock,

@@ -81,8 +81,11 @@ def trust(hosts, cluster_file, yes, replace):
             failed.append(error_text(result.error))
             continue
         key = result.value
-        status, recorded = key_status(known, target.known_hosts_name, key)
         click.echo(f"{target.label}  {key.get_name()}  {fingerprint(key)}")
+        if known.is_revoked(key):
+            failed.append(f"{target.alias}: the key it offers is marked @revoked in {settings.known_hosts}; not recorded")
+            continue
+        status, recorded = key_status(known, target.known_hosts_name, key)
         if status == "trusted":
             click.echo(f"  already trusted in {settings.known_hosts}")
             continue

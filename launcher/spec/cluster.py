@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
+from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, Arg, FiniteFloat, Line, Name, NonEmptyLine
+from launcher.spec.hosts import check_host, parse_jump_hosts
+
+Host = Annotated[str, AfterValidator(check_host)]
+User = Annotated[Name, AfterValidator(lambda v: _no_space(v, "a user name"))]
+
+
+def _no_space(value: str, what: str) -> str:
+    if any(ch.isspace() for ch in value):
+        raise ValueError(f"{what} cannot contain spaces")
+    return value
 
 
 class NodeSpec(Strict):
-    host: str = Field(description="Host name or address to connect to; ~/.ssh/config aliases work.")
-    address: str | None = Field(None, description="Address other nodes use to reach this one (default: resolved).")
+    host: Host = Field(
+        description="Host name, IP address or ~/.ssh/config alias: dot-separated labels of 1-63 letters, digits, '-', '_'.",
+    )
+    address: Host | None = Field(None, description="Address other nodes use to reach this one (default: resolved).")
     port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: ssh.port).")
-    user: str | None = Field(None, description="SSH user (default: ssh.user).")
-    gpus: int = Field(0, ge=0, description="GPUs on the node; 0 means CPU slots with gloo.")
-    slots: int | None = Field(None, ge=1, description="Processes the node takes without GPUs (default 8).")
+    user: User | None = Field(None, description="SSH user (default: ssh.user).")
+    gpus: int = Field(0, ge=0, le=MAX_PROCS_PER_NODE, description="GPUs on the node; 0 means CPU slots with gloo.")
+    slots: int | None = Field(
+        None, ge=1, le=MAX_PROCS_PER_NODE, description="Processes the node takes without GPUs (default 8).",
+    )
 
     @property
     def capacity(self) -> int:
@@ -25,35 +40,48 @@ class NodeSpec(Strict):
 
 
 class SSHSpec(Strict):
-    user: str | None = None
+    user: User | None = None
     port: int = Field(22, ge=1, le=65535)
-    key_file: str | None = None
-    known_hosts: str = "~/.ssh/known_hosts"
-    config_file: str = "~/.ssh/config"
-    jump_host: str | None = None
-    connect_timeout: float = Field(10.0, gt=0)
+    key_file: Line | None = None
+    known_hosts: Line = "~/.ssh/known_hosts"
+    config_file: Line = "~/.ssh/config"
+    jump_host: Line | None = Field(None, description="ProxyJump: [user@]host[:port], comma-separated hops, or 'none'.")
+    connect_timeout: FiniteFloat = Field(10.0, gt=0, le=3600)
+
+    @field_validator("jump_host")
+    @classmethod
+    def _jump_host(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_jump_hosts(v)
+        return v
 
 
 class RaySpec(Strict):
-    address: str = Field("auto", description="'auto' on a cluster node, or ray://HOST:10001.")
-    placement_timeout: float = Field(60.0, gt=0, description="Seconds to wait for the placement group.")
-    cpus_per_node: float | None = Field(None, gt=0, description="CPUs each node bundle asks for (default: nproc).")
+    address: Line = Field("auto", description="'auto' on a cluster node, or ray://HOST:10001.")
+    placement_timeout: FiniteFloat = Field(60.0, gt=0, le=86400, description="Seconds to wait for the placement group.")
+    cpus_per_node: FiniteFloat | None = Field(
+        None, gt=0, le=65536, description="CPUs each node bundle asks for (default: nproc).",
+    )
 
 
 class LocalSpec(Strict):
-    gpus: int | None = Field(None, ge=0, description="GPUs on this machine (default: those nvidia-smi lists); 0 runs gloo on CPU slots.")
-    slots: int | None = Field(None, ge=1, description="Processes the machine takes without GPUs (default: the CPUs launch may use).")
+    gpus: int | None = Field(None, ge=0, le=MAX_PROCS_PER_NODE,
+                             description="GPUs on this machine (default: those nvidia-smi lists); 0 runs gloo on CPU slots.")
+    slots: int | None = Field(None, ge=1, le=MAX_PROCS_PER_NODE,
+                              description="Processes the machine takes without GPUs (default: the CPUs launch may use).")
 
 
 class GPUSpec(Strict):
-    name: str | None = None
-    memory_gb: float | None = Field(None, gt=0)
-    peak_tflops: float | None = Field(None, gt=0, description="Dense bf16 peak, for MFU on GPUs not in the table.")
+    name: Name | None = None
+    memory_gb: FiniteFloat | None = Field(None, gt=0, le=1e6)
+    peak_tflops: FiniteFloat | None = Field(
+        None, gt=0, le=1e6, description="Dense bf16 peak, for MFU on GPUs not in the table.",
+    )
 
 
 class NetworkSpec(Strict):
-    interface: str = Field("auto", description="Interface for NCCL/gloo sockets, or 'auto' (probed per node).")
-    ib_hca: str | None = Field("auto", description="NCCL_IB_HCA value, 'auto' (probed per node) or null (none).")
+    interface: Name = Field("auto", description="Interface for NCCL/gloo sockets, or 'auto' (probed per node).")
+    ib_hca: Name | None = Field("auto", description="NCCL_IB_HCA value, 'auto' (probed per node) or null (none).")
 
 
 class RendezvousSpec(Strict):
@@ -61,22 +89,44 @@ class RendezvousSpec(Strict):
 
 
 class ClusterSpec(Strict):
-    name: str
+    name: Name
     backend: Literal["local", "ssh", "ray"] = "local"
-    nodes: list[NodeSpec] = Field(default_factory=list)
-    local: LocalSpec = LocalSpec()
     ssh: SSHSpec = SSHSpec()
+    nodes: list[NodeSpec] = Field(default_factory=list, max_length=MAX_NODES)
+    local: LocalSpec = LocalSpec()
     ray: RaySpec = RaySpec()
     gpu: GPUSpec = GPUSpec()
     network: NetworkSpec = NetworkSpec()
     rendezvous: RendezvousSpec = RendezvousSpec()
-    python: str | None = Field(None, description="Interpreter on the nodes (default: the one running launch).")
-    workdir: str | None = Field(None, description="Working directory on the nodes (default: current directory).")
-    sync_workdir: str | None = Field(None, description="Local directory copied to workdir on each node (ssh).")
-    setup: list[str] = Field(default_factory=list, description="Shell commands run on every node before launch.")
+    python: Line | None = Field(None, description="Interpreter on the nodes (default: the one running launch).")
+    workdir: NonEmptyLine | None = Field(
+        None,
+        description="Working directory on the nodes (default: the current directory; ssh: the login directory, "
+        "which a relative path starts from).",
+    )
+    sync_workdir: NonEmptyLine | None = Field(None, description="Local directory copied to workdir on each node (ssh).")
+    setup: list[Arg] = Field(default_factory=list, description="Shell commands run on every node before launch.")
     container: ContainerSpec | None = Field(
         None, description="The default container of this cluster's jobs (docs/CONTAINERS.md); a job's own section wins.",
     )
+
+    @field_validator("nodes")
+    @classmethod
+    def _distinct_nodes(cls, nodes: list[NodeSpec], info: ValidationInfo) -> list[NodeSpec]:
+        """Two entries for one host (same name and port, or same address) would start two agents there."""
+        ssh = info.data.get("ssh") or SSHSpec()
+        problems, seen = [], {}
+        for index, node in enumerate(nodes):
+            keys = [(f"host {node.host} port {node.port or ssh.port}", (node.host.lower(), node.port or ssh.port))]
+            if node.address and node.address != "auto":
+                keys.append((f"address {node.address}", node.address.lower()))
+            for shown, key in keys:
+                if key in seen:
+                    problems.append(f"nodes {seen[key]} and {index} are the same node ({shown})")
+                seen.setdefault(key, index)
+        if problems:
+            raise ValueError("; ".join(problems) + "; list each node once")
+        return nodes
 
     @model_validator(mode="after")
     def _nodes_for_backend(self) -> "ClusterSpec":

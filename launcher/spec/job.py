@@ -10,24 +10,24 @@ from pydantic import Field, field_validator, model_validator
 from launcher.recipes import RECIPES
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
+from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name
 from launcher.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ModelSpec(Strict):
-    size: str | None = Field(None, description="Recipe model size, e.g. base | large (bert), small (gpt2).")
-    seq_len: int | None = Field(None, ge=1, description="Sequence length for language models.")
-    num_layers: int | None = Field(None, ge=1, description="Override the layer count (tiny test models).")
+    size: Name | None = Field(None, description="Recipe model size, e.g. base | large (bert), small (gpt2).")
+    seq_len: int | None = Field(None, ge=1, le=1 << 20, description="Sequence length for language models.")
+    num_layers: int | None = Field(None, ge=1, le=10_000, description="Override the layer count (tiny test models).")
 
 
 class BatchSpec(Strict):
     """Give any two of the three; the third is derived (global = micro x accum x world)."""
 
-    global_batch: int | None = Field(None, ge=1)
-    micro_batch: int | None = Field(None, ge=1)
-    grad_accum: int | None = Field(None, ge=1)
+    global_batch: int | None = Field(None, ge=1, le=1 << 24)
+    micro_batch: int | None = Field(None, ge=1, le=1 << 20)
+    grad_accum: int | None = Field(None, ge=1, le=1 << 20)
 
     @model_validator(mode="after")
     def _two_given(self) -> "BatchSpec":
@@ -38,34 +38,38 @@ class BatchSpec(Strict):
 
 
 class ResourcesSpec(Strict):
-    nodes: int = Field(1, ge=1, description="Number of nodes (one torchrun agent each).")
-    nproc_per_node: int = Field(1, ge=1, description="Processes per node: GPUs, or CPU slots without GPUs.")
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (one torchrun agent each).")
+    nproc_per_node: int = Field(
+        1, ge=1, le=MAX_PROCS_PER_NODE, description="Processes per node: GPUs, or CPU slots without GPUs.",
+    )
 
 
 class DataSpec(Strict):
-    path: str | None = Field(None, description="Real data to read; synthetic data when absent.")
+    path: Line | None = Field(None, description="Real data to read; synthetic data when absent.")
 
 
 class CheckpointSpec(Strict):
-    dir: str | None = None
-    every_steps: int = Field(0, ge=0, description="0: only at the end.")
+    dir: Line | None = None
+    every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="0: only at the end.")
 
 
 class DeepSpeedSpec(Strict):
-    config: str | None = Field(None, description="A DeepSpeed JSON config merged over the generated one.")
-    gradient_clipping: float = Field(1.0, ge=0)
+    config: Line | None = Field(None, description="A DeepSpeed JSON config merged over the generated one.")
+    gradient_clipping: FiniteFloat = Field(1.0, ge=0, le=1e6)
     no_local_rank: bool = Field(
         False, description="Do not pass --local_rank=N to the ranks (the deepspeed command passes it by default).",
     )
 
 
 class WatchSpec(Strict):
-    stall_timeout: float = Field(300.0, gt=0, description="Seconds without progress before a job is called stalled.")
-    grace_period: float = Field(5.0, ge=0, description="Seconds between TERM and KILL on teardown.")
+    stall_timeout: FiniteFloat = Field(
+        300.0, gt=0, le=WEEK_S, description="Seconds without progress before a job is called stalled (at most a week).",
+    )
+    grace_period: FiniteFloat = Field(5.0, ge=0, le=3600, description="Seconds between TERM and KILL on teardown.")
 
 
 class MetricsSpec(Strict):
-    every: int = Field(10, ge=1, description="Report every N optimizer steps.")
+    every: int = Field(10, ge=1, le=1_000_000, description="Report every N optimizer steps.")
 
 
 class JobSpec(Strict):
@@ -73,23 +77,23 @@ class JobSpec(Strict):
 
     name: str
     recipe: Literal[RECIPES] | None = None
-    entrypoint: list[str] | None = Field(None, min_length=1)
+    entrypoint: list[Arg] | None = Field(None, min_length=1, max_length=10_000)
     model: ModelSpec = ModelSpec()
     launcher: Literal[LAUNCHERS] = "torchrun"
     strategy: str = DEFAULT_STRATEGY
-    compile_mode: str | None = None
+    compile_mode: Name | None = None
     precision: Literal[PRECISIONS] = "fp32"
     batch: BatchSpec | None = Field(
         None, description="Batch arithmetic; required for recipes. For an entrypoint, its values reach the program "
         "as LAUNCH_GLOBAL_BATCH, LAUNCH_MICRO_BATCH and LAUNCH_GRAD_ACCUM.",
     )
     resources: ResourcesSpec = ResourcesSpec()
-    max_steps: int = Field(100, ge=1)
-    seed: int = 0
-    lr: float | None = Field(None, gt=0)
+    max_steps: int = Field(100, ge=1, le=MAX_STEPS)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    lr: FiniteFloat | None = Field(None, gt=0, le=100)
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
-    restarts: int = Field(0, ge=0, description="Relaunch the whole job this many times after a failure, resuming.")
+    restarts: int = Field(0, ge=0, le=100, description="Relaunch the whole job this many times after a failure, resuming.")
     restart_on: Literal["transient", "any"] = Field(
         "transient", description="Which failures a restart follows: 'transient' (a lost node, a network or NCCL error, "
         "a signal from outside, a hang after progress) or 'any' (also the OOM killer and errors raised before the first step).",
@@ -104,8 +108,12 @@ class JobSpec(Strict):
         None, description="Run every node's command in a container of one image (docs/CONTAINERS.md); "
         "the cluster's container section is the default, the job's keys win.",
     )
-    env: dict[str, str] = Field(default_factory=dict)
-    secrets: list[str] = Field(default_factory=list)
+    env: dict[EnvName, Arg] = Field(
+        default_factory=dict, description="Environment of every rank; LAUNCH_* (but LAUNCH_METRICS*) are launch's own.",
+    )
+    secrets: list[EnvName] = Field(
+        default_factory=list, description="Names of variables whose values come from the submitter's environment.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -119,21 +127,13 @@ class JobSpec(Strict):
     def _strategy(cls, v: str) -> str:
         return get_strategy(v).name
 
-    @field_validator("env")
+    @field_validator("entrypoint")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not _ENV_NAME.match(k)]
-        if bad:
-            raise ValueError(f"not valid environment variable names: {', '.join(bad)}")
+    def _entrypoint(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v[0] or v[0].startswith("-")):
+            raise ValueError(f"the first item is the program to run; {v[0]!r} is not a program name or path")
         return v
 
-    @field_validator("secrets")
-    @classmethod
-    def _secrets(cls, v: list[str]) -> list[str]:
-        bad = [k for k in v if not _ENV_NAME.match(k)]
-        if bad:
-            raise ValueError(f"not valid environment variable names: {', '.join(bad)}")
-        return v
 
     @model_validator(mode="after")
     def _leave_out(self) -> "JobSpec":

@@ -3,7 +3,9 @@
 Every problem in a file is reported at once, each as
 ``jobs/x.yaml:12: batch.micro_batch: Input should be greater than or equal to 1``,
 with a did-you-mean suggestion for unknown keys. ``--set key.path=value``
-overrides are applied before validation and are named in errors as such.
+overrides are applied before validation and are named in errors as such; the
+same key path given twice in ``--set`` is an error. The YAML itself is read
+under the bounds of ``launcher.spec.safeyaml``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from launcher.errors import SpecError
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
+from launcher.spec.safeyaml import Document, YAMLSyntaxError, parse_document, parse_value, read_spec_text
 
 M = TypeVar("M", bound=BaseModel)
 Loc = tuple[Any, ...]
@@ -37,60 +39,43 @@ def load_cluster(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
 
 def load_spec(model: type[M], path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> M:
     """Load ``path`` as ``model``; every problem is reported in one SpecError."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
-    data, lines = parse_yaml(text, str(path))
+    document = read_document(path)
+    data = document.data
     set_locs: dict[Loc, str] = {}
     for item in overrides:
         loc = apply_override(data, item)
+        if loc in set_locs:
+            raise SpecError(f"--set {item!r}: '{'.'.join(loc)}' is already set by --set {set_locs[loc]!r}; give it once")
         set_locs[loc] = item
-    return validate(model, data, str(path), lines, set_locs)
+    return validate(model, data, str(path), document.lines, set_locs)
 
 
-def parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[Loc, int]]:
-    """Parse YAML into plain data and a map from key path to 1-based line."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"{where}: not valid YAML: {problem}") from None
-    if node is None:
-        raise SpecError(f"{source}: the file is empty; expected a mapping of spec keys")
-    if not isinstance(node, yaml.MappingNode):
-        raise SpecError(f"{source}:{node.start_mark.line + 1}: expected a mapping of spec keys at the top level")
-    lines: dict[Loc, int] = {}
-    _record_lines(node, (), lines)
-    data = yaml.safe_load(text)
-    return data, lines
+def read_document(path: str | Path) -> Document:
+    """A spec file's top-level mapping and line numbers, read under the bounds of ``safeyaml``."""
+    path = Path(path)
+    return parse_document(read_spec_text(path), str(path))
 
 
-def _record_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
-    lines[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value
-            lines[loc + (key,)] = key_node.start_mark.line + 1
-            _record_lines(value_node, loc + (key,), lines)
-            lines[loc + (key,)] = key_node.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _record_lines(item, loc + (index,), lines)
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """A spec file's top-level mapping, unvalidated (to tell a job from a cluster); SpecError otherwise."""
+    return read_document(path).data
 
 
 def apply_override(data: dict[str, Any], item: str) -> Loc:
-    """Apply one ``key.path=value`` override in place; the value is parsed as YAML."""
+    """Apply one ``key.path=value`` override in place; the value is parsed as YAML (text if it is not YAML)."""
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes from a command line that were not UTF-8
+        raise SpecError(f"--set {item!r}: not UTF-8 text (undecodable byte at character {exc.start + 1})") from None
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise SpecError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set resources.nproc_per_node=2")
     parts = key.strip().split(".")
+    if not all(parts):
+        raise SpecError(f"--set {item!r}: '{key.strip()}' has an empty part; keys are separated by single dots")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = parse_value(raw, f"--set {item}") if raw.strip() else ""
+    except YAMLSyntaxError:
         value = raw
     target = data
     for part in parts[:-1]:
@@ -119,7 +104,7 @@ def _kind(model: type[BaseModel]) -> str:
 
 
 def _describe(model: type[BaseModel], err: dict[str, Any], source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> str:
-    loc = tuple(err["loc"])
+    loc = tuple(part for part in err["loc"] if part != "[key]")
     field = ".".join(str(p) for p in loc) or "(top level)"
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
@@ -134,11 +119,17 @@ def _describe(model: type[BaseModel], err: dict[str, Any], source: str, lines: d
     elif err["type"] == "missing":
         message = "required field is missing"
     elif "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], dict):
-        message += f" (got {err['input']!r})"
+        message += f" (got {_shown(err['input'])})"
     for set_loc, item in set_locs.items():
         if loc[: len(set_loc)] == set_loc:
             return f"  --set {item}: {field}: {message}"
     return f"  {source}:{_line_of(loc, lines)}: {field}: {message}"
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr`` of an offending value, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:

@@ -30,7 +30,7 @@ pytestmark = [needs_root, pytest.mark.testbed]
 
 PYTHON = sys.executable
 LAUNCH = str(Path(sys.executable).with_name("launch"))
-SECRET_NAME = "LAUNCH_TEST_SECRET"
+SECRET_NAME = "SSH_TEST_SECRET"  # not LAUNCH_*: those names are launch's own
 HOSTILE = ["semi;colon", "$(touch /tmp/launch-pwned)", "both 'single' and \"double\"", "two  spaces",
            "new\nline", "ünïcödé ☃", "`id` $HOME *", ""]
 
@@ -47,7 +47,7 @@ rank = dist.get_rank()
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 host = socket.gethostname()
-secret = os.environ.get("LAUNCH_TEST_SECRET")
+secret = os.environ.get("SSH_TEST_SECRET")
 leaks = 0
 if secret:
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -6,14 +6,15 @@ import pytest
 
 from launcher.errors import SpecError
 from launcher.spec.container import ContainerSpec, Mount, PullPolicy, Runtime, effective_container
-from launcher.spec.load import parse_yaml, validate
+from launcher.spec.load import validate
+from launcher.spec.safeyaml import parse_document
 
 
 def errors_of(text: str) -> str:
     """The paragraph a user sees for a container section written as YAML in container.yaml."""
-    data, lines = parse_yaml(text, "container.yaml")
+    document = parse_document(text, "container.yaml")
     with pytest.raises(SpecError) as caught:
-        validate(ContainerSpec, data, "container.yaml", lines, {})
+        validate(ContainerSpec, document.data, "container.yaml", document.lines, {})
     return str(caught.value)
 
 

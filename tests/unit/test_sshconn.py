@@ -109,3 +109,53 @@ def test_fan_out_keeps_order_and_reports_each_host() -> None:
     assert error_text(OSError("reset")) == "connection lost: reset"
     with pytest.raises(KeyError):
         error_text(KeyError("bug"))
+
+
+def test_known_hosts_markers_and_unreadable_lines_are_parsed_around(tmp_path: Path) -> None:
+    good, revoked, other = _key(tmp_path, "good"), _key(tmp_path, "revoked"), _key(tmp_path, "other")
+    path = tmp_path / "known_hosts"
+    path.write_bytes(
+        f"10.0.0.1 {good.get_name()} {good.get_base64()}\n"
+        f"10.0.0.2 {revoked.get_name()} {revoked.get_base64()}\n"
+        f"@revoked * {revoked.get_name()} {revoked.get_base64()}\n"
+        f"@cert-authority *.example.com {other.get_name()} {other.get_base64()}\n"
+        f"@bogus-marker 10.0.0.3 {other.get_name()} {other.get_base64()}\n"
+        "10.0.0.4 ssh-ed25519 !!!not-base64\n"
+        "10.0.0.5 ssh-ed25519 AAAA\n"
+        "10.0.0.6 ssh-unknown-type AAAAB3NzaC1yc2E=\n"
+        "onlyonefield\n".encode() + b"10.0.0.7 caf\xe9 x\n"
+    )
+    known = SSHSettings(SSHSpec(known_hosts=str(path))).host_keys()
+    assert known.lookup("10.0.0.1")[good.get_name()] == good
+    assert known.lookup("10.0.0.2") is None  # its only key is revoked
+    assert known.lookup("host.example.com") is None and known.lookup("10.0.0.3") is None
+    check_host_key(known, Target("a", "10.0.0.1", 22, "root"), good, path)
+    for host in ("10.0.0.2", "10.0.0.1", "10.0.0.9"):  # revoked wherever it is offered, recorded or not
+        with pytest.raises(HostKeyError, match=r"a key .*known_hosts marks @revoked. Nothing was run on it"):
+            check_host_key(known, Target("b", host, 22, "root"), revoked, path)
+    with pytest.raises(HostKeyError, match="host key not trusted"):  # a CA line trusts no plain key
+        check_host_key(known, Target("c", "h.example.com", 22, "root"), other, path)
+
+
+@pytest.mark.parametrize("config,fragment", [
+    ("Host gpu\n  ProxyJump bastion:abc\n", "proxyjump for host gpu: jump host 'bastion:abc': port 'abc' is not a number"),
+    ("Host gpu\n  ProxyJump user@host:99999\n", "proxyjump for host gpu: jump host 'user@host:99999': port '99999'"),
+    ("Host gpu\n  Port abc\n", "port for host gpu: port 'abc' is not a number from 1 to 65535"),
+    ("Host gpu\n  HostName " + "a" * 64 + ".example.com\n", "hostname for host gpu: the label 'aaaaaaaaaaaaaaaaaaaa'... is 64"),
+    ("Host gpu\n  ProxyJump hop\nHost hop\n  Port 0\n", "port for host hop: port '0' is not a number"),
+])
+def test_ssh_config_values_that_do_not_parse_are_launch_errors(config: str, fragment: str, tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    path.write_text(config)
+    with pytest.raises(LaunchError) as error:
+        SSHSettings(SSHSpec(config_file=str(path))).target("gpu")
+    assert str(error.value).startswith(f"{path}: ") and fragment in str(error.value)
+
+
+def test_jump_hosts_parse_users_ports_and_ipv6() -> None:
+    from launcher.spec.hosts import Hop, parse_jump_hosts
+
+    assert parse_jump_hosts("ops@bastion:2222, [fe80::1]:22,ssh://u@10.0.0.1,fe80::2") == [
+        Hop("bastion", 2222, "ops"), Hop("fe80::1", 22), Hop("10.0.0.1", None, "u"), Hop("fe80::2"),
+    ]
+    assert parse_jump_hosts("None") == []

@@ -1,0 +1,299 @@
+"""Hostile or odd spec files: exit 2 with the file and line, never a traceback, never more than they should do."""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+
+import pytest
+
+from launcher.cli import main
+from launcher.errors import SpecError
+from launcher.spec.load import load_cluster, load_job
+from launcher.spec.safeyaml import MAX_SPEC_BYTES, MAX_VALUES
+from tests.helpers import run_cli
+
+JOB = "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n"
+CLUSTER = "name: c\nbackend: ssh\n"
+
+
+def validate(tmp_path, text: str | bytes, capsys, name: str = "spec.yaml") -> str:
+    """`launch validate FILE` in this process: its stderr, after checking exit 2 and no traceback."""
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert err.startswith("error ") and "Traceback" not in err
+    return err
+
+
+def accepted(tmp_path, text: str, capsys, name: str = "spec.yaml") -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    main(["validate", str(path)])
+    assert f"ok    {path}" in capsys.readouterr().out
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """About 400 bytes that a naive loader expands to 9**levels strings."""
+    lines = [JOB.rstrip("\n"), 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    previous = "a"
+    for name in "bcdefghijklm"[: levels - 1]:
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+        previous = name
+    return "\n".join(lines) + "\n"
+
+
+# ---- every YAML or encoding problem: exit 2, file and line
+
+YAML_CASES = [
+    ("not UTF-8", JOB.encode() + b"seed: caf\xe9\n", ["spec.yaml:4", "not UTF-8"]),
+    ("binary", b"\x7fELF\x02\x01\x01\x00\x00\x00\xff\xfe", ["spec.yaml:1", "not UTF-8"]),
+    ("a NUL byte in the text", JOB.encode() + b"seed: 1\x00\n", ["spec.yaml:4", "U+0000"]),
+    ("a recursive anchor", JOB + "env: &e {A: *e}\n", ["spec.yaml:4", "recursive anchor"]),
+    ("a complex key", JOB + "? [a, b]\n: 1\n", ["spec.yaml:4", "complex key"]),
+    ("a mapping as key", JOB + "env: {{A: 1}: x}\n", ["spec.yaml:4", "complex key"]),
+    ("a set", JOB + "seed: !!set {a, b}\n", ["spec.yaml:4", "tag !!set is not allowed"]),
+    ("a bad explicit int", JOB + "seed: !!int twelve\n", ["spec.yaml:4", "cannot read 'twelve' as !!int"]),
+    ("a bad explicit bool", JOB + "leave_out_failed_nodes: !!bool maybe\n", ["spec.yaml:4", "as !!bool"]),
+    ("an int too long to convert", JOB + "seed: " + "9" * 5000 + "\n", ["spec.yaml:4", "(5000 characters) as !!int"]),
+    ("nesting", JOB + "x: " + "[" * 100 + "]" * 100 + "\n", ["spec.yaml:4", "nested deeper than 64 levels"]),
+    ("two documents", JOB + "---\nname: y\n", ["spec.yaml:4", "not valid YAML"]),
+    ("an undefined alias", JOB + "seed: *nowhere\n", ["spec.yaml:4", "undefined alias"]),
+]
+
+
+@pytest.mark.parametrize("description,text,fragments", YAML_CASES, ids=[c[0] for c in YAML_CASES])
+def test_yaml_and_encoding_problems_exit_2_with_file_and_line(description, text, fragments, tmp_path, capsys):
+    err = validate(tmp_path, text, capsys)
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} missing from:\n{err}"
+
+
+def test_a_python_tag_is_refused_naming_its_line_and_never_runs(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    text = JOB + f"seed: !!python/object/apply:os.system ['touch {marker}']\n"
+    err = validate(tmp_path, text, capsys)
+    assert "spec.yaml:4: the tag !!python/object/apply:os.system is not allowed" in err
+    assert not marker.exists()
+
+
+def test_keys_are_read_as_text(tmp_path, capsys):
+    # YAML 1.1 would make `on` a boolean and `1` an int; a spec key is what the user typed.
+    err = validate(tmp_path, JOB + "on: 1\nenv: {1: x}\n", capsys)
+    assert "spec.yaml:4: on: unknown key" in err
+    assert "spec.yaml:5: env.1: '1' is not an environment variable name" in err
+
+
+def test_dates_and_odd_plain_values_stay_text(tmp_path, capsys):
+    accepted(tmp_path, "name: 2024-13-45\nentrypoint: [python, t.py, 2024-01-01, =]\nbatch: {micro_batch: 8}\n", capsys)
+
+
+# ---- duplicate keys: the file (any level) and --set
+
+def test_a_key_given_twice_names_both_lines_at_any_level(tmp_path, capsys):
+    text = JOB + "max_steps: 5\nresources:\n  nodes: 1\n  nodes: 2\nmax_steps: 7\n"
+    err = validate(tmp_path, text, capsys)
+    assert "spec.yaml:8: max_steps: the key 'max_steps' is given twice, on lines 4 and 8" in err
+    assert "spec.yaml:7: resources.nodes: the key 'nodes' is given twice, on lines 6 and 7" in err
+
+
+def test_the_same_set_given_twice_is_refused(tmp_path, home, capsys):
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["submit", str(job), "--dry-run", "--set", "max_steps=5", "--set", "max_steps=7"])
+    assert exit_info.value.code == 2
+    assert "--set 'max_steps=7': 'max_steps' is already set by --set 'max_steps=5'" in capsys.readouterr().err
+
+
+def test_a_set_that_is_not_utf8_is_refused(tmp_path, home):
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    for item, where in (("env.A=\udcff", "character 7"), ("env.\udcff=1", "character 5")):  # the byte 0xff on the command line
+        result = run_cli(home, "submit", str(job), "--dry-run", "--set", item)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"not UTF-8 text (undecodable byte at {where})" in result.stderr
+
+
+def test_yaml_merge_keys_still_work_and_explicit_keys_win(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\nentrypoint: [python, t.py]\nbatch:\n  <<: {micro_batch: 4, grad_accum: 2}\n  micro_batch: 8\n")
+    assert (load_job(path).batch.micro_batch, load_job(path).batch.grad_accum) == (8, 2)
+
+
+# ---- input limits: size, alias expansion
+
+def test_dev_zero_as_a_spec_ends_at_once_with_exit_2(tmp_path):
+    started = time.monotonic()
+    tracemalloc.start()
+    with pytest.raises(SpecError, match="larger than 1024 KiB"):
+        load_job("/dev/zero")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert time.monotonic() - started < 1.0 and peak < 3 * MAX_SPEC_BYTES
+    result = run_cli(tmp_path, "validate", "/dev/zero", timeout=60)
+    assert result.returncode == 2 and "/dev/zero: larger than 1024 KiB" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_file_over_the_cap_is_refused_and_one_under_it_is_read(tmp_path, capsys):
+    padding = "#" * 1000 + "\n"
+    validate(tmp_path, JOB + padding * (MAX_SPEC_BYTES // len(padding) + 1), capsys)
+    accepted(tmp_path, JOB + padding * (MAX_SPEC_BYTES // len(padding) - 1), capsys)
+
+
+def test_an_alias_bomb_is_refused_at_once_with_little_memory(tmp_path, capsys):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    assert len(path.read_bytes()) < 500
+    started = time.monotonic()
+    tracemalloc.start()
+    with pytest.raises(SpecError, match=f"bomb.yaml:9: refused: expands to more than {MAX_VALUES} values through aliases"):
+        load_job(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert time.monotonic() - started < 1.0 and peak < 5_000_000
+    validate(tmp_path, alias_bomb(), capsys, name="bomb.yaml")
+
+
+def test_aliases_within_the_budget_expand(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\nentrypoint: &argv [python, t.py]\nbatch: {micro_batch: 8}\nenv: {A: &v value, B: *v}\n")
+    assert load_job(path).env == {"A": "value", "B": "value"}
+
+
+# ---- numbers bounded and finite, the bounds in the schema
+
+NUMBER_CASES = [
+    ("max_steps: 1.0e+23", "max_steps"),
+    ("max_steps: 1000000000001", "less than or equal to 1000000000000"),
+    ("seed: 18446744073709551616", "seed: Input should be less than or equal to 4294967295"),
+    ("watch: {stall_timeout: 1e309}", "watch.stall_timeout: Input should be a finite number"),
+    ("watch: {stall_timeout: .inf}", "watch.stall_timeout: Input should be a finite number"),
+    ("watch: {stall_timeout: .nan}", "watch.stall_timeout: Input should be a finite number"),
+    ("watch: {stall_timeout: 1.0e+7}", "watch.stall_timeout: Input should be less than or equal to 604800"),
+    ("lr: .nan", "lr: Input should be a finite number"),
+    ("resources: {nodes: 1000000000}", "resources.nodes: Input should be less than or equal to 4096"),
+    ("resources: {nproc_per_node: 1025}", "resources.nproc_per_node: Input should be less than or equal to 1024"),
+    ("batch: {micro_batch: 8, global_batch: 100000000}", "batch.global_batch: Input should be less than or equal to"),
+]
+
+
+@pytest.mark.parametrize("line,fragment", NUMBER_CASES, ids=[c[0] for c in NUMBER_CASES])
+def test_numbers_are_bounded_and_finite(line, fragment, tmp_path, capsys):
+    text = JOB.replace("batch: {micro_batch: 8}\n", "") + line + "\n"
+    if not line.startswith("batch"):
+        text += "batch: {micro_batch: 8}\n"
+    assert fragment in validate(tmp_path, text, capsys)
+
+
+def test_cluster_numbers_are_bounded_and_finite(tmp_path, capsys):
+    err = validate(tmp_path, CLUSTER + "ssh: {connect_timeout: .inf}\ngpu: {peak_tflops: 1e999}\nnodes:\n  - {host: a, gpus: 100000}\n", capsys)
+    for fragment in ("ssh.connect_timeout: Input should be a finite number", "gpu.peak_tflops: Input should be a finite number",
+                     "nodes.0.gpus: Input should be less than or equal to 1024"):
+        assert fragment in err
+
+
+def test_schema_shows_the_bounds(capsys):
+    main(["schema", "job"])
+    job = json.loads(capsys.readouterr().out)
+    main(["schema", "cluster"])
+    cluster = json.loads(capsys.readouterr().out)
+    assert job["properties"]["max_steps"]["maximum"] == 10**12
+    assert job["$defs"]["ResourcesSpec"]["properties"]["nodes"]["maximum"] == 4096
+    assert job["$defs"]["ResourcesSpec"]["properties"]["nproc_per_node"]["maximum"] == 1024
+    assert job["$defs"]["WatchSpec"]["properties"]["stall_timeout"]["maximum"] == 7 * 24 * 3600
+    assert job["properties"]["secrets"]["items"]["pattern"] == "^[A-Za-z_][A-Za-z0-9_]*$"
+    assert cluster["properties"]["nodes"]["maxItems"] == 4096
+
+
+# ---- NUL and control characters; lengths
+
+def test_nul_and_control_characters_are_refused_where_they_make_no_sense(tmp_path, capsys):
+    err = validate(tmp_path, JOB.replace("[python, t.py]", '[python, "t\\0.py"]')
+                   + 'env: {A: "a\\0b", B: "two\\nlines are fine"}\ndata: {path: "/data\\x1b[31m"}\n', capsys)
+    assert "entrypoint.1: contains a NUL character" in err
+    assert "env.A: contains a NUL character" in err and "env.B" not in err
+    assert "data.path: contains the control character U+001B" in err
+    err = validate(tmp_path, CLUSTER + 'workdir: "/w\\0"\nnodes:\n  - {host: "a\\tb", user: "r oot"}\n', capsys)
+    assert "workdir: contains the control character U+0000" in err
+    assert "nodes.0.host: 'a\\tb' is not a host name or address" in err
+    assert "nodes.0.user: a user name cannot contain spaces" in err
+
+
+def test_lengths_are_bounded(tmp_path, capsys):
+    err = validate(tmp_path, JOB + f"env: {{{'A' * 300}: x}}\ndata: {{path: /{'p' * 5000}}}\n", capsys)
+    assert "at most 255 characters" in err and "data.path: String should have at most 4096 characters" in err
+
+
+# ---- reserved environment names
+
+def test_launch_names_are_reserved_in_env_and_secrets(tmp_path, capsys):
+    err = validate(tmp_path, JOB + "env:\n  LAUNCH_JOB_ID: other\n  TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: x\nsecrets: [LAUNCH_NODE]\n", capsys)
+    assert "spec.yaml:5: env.LAUNCH_JOB_ID: LAUNCH_JOB_ID is reserved: launch sets LAUNCH_* names itself to tag" in err
+    assert "spec.yaml:6: env.TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is reserved" in err
+    assert "spec.yaml:7: secrets.0: LAUNCH_NODE is reserved" in err
+
+
+def test_the_reporter_knobs_stay_settable(tmp_path, capsys):
+    accepted(tmp_path, JOB + "env: {LAUNCH_METRICS: '0', LAUNCH_METRICS_EVERY: '5', launch_job_id: lowercase-is-not-ours}\n", capsys)
+
+
+# ---- hosts: valid names, distinct nodes, jump hosts
+
+@pytest.mark.parametrize("host", ["gpu-node-1", "dgx_01", "node.example.com.", "10.0.0.1", "fe80::1%eth0", "a" * 63])
+def test_host_names_and_aliases_users_have_are_accepted(host, tmp_path, capsys):
+    accepted(tmp_path, CLUSTER + f"nodes:\n  - {{host: '{host}'}}\n", capsys)
+
+
+@pytest.mark.parametrize("host,fragment", [
+    ("a" * 64 + ".example.com", "is 64 characters; each dot-separated part of a host name has 1-63"),
+    ("-oProxyCommand=x", "not starting with '-'"),
+    ("a..b", "is not a host name or address"),
+    ("user@host", "is not a host name or address"),
+    ("", "a host name cannot be empty"),
+])
+def test_invalid_host_names_are_refused_at_validation(host, fragment, tmp_path, capsys):
+    assert fragment in validate(tmp_path, CLUSTER + f"nodes:\n  - {{host: '{host}'}}\n", capsys)
+
+
+def test_a_node_listed_twice_is_refused_naming_both_entries(tmp_path, capsys):
+    text = CLUSTER + "ssh: {port: 2222}\nnodes:\n  - {host: a}\n  - {host: b, address: 10.0.0.9}\n  - {host: A, port: 2222}\n" \
+        "  - {host: c, address: 10.0.0.9}\n  - {host: a, port: 22}\n"
+    err = validate(tmp_path, text, capsys)
+    assert "spec.yaml:4: nodes: nodes 0 and 2 are the same node (host A port 2222)" in err
+    assert "nodes 1 and 3 are the same node (address 10.0.0.9)" in err
+    assert "4 and" not in err  # same host on another port is another sshd
+
+
+@pytest.mark.parametrize("jump,fragment", [
+    ("bastion:abc", "jump host 'bastion:abc': port 'abc' is not a number from 1 to 65535"),
+    ("user@host:99999", "jump host 'user@host:99999': port '99999' is not a number from 1 to 65535"),
+    ("a,,b", "a jump host cannot be empty (two commas, or a trailing one?)"),
+    ("fe80::1:22", None),
+    ("[fe80::1]x", "jump host '[fe80::1]x': '[...]' holds an IPv6 address"),
+])
+def test_jump_hosts_are_checked_at_validation(jump, fragment, tmp_path, capsys):
+    text = CLUSTER + f"ssh: {{jump_host: '{jump}'}}\nnodes: [{{host: a}}]\n"
+    if fragment is None:
+        accepted(tmp_path, text, capsys)
+    else:
+        assert f"ssh.jump_host: {fragment}" in validate(tmp_path, text, capsys)
+
+
+def test_validate_tells_a_cluster_from_a_job_through_the_same_bounded_reader(tmp_path, capsys):
+    # yaml.safe_load raised ValueError on the date-like value (a traceback); the spec reader keeps it as text.
+    accepted(tmp_path, CLUSTER + "nodes: [{host: a}]\nworkdir: 2024-13-45\n", capsys)
+    assert load_cluster(tmp_path / "spec.yaml").workdir == "2024-13-45"
+    err = validate(tmp_path, alias_bomb().replace("name: x\n", "name: x\nbackend: ssh\n"), capsys)
+    assert "refused: expands to more than" in err
+
+
+# ---- workdir
+
+def test_an_empty_workdir_is_refused(tmp_path, capsys):
+    assert "workdir: String should have at least 1 character" in validate(tmp_path, CLUSTER + "workdir: ''\nnodes: [{host: a}]\n", capsys)
