@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from . import pythons
+
 IB_CLASS_DIR = "/sys/class/infiniband"
 NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 KERNEL_LOG_LINES = 500
@@ -194,6 +196,8 @@ def collect(req: dict) -> dict:
         out["port_free"] = port_free(port)
     if req.get("kernel_log"):
         out["kernel_log"] = kernel_log()
+    if req.get("pythons") is not None:
+        out["pythons"] = pythons.survey(req["pythons"])
     out["time"] = time.time()
     return out
 
