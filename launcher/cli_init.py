@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from launcher.spec.cluster import SSHSpec
     from launcher.survey import Difference, HostReport, PythonChoice
 
 RAY_ADDRESS = re.compile(r"auto|(ray://)?[^\s:/]+:\d{1,5}")
@@ -60,13 +61,13 @@ def init(hosts, user, key_file, port, known_hosts, ssh_config, jump_host, python
     """
     from launcher.clusterfile import refuse_existing
 
-    given = {"user": user, "key_file": key_file, "port": port, "known_hosts": known_hosts, "ssh_config": ssh_config,
+    ssh_flags = {"user": user, "key_file": key_file, "port": port, "known_hosts": known_hosts, "ssh_config": ssh_config,
              "jump_host": jump_host, "python": python}
     modes = [mode for mode, on in (("HOST", bool(hosts)), ("--local", local), ("--ray", bool(ray_address))) if on]
     if len(modes) != 1:
         raise click.UsageError("give HOST... (SSH hosts), --local or --ray ADDRESS" + (f", not {' and '.join(modes)}" if modes else ""))
-    if not hosts and any(given.values()):
-        flags = ", ".join("--" + k.replace("_", "-") for k in SSH_ONLY if given[k])
+    if not hosts and any(ssh_flags.values()):
+        flags = ", ".join("--" + k.replace("_", "-") for k in SSH_ONLY if ssh_flags[k])
         raise click.UsageError(f"{flags}: for SSH hosts only")
     if len(set(hosts)) != len(hosts):
         raise click.UsageError("a HOST is given twice; each host is one node")
@@ -74,19 +75,24 @@ def init(hosts, user, key_file, port, known_hosts, ssh_config, jump_host, python
     overwrite = yes or force
     if not overwrite:
         refuse_existing(target)
-    command = _command_line(hosts, given, name, out, local, ray_address)
+    command = _command_line(hosts, ssh_flags, name, out, local, ray_address)
     if local:
         _write_local(command, target, overwrite, name or "local")
     elif ray_address:
         _write_ray(command, target, overwrite, name or target.stem, ray_address)
     else:
-        _write_ssh(command, target, overwrite, name or target.stem, hosts, given, yes)
+        from launcher.spec.cluster import SSHSpec
+
+        ssh = SSHSpec(**{key: value for key, value in {
+            "user": user, "port": port, "key_file": _spec_path(key_file), "known_hosts": _spec_path(known_hosts),
+            "config_file": _spec_path(ssh_config), "jump_host": jump_host}.items() if value is not None})
+        _write_ssh(command, target, overwrite, name or target.stem, hosts, ssh, python, yes)
 
 
-def _command_line(hosts, given: dict, name, out, local: bool, ray_address) -> str:
+def _command_line(hosts, ssh_flags: dict, name, out, local: bool, ray_address) -> str:
     args = ["launch", "init", *hosts]
     args += ["--local"] * local + (["--ray", ray_address] if ray_address else [])
-    args += [part for key, value in given.items() if value for part in ("--" + key.replace("_", "-"), str(value))]
+    args += [part for key, value in ssh_flags.items() if value for part in ("--" + key.replace("_", "-"), str(value))]
     args += (["--name", name] if name else []) + ["--out", out]
     return shlex.join(args)
 
@@ -98,27 +104,25 @@ def _spec_path(path: str | None) -> str | None:
     return str(Path(path).absolute())
 
 
-def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts, given: dict, yes: bool) -> None:
+def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tuple[str, ...], ssh: SSHSpec,
+               python: str | None, yes: bool) -> None:
+    """Trust the hosts' keys, probe them, show what was found, write the file."""
     from launcher import survey
     from launcher.backends.ssh import SSHBackend
     from launcher.clusterfile import SSHDraft, ssh_cluster_text, write
     from launcher.errors import PreflightError
     from launcher.render import console
-    from launcher.spec.cluster import ClusterSpec, NodeSpec, SSHSpec
+    from launcher.spec.cluster import ClusterSpec, NodeSpec
 
-    ssh = SSHSpec(**{k: v for k, v in {
-        "user": given["user"], "port": given["port"], "key_file": _spec_path(given["key_file"]),
-        "known_hosts": _spec_path(given["known_hosts"]), "config_file": _spec_path(given["ssh_config"]),
-        "jump_host": given["jump_host"]}.items() if v is not None})
     cluster = ClusterSpec(name=name, backend="ssh", ssh=ssh, nodes=[NodeSpec(host=h) for h in hosts])
-    started = time.monotonic()
     backend = SSHBackend(cluster)
     try:
         problems = survey.trust_keys(
             backend, confirm=lambda question: yes or click.confirm(question, default=False), echo=click.echo)
         if problems:
             raise PreflightError(survey.unusable(problems))
-        reports = survey.probe(backend, given["python"])
+        started = time.monotonic()
+        reports = survey.probe(backend, python)
     finally:
         backend.close()
     elapsed = time.monotonic() - started
@@ -139,8 +143,10 @@ def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts, gi
 def _warnings(reports: list[HostReport], choice: PythonChoice) -> list[str]:
     """What would stop or slow a job, beyond the differences."""
     out = []
+    if choice.path is None:
+        out.append(f"{reports[0].host}: no Python interpreter found; the file names python3: set python in it")
     for report, interp in zip(reports, choice.per_host):
-        if interp is None:
+        if interp is None and choice.path is not None:
             out.append(f"{report.host}: {choice.path} does not exist there; the file names it anyway (the first host's)")
         elif not interp.has_torch:
             out.append(f"{report.host}: {interp.path} does not import torch ({interp.describe()})")

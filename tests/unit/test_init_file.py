@@ -160,3 +160,18 @@ def test_init_refuses_mixed_modes(home):
     assert done.returncode == 2 and "not HOST and --local" in done.stderr
     done = run_cli(home, "init", "--local", "--user", "root")
     assert done.returncode == 2 and "--user: for SSH hosts only" in done.stderr
+
+
+def test_the_summary_table_marks_what_differs():
+    from rich.console import Console
+
+    from launcher.cli_init import summary_table
+
+    newer = (Interpreter(CONDA, "3.11.7", "2.4.0", "0.14.4", imports_torch=True),)
+    reports = [_host("gpu-1"), _host("gpu-2", interpreters=newer)]
+    choice = choose_python(reports)
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(summary_table(reports, choice, differences(reports, choice)))
+    rows = {line.split()[0]: line for line in console.export_text().splitlines() if line.strip().startswith("gpu-")}
+    assert "2.3.1 !" in rows["gpu-1"] and "2.4.0 !" in rows["gpu-2"]
+    assert "8 x NVIDIA A800-SXM4-80GB (80 GiB)" in rows["gpu-1"] and "!" not in rows["gpu-1"].replace("2.3.1 !", "")
