@@ -451,6 +451,8 @@ def schema(kind):
 from launcher.trust import trust  # noqa: E402
 
 cli.add_command(trust)
+from launcher.cli_init import init  # noqa: E402
+cli.add_command(init)
 from launcher.cli_metrics import bench as bench_command  # noqa: E402
 from launcher.cli_metrics import compare as compare_command  # noqa: E402
 from launcher.cli_metrics import metrics as metrics_command  # noqa: E402

@@ -143,6 +143,11 @@ class SSHBackend(Backend):
         self._unreachable: set[int] = set()
         self._guard = threading.Lock()
 
+    @property
+    def pool(self) -> Pool:
+        """The connections to the cluster's hosts, one per host (`launch init` fetches host keys through it)."""
+        return self._pool
+
     @classmethod
     def spare_nodes(cls, cluster: ClusterSpec, wanted: int) -> int:
         return len(cluster.nodes) - wanted

@@ -3,8 +3,10 @@
 One request, one JSON answer, the same on every backend. The request names what to look at:
 modules the job's interpreter must import, the workdir, pinned interfaces, the rendezvous port
 (free here? listen on it for the reachability test, or connect to node 0's), node 0's address (the
-interface and source address that route to it), GPUs, the kernel log. Package versions are read
-from metadata, so nothing heavy is imported. Standard library only: it runs on nodes.
+interface and source address that route to it), GPUs, the kernel log, and (``pythons``) the
+interpreters that could run training (see ``pythons.survey``, which imports torch in the candidates
+that list it). Package versions are read from metadata, so the facts themselves import nothing
+heavy. Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import socket
 import subprocess
 import sys
 import time
+
+from . import pythons
 
 IB_CLASS_DIR = "/sys/class/infiniband"
 NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
@@ -223,6 +227,8 @@ def collect(req: dict) -> dict:
         inside = out["container"].get("inside")
         if inside:  # what the job will run with is the image's, not this host's
             out.update({key: inside.get(key) for key in ("python", "executable", "torch", "deepspeed", "nccl", "missing")})
+    if req.get("pythons") is not None:
+        out["pythons"] = pythons.survey(req["pythons"])
     out["time"] = time.time()
     return out
 

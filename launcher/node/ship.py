@@ -14,7 +14,7 @@ import json
 import zlib
 from pathlib import Path
 
-NODE_MODULES = ("proctree", "facts", "agent", "stacks", "main")  # in import order
+NODE_MODULES = ("proctree", "pythons", "facts", "agent", "stacks", "main")  # in import order
 
 PACKAGE = "launch_node"
 BOOT = """\
