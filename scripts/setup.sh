@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for the quick start and the tests.
 #   scripts/setup.sh          a venv in .venv with launch and the training extras (torch, deepspeed, transformers)
-#   scripts/setup.sh --test   also the test tools, Ray, and (as root) Debian's openssh-server, iproute2 and chromium
+#   scripts/setup.sh --test   also the test tools, Ray, and (as root) Debian's openssh-server, iproute2, chromium,
+#                             slurm-wlm and munge
 # Torch comes from pip's configured index: on the dev/CI machines that is a local CPU build (torch 2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,9 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
   command -v ip >/dev/null || missing+=(iproute2)
   command -v chromium >/dev/null || missing+=(chromium)
+  # A real Slurm for the Slurm tests (tools/slurm.py starts and stops the daemons itself).
+  [[ -x /usr/sbin/slurmctld && -x /usr/sbin/slurmd && -x /usr/bin/sbatch ]] || missing+=(slurm-wlm)
+  [[ -x /usr/sbin/munged && -f /etc/munge/munge.key ]] || missing+=(munge)
   if (( ${#missing[@]} )); then
     echo "setup: apt-get install ${missing[*]}"
     apt-get update -qq >/dev/null
