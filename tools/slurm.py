@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -310,12 +311,22 @@ def kill_slurmd(cluster: SlurmCluster, host: tb.Host, sig: signal.Signals = sign
     tb.stop_daemon(host, "slurmd", sig)
 
 
+def _slurmd_start_time(cluster: SlurmCluster, host: tb.Host) -> str | None:
+    """``SlurmdStartTime`` of ``host``'s node: when its slurmd last registered, as the controller says."""
+    done = cluster.run(["scontrol", "show", "node", host.name, "-o"], check=False)
+    found = re.search(r"\bSlurmdStartTime=(\S+)", done.stdout)
+    return found.group(1) if found else None
+
+
 def restart_slurmd(cluster: SlurmCluster, host: tb.Host, timeout: float = START_TIMEOUT_S) -> None:
-    """Start ``host``'s slurmd again (stopping it first if it runs) and wait until its node is
-    idle (ReturnToService=2 returns a DOWN node once it registers)."""
+    """Start ``host``'s slurmd again (stopping it first if it runs); return once it has
+    registered and the node is idle (ReturnToService=2 returns a DOWN node at registration)."""
     kill_slurmd(cluster, host, signal.SIGTERM)
+    before = _slurmd_start_time(cluster, host)
     daemon = _start_slurmd(cluster, host)
-    _wait_until(lambda: node_states(cluster).get(host.name) == "idle", f"node {host.name} idle", timeout,
+    _wait_until(lambda: (_slurmd_start_time(cluster, host) != before
+                         and node_states(cluster).get(host.name) == "idle"),
+                f"node {host.name} registered and idle", timeout,
                 alive=[(daemon, cluster.log_file("slurmd", host))])
 
 
