@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -37,6 +36,7 @@ MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGE_KEY = Path("/etc/munge/munge.key")
+SLURMD_PORT = 6818  # Slurm's default SlurmdPort
 RECORD = Path(tempfile.gettempdir()) / "lt-slurm.json"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -311,22 +311,22 @@ def kill_slurmd(cluster: SlurmCluster, host: tb.Host, sig: signal.Signals = sign
     tb.stop_daemon(host, "slurmd", sig)
 
 
-def _slurmd_start_time(cluster: SlurmCluster, host: tb.Host) -> str | None:
-    """``SlurmdStartTime`` of ``host``'s node: when its slurmd last registered, as the controller says."""
-    done = cluster.run(["scontrol", "show", "node", host.name, "-o"], check=False)
-    found = re.search(r"\bSlurmdStartTime=(\S+)", done.stdout)
-    return found.group(1) if found else None
+def _slurmd_listening(host: tb.Host) -> bool:
+    """True when ``host``'s slurmd accepts connections on its port."""
+    try:
+        with socket.create_connection((host.address, SLURMD_PORT), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def restart_slurmd(cluster: SlurmCluster, host: tb.Host, timeout: float = START_TIMEOUT_S) -> None:
-    """Start ``host``'s slurmd again (stopping it first if it runs); return once it has
-    registered and the node is idle (ReturnToService=2 returns a DOWN node at registration)."""
+    """Start ``host``'s slurmd again (stopping it first if it runs); return once it listens and
+    the node is idle (ReturnToService=2 returns a DOWN node when its slurmd registers)."""
     kill_slurmd(cluster, host, signal.SIGTERM)
-    before = _slurmd_start_time(cluster, host)
     daemon = _start_slurmd(cluster, host)
-    _wait_until(lambda: (_slurmd_start_time(cluster, host) != before
-                         and node_states(cluster).get(host.name) == "idle"),
-                f"node {host.name} registered and idle", timeout,
+    _wait_until(lambda: _slurmd_listening(host) and node_states(cluster).get(host.name) == "idle",
+                f"slurmd on {host.name} listening and its node idle", timeout,
                 alive=[(daemon, cluster.log_file("slurmd", host))])
 
 

@@ -104,16 +104,14 @@ def test_a_daemon_started_in_a_host_is_not_a_leftover(testbed: tb.Testbed) -> No
 
 
 def test_every_host_mounts_the_cgroup_v1_hierarchies_slurmd_and_runc_need(testbed: tb.Testbed) -> None:
-    wanted = {"cpuset", "memory", "freezer", "devices", "pids", "name=systemd"}
-    command = "awk '$9 == \"cgroup\" {print $5, $NF}' /proc/self/mountinfo"
+    wanted = {f"/sys/fs/cgroup/{name}": f"rw,{name}" for name in ("cpuset", "memory", "freezer", "devices", "pids")}
+    wanted["/sys/fs/cgroup/systemd"] = "rw,name=systemd"
+    command = "grep ' - cgroup ' /proc/self/mountinfo"  # fields: ID PARENT DEV ROOT MOUNT-POINT ... - TYPE SOURCE OPTIONS
     status, over_ssh, err = ssh_run(testbed, testbed.hosts[0], command)
     assert status == 0, err
     entered = tb.exec_in(testbed.hosts[1], ["sh", "-c", command]).stdout
     for listing in (over_ssh, entered):
-        mounts = dict(line.split() for line in listing.splitlines())
-        assert {point.removeprefix("/sys/fs/cgroup/") for point in mounts} == {"cpuset", "memory", "freezer",
-                                                                                "devices", "pids", "systemd"}
-        assert {option.split(",")[-1] for option in mounts.values()} == wanted
+        assert {line.split()[4]: line.split()[-1] for line in listing.splitlines()} == wanted
     status, out, err = ssh_run(testbed, testbed.hosts[0], "cat /sys/fs/cgroup/pids/cgroup.procs | wc -l")
     assert status == 0 and int(out) > 0, err
 
