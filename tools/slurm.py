@@ -1,7 +1,7 @@
 """A real Slurm cluster on the namespaced SSH testbed (tools/testbed.py), for tests.
 
 ``munged`` (its own socket under ``base_dir``) and ``slurmctld`` run in the root
-namespace, the controller listening on the bridge address only; one ``slurmd`` runs
+namespace, the controller reached at the bridge address (port 6817); one ``slurmd`` runs
 inside each node host, so it takes the host's name. One partition holds every node.
 Clients (``sbatch``, ``srun``, ``squeue``, ``scontrol``, ``scancel``, ``sinfo``) run in
 the root namespace and need only ``SLURM_CONF`` (``SlurmCluster.env``). Accounting is
@@ -258,9 +258,9 @@ def _log_tail(path: Path, lines: int = 6) -> str:
 
 
 def _wait_until(condition: Callable[[], bool], what: str, timeout: float,
-                alive: Sequence[tuple[Daemon, Path]] = ()) -> None:
-    """Poll ``condition``; SlurmError naming ``what`` at the deadline or when a daemon in
-    ``alive`` has exited (with its log's last lines)."""
+                alive: Sequence[tuple[Daemon, Path]] = (), details: Callable[[], str] = lambda: "") -> None:
+    """Poll ``condition``; SlurmError naming ``what`` when a daemon in ``alive`` has exited (with
+    the last lines of its log) or at the deadline (with ``details()``)."""
     deadline = time.monotonic() + timeout
     while not condition():
         for daemon, log in alive:
@@ -268,7 +268,7 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout: float,
                 raise SlurmError(f"{daemon.name}{f' on {daemon.host}' if daemon.host else ''} exited "
                                  f"while waiting for {what}: {_log_tail(log)}")
         if time.monotonic() > deadline:
-            raise SlurmError(f"{what} not reached after {timeout:.0f} s")
+            raise SlurmError(f"{what} not reached after {timeout:.0f} s{details()}")
         time.sleep(POLL_S)
 
 
@@ -284,18 +284,18 @@ def node_states(cluster: SlurmCluster) -> dict[str, str]:
 
 
 def wait_for_nodes(cluster: SlurmCluster, state: str = "idle", hosts: Sequence[tb.Host] | None = None,
-                   timeout: float = START_TIMEOUT_S) -> None:
-    """Wait until every one of ``hosts`` (all nodes by default) shows ``state`` in sinfo."""
+                   timeout: float = START_TIMEOUT_S, alive: Sequence[tuple[Daemon, Path]] = ()) -> None:
+    """Wait until every one of ``hosts`` (all nodes by default) shows ``state`` in sinfo; fail
+    early if a daemon in ``alive`` exits."""
     names = [h.name for h in hosts or cluster.nodes]
     last: dict[str, str] = {}
 
     def reached() -> bool:
         last.update(node_states(cluster))
         return all(last.get(name) == state for name in names)
-    try:
-        _wait_until(reached, f"nodes {', '.join(names)} {state}", timeout)
-    except SlurmError as exc:
-        raise SlurmError(f"{exc}; sinfo says {last or 'nothing'}") from None
+    _wait_until(reached, f"nodes {', '.join(names)} {state}", timeout, alive,
+                details=lambda: f"; sinfo says {last or 'nothing'}; slurmctld log: "
+                                f"{_log_tail(cluster.log_file('slurmctld'))}")
 
 
 def slurmd_running(cluster: SlurmCluster, host: tb.Host) -> bool:
@@ -305,8 +305,8 @@ def slurmd_running(cluster: SlurmCluster, host: tb.Host) -> bool:
 
 def kill_slurmd(cluster: SlurmCluster, host: tb.Host, sig: signal.Signals = signal.SIGKILL) -> None:
     """Stop ``host``'s slurmd alone (steps already running there keep running: slurmstepd is
-    its own process); with SIGKILL the controller hears nothing and marks the node DOWN after
-    ``slurmd_timeout_s``."""
+    its own process); with SIGKILL the controller hears nothing and marks the node DOWN, and
+    fails its jobs, some time after ``slurmd_timeout_s`` (25-26 s with the default 10 s)."""
     cluster.node(host.name)
     tb.stop_daemon(host, "slurmd", sig)
 
@@ -400,16 +400,7 @@ def _start(cluster: SlurmCluster, timeout: float) -> None:
     slurmds = [_start_slurmd(cluster, host) for host in cluster.nodes]
     watched = [(munged, cluster.output_file("munged")), (controller, cluster.output_file("slurmctld"))]
     watched += [(d, cluster.log_file("slurmd", h)) for d, h in zip(slurmds, cluster.nodes)]
-    states: dict[str, str] = {}
-
-    def all_idle() -> bool:
-        states.update(node_states(cluster))
-        return all(states.get(h.name) == "idle" for h in cluster.nodes)
-    try:
-        _wait_until(all_idle, "every node idle", timeout, alive=watched)
-    except SlurmError as exc:
-        raise SlurmError(f"{exc}; sinfo says {states or 'nothing'}; slurmctld log: "
-                         f"{_log_tail(cluster.output_file('slurmctld'))}") from None
+    wait_for_nodes(cluster, "idle", timeout=timeout, alive=watched)
 
 
 def stop_stale() -> None:
