@@ -19,26 +19,26 @@ ITERATIONS = 5
 
 
 def main() -> None:
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
+    group = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(group)
     world = dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
-    numel = SIZE_MB[backend] * 2**20 // 4
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if group == "nccl" else torch.device("cpu")
+    numel = SIZE_MB[group] * 2**20 // 4
     tensor = torch.ones(numel, dtype=torch.float32, device=device)
     dist.all_reduce(tensor)
-    if backend == "nccl":
+    if group == "nccl":
         torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(ITERATIONS):
         dist.all_reduce(tensor)
-    if backend == "nccl":
+    if group == "nccl":
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / ITERATIONS
     busbw = 2 * (world - 1) / world * tensor.numel() * 4 / seconds / 1e9
-    reporter = Reporter(every=1, extra={"allreduce_busbw_gbps": busbw, "allreduce_mb": SIZE_MB[backend]})
+    reporter = Reporter(every=1, extra={"allreduce_busbw_gbps": busbw, "allreduce_mb": SIZE_MB[group]})
     reporter.step(samples=0)
     reporter.close()
-    print(f"all_reduce {SIZE_MB[backend]} MB over {world} ranks ({backend}): {seconds * 1e3:.1f} ms, bus bandwidth {busbw:.2f} GB/s", flush=True)
+    print(f"all_reduce {SIZE_MB[group]} MB over {world} ranks ({group}): {seconds * 1e3:.1f} ms, bus bandwidth {busbw:.2f} GB/s", flush=True)
     dist.destroy_process_group()
 
 

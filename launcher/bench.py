@@ -21,10 +21,9 @@ from typing import Any
 
 from launcher.errors import LaunchError, SpecError
 from launcher.metrics.compare import compare_row, failed_row, job_metrics, with_ratios
-from launcher.spec.job import DEEPSPEED_STRATEGIES, JobSpec
+from launcher.spec.job import JobSpec
 from launcher.store import CANCELLED, Store, launch_home
-
-DEFAULT_STRATEGIES = ("ddp", "ddp_compile", "zero2", "zero3")
+from launcher.strategies import BENCH_DEFAULT, find_strategy
 
 
 @dataclass
@@ -51,21 +50,22 @@ def parse_strategies(text: str) -> list[str]:
     """``ddp,zero2`` -> ['ddp', 'zero2']; empty items dropped, unknown names kept (they fail as runs)."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
-        raise SpecError(f"--strategies: give a comma-separated list, e.g. {','.join(DEFAULT_STRATEGIES)}")
+        raise SpecError(f"--strategies: give a comma-separated list, e.g. {','.join(BENCH_DEFAULT)}")
     return names
 
 
 def strategy_overrides(job: JobSpec, strategy: str) -> list[str]:
-    """The ``--set`` overrides that run ``job`` under ``strategy``.
+    """The ``--set`` overrides that run ``job`` under ``strategy``, with what the strategy requires.
 
-    A DeepSpeed-launched job runs the non-DeepSpeed strategies under torchrun
-    (the spec refuses `launcher: deepspeed` with them); ZeRO strategies keep the
-    job's launcher: under torchrun the recipe initialises DeepSpeed itself.
+    The strategy's registry entry says what it changes: a launcher it runs under (a
+    DeepSpeed-launched job runs the torch strategies under torchrun), one node and one
+    process (dp). An unknown name is passed on as is, for the spec to refuse as a failed run.
     """
-    sets = [f"strategy={strategy}"]
-    if job.launcher == "deepspeed" and strategy not in DEEPSPEED_STRATEGIES:
-        sets.append("launcher=torchrun")
-    return sets
+    found = find_strategy(strategy)
+    if found is None:
+        return [f"strategy={strategy}"]
+    settings = found.spec_settings(job.launcher, job.resources.nodes, job.resources.nproc_per_node)
+    return [f"{key}={value}" for key, value in settings.items()]
 
 
 def run_bench(

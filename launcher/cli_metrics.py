@@ -6,12 +6,12 @@ export) and the orchestration are imported inside the commands that use them.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from launcher.render import console
+from launcher.render import console, json_text
+from launcher.strategies import BENCH_DEFAULT, REGISTRY
 
 
 def _load(store, refs):
@@ -34,7 +34,8 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
     """Show a job's metrics per job and per rank; flag stragglers.
 
     Throughput, step time p50/p95, peak memory, GPU util, MFU and loss, then
-    one row per rank.
+    one row per rank. Throughput and step time need the Reporter; peak memory
+    and GPU util of ranks without it come from the node agent's process samples.
     Warm-up steps are left out of throughput and step time. A rank more than
     10% slower than the median rank is flagged as a straggler. MFU needs the
     program's FLOPs per sample (the recipes report them) and the GPU's peak
@@ -54,6 +55,7 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
         raise click.UsageError("--json and --csv are exclusive: give one")
     store = Store()
     [(row, records)] = _load(store, [job])
+    usage = store.samples(row["id"])
     if tb_dir:
         from launcher.metrics.export import write_tensorboard
 
@@ -64,9 +66,9 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
 
         write_csv(records, sys.stdout)
         return
-    figures = job_metrics(row, records, attempt)
+    figures = job_metrics(row, records, attempt, usage)
     if as_json:
-        click.echo(json.dumps({"id": row["id"], "state": row["state"], **figures}, indent=2))
+        click.echo(json_text({"id": row["id"], "state": row["state"], **figures}))
         return
     out = console()
     for part in metrics_renderables(row, figures):
@@ -91,18 +93,25 @@ def compare(jobs, as_json):
     from launcher.metrics.compare import comparison, comparison_table, job_metrics
     from launcher.store import Store
 
-    entries = _load(Store(), jobs)
-    rows = comparison([(job, job_metrics(job, records)) for job, records in entries])
+    store = Store()
+    entries = _load(store, jobs)
+    rows = comparison([(job, job_metrics(job, records, usage=store.samples(job["id"]))) for job, records in entries])
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json_text(rows))
     else:
         console().print(comparison_table(rows))
 
 
-@click.command()
+def _strategy_list() -> str:
+    """The strategies `launch bench` accepts, one line each, for its --help."""
+    width = max(map(len, REGISTRY))
+    return "\n".join(f"  {s.name:<{width}}  {s.description}" for s in REGISTRY.values())
+
+
+@click.command(epilog="\b\nStrategies (launcher/strategies.py):\n" + _strategy_list())
 @click.argument("job_file", type=click.Path(dir_okay=False))
-@click.option("--strategies", default="ddp,ddp_compile,zero2,zero3", show_default=True,
-              help="Comma-separated strategies to run, in order; the first is the baseline.")
+@click.option("--strategies", default=",".join(BENCH_DEFAULT), show_default=True,
+              help="Comma-separated strategies to run, in order; the first is the baseline of the ratios.")
 @click.option("--steps", type=click.IntRange(min=1), help="max_steps of every run (default: the job's).")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
               help="Cluster spec (default: ./cluster.yaml, else this machine).")
@@ -116,7 +125,11 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
     """Run a job under each strategy in turn, then compare.
 
     JOB_FILE runs once per strategy, one after the other, on the same cluster.
-    Every run is an ordinary job in the store. A strategy that fails is shown
+    Each run gets what its strategy requires (launcher/strategies.py): dp runs
+    as one process on one node, DataParallel driving the node's GPUs; a torch
+    strategy of a `launcher: deepspeed` job runs under torchrun. The micro
+    batch is per process, so dp's global batch is micro x accumulation. Every
+    run is an ordinary job in the store. A strategy that fails is shown
     as failed with its reason and the others still run; Ctrl-C cancels the
     current run and stops the bench. The comparison is saved (JSON and HTML)
     in the store's run directory, and to --out if given. The exit code is 0
@@ -124,7 +137,7 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
 
     \b
     Examples:
-      launch bench jobs/cifar10_convnet.yaml --strategies ddp,ddp_compile --steps 50
+      launch bench jobs/cifar10_convnet.yaml --strategies dp,ddp,ddp_compile,zero2,zero3 --steps 50
       launch bench jobs/bert_large_zero3.yaml --strategies ddp,zero2,zero3 --cluster examples/clusters/a800.yaml --out bench.html
       launch bench jobs/cifar10_convnet.yaml --set resources.nproc_per_node=4 --json
     """
@@ -144,7 +157,7 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
     )
     saved = bench_mod.save(result, job_file, out_file)
     if as_json:
-        click.echo(json.dumps(result.rows, indent=2))
+        click.echo(json_text(result.rows))
     else:
         console().print(comparison_table(result.rows))
     click.echo("saved " + ", ".join(str(path) for path in saved), err=True)
@@ -175,7 +188,9 @@ def report(jobs, out_file, title):
     from launcher.metrics.report import build_report
     from launcher.store import Store
 
-    page = build_report(_load(Store(), jobs), title=title)
+    store = Store()
+    entries = _load(store, jobs)
+    page = build_report(entries, title=title, usage={job["id"]: store.samples(job["id"]) for job, _ in entries})
     path = Path(out_file).expanduser()
     try:
         path.write_text(page)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 
 from launcher.batch import BatchPlan
 from launcher.spec.job import JobSpec
@@ -14,17 +13,24 @@ DEEPSPEED_MODULE = "deepspeed.launcher.launch"
 RECIPE_MODULE = "launcher.recipes.train"
 
 
-def program_args(job: JobSpec, batch: BatchPlan, ds_config: dict | None) -> tuple[bool, list[str]]:
-    """What each rank runs: (is_python, args). Python programs omit the interpreter."""
+PYTHON_NAMES = ("python", "python3")
+
+
+def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None, python: str) -> tuple[bool, list[str]]:
+    """What each rank runs: (is_python, args). Python programs omit the interpreter.
+
+    An entrypoint whose program is exactly ``python`` or ``python3`` runs under the cluster's
+    interpreter; any other program (``/opt/py38/bin/python3.8``, ``pythonic-tool``) runs as written.
+    """
     if job.entrypoint is None:
         return True, ["-m", RECIPE_MODULE, *recipe_args(job, batch, ds_config)]
     argv = list(job.entrypoint)
-    if os.path.basename(argv[0]).startswith("python"):
+    if argv[0] in PYTHON_NAMES:
         return True, argv[1:]
     return False, argv
 
 
-def recipe_args(job: JobSpec, batch: BatchPlan, ds_config: dict | None) -> list[str]:
+def recipe_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) -> list[str]:
     """Flags of ``python -m launcher.recipes.train`` for a built-in recipe."""
     args = [
         "--recipe", job.recipe,
@@ -88,11 +94,13 @@ def deepspeed_argv(
     master_addr: str,
     master_port: int,
     program: tuple[bool, list[str]],
+    local_rank_flag: bool = True,
 ) -> list[str]:
     """DeepSpeed's per-node launcher (what ``deepspeed`` runs on each node through pdsh).
 
     ``procs_per_node`` lists the processes of each node in node order; it becomes
-    ``--world_info`` (keyed ``node0``, ``node1``...: DeepSpeed only counts them).
+    ``--world_info`` (keyed ``node0``, ``node1``...: DeepSpeed only counts them). Ranks get
+    ``--local_rank=N`` as the ``deepspeed`` command gives it, unless ``local_rank_flag`` is off.
     """
     world = {f"node{index}": list(range(nproc)) for index, nproc in enumerate(procs_per_node)}
     world_info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
@@ -102,8 +110,9 @@ def deepspeed_argv(
         f"--node_rank={node_rank}",
         f"--master_addr={master_addr}",
         f"--master_port={master_port}",
-        "--no_local_rank",
     ]
+    if not local_rank_flag:
+        argv.append("--no_local_rank")
     return argv + _program_tail(program, no_python="--no_python", module="--module")
 
 

@@ -1,5 +1,7 @@
 """DeepSpeed configuration for the ZeRO strategies: build it, merge a user's, validate it.
 
+The ZeRO stage and offload come from the strategy's entry in ``launcher.strategies``.
+
 ``make_ds_config`` is pure (no deepspeed import) so the planner can render
 the exact config each rank receives. ``validate_with_deepspeed`` runs
 DeepSpeed's own config classes over it; it imports deepspeed lazily.
@@ -10,8 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-ZERO_STAGES = {"zero2": 2, "zero3": 3, "zero3_offload": 3}
-PRECISIONS = ("fp32", "fp16", "bf16")
+from launcher.strategies import PRECISIONS, REGISTRY, Strategy, names
+
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # DeepSpeed prints its own step summary every ``steps_per_print`` steps; the
 # launcher's reporter already does that, so keep DeepSpeed quiet.
@@ -37,35 +39,38 @@ def make_ds_config(
     value for a batch key, the ZeRO stage or the precision that contradicts
     the job raises DSConfigError naming both values; ``"auto"`` takes ours.
     """
-    if strategy not in ZERO_STAGES:
-        raise DSConfigError(f"strategy {strategy!r} does not use DeepSpeed; choose one of {', '.join(ZERO_STAGES)}")
+    chosen = REGISTRY.get(strategy)
+    if chosen is None or not chosen.uses_deepspeed:
+        raise DSConfigError(f"strategy {strategy!r} does not use DeepSpeed; choose one of "
+                            f"{', '.join(names(lambda s: s.uses_deepspeed))}")
     if precision not in PRECISIONS:
         raise DSConfigError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     for label, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum), ("world_size", world_size)):
         if value < 1:
             raise DSConfigError(f"{label} must be >= 1, got {value}")
-    config = _base_config(strategy, precision, micro_batch, grad_accum, world_size, gradient_clipping)
+    config = _base_config(chosen, precision, micro_batch, grad_accum, world_size, gradient_clipping)
     if not user_config:
         return config
     _check_user_batch(user_config, config, micro_batch, grad_accum, world_size)
-    _check_user_stage_and_precision(user_config, strategy, precision)
+    _check_user_stage_and_precision(user_config, chosen, precision)
     return _deep_merge(config, _drop_auto(user_config))
 
 
 def _base_config(
-    strategy: str, precision: str, micro_batch: int, grad_accum: int, world_size: int, gradient_clipping: float,
+    strategy: Strategy, precision: str, micro_batch: int, grad_accum: int, world_size: int, gradient_clipping: float,
 ) -> dict:
     zero: dict[str, Any] = {
-        "stage": ZERO_STAGES[strategy],
+        "stage": strategy.zero_stage,
         "overlap_comm": True,
         "contiguous_gradients": True,
         "reduce_bucket_size": 5e8,
     }
-    if ZERO_STAGES[strategy] == 2:
+    if strategy.zero_stage < 3:
         zero["allgather_bucket_size"] = 5e8
-    if strategy == "zero3_offload":
+    if strategy.offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        if strategy.zero_stage == 3:  # parameters offload only at stage 3
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     config: dict[str, Any] = {
         "train_batch_size": micro_batch * grad_accum * world_size,
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -89,6 +94,28 @@ def _base_config(
     return config
 
 
+def entrypoint_ds_config(precision: str, batch, gradient_clipping: float, user_config: dict | None) -> dict:
+    """The DeepSpeed config for a user's program under the DeepSpeed launcher (``LAUNCH_DS_CONFIG``).
+
+    The job's batch numbers (when given), precision and clipping, with ``user_config`` deep-merged
+    over them; its ZeRO stage and other sections are the program's own. A user value that
+    contradicts the job's batch arithmetic raises DSConfigError naming both.
+    """
+    config: dict[str, Any] = {"gradient_clipping": gradient_clipping, "steps_per_print": QUIET_STEPS_PER_PRINT}
+    if batch is not None:
+        config.update(train_batch_size=batch.global_batch, train_micro_batch_size_per_gpu=batch.micro_batch,
+                      gradient_accumulation_steps=batch.grad_accum)
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 15}
+    if not user_config:
+        return config
+    if batch is not None:
+        _check_user_batch(user_config, config, batch.micro_batch, batch.grad_accum, batch.world_size)
+    return _deep_merge(config, _drop_auto(user_config))
+
+
 def _check_user_batch(user: dict, ours: dict, micro_batch: int, grad_accum: int, world_size: int) -> None:
     arithmetic = (
         f"micro_batch {micro_batch} x grad_accum {grad_accum} x world_size {world_size} "
@@ -102,12 +129,12 @@ def _check_user_batch(user: dict, ours: dict, micro_batch: int, grad_accum: int,
             )
 
 
-def _check_user_stage_and_precision(user: dict, strategy: str, precision: str) -> None:
+def _check_user_stage_and_precision(user: dict, strategy: Strategy, precision: str) -> None:
     stage = user.get("zero_optimization", {}).get("stage", "auto")
-    if stage != "auto" and stage != ZERO_STAGES[strategy]:
+    if stage != "auto" and stage != strategy.zero_stage:
         raise DSConfigError(
-            f"deepspeed config zero_optimization.stage={stage} contradicts strategy {strategy} "
-            f"(stage {ZERO_STAGES[strategy]})"
+            f"deepspeed config zero_optimization.stage={stage} contradicts strategy {strategy.name} "
+            f"(stage {strategy.zero_stage})"
         )
     for section in ("bf16", "fp16"):
         enabled = user.get(section, {}).get("enabled", "auto")

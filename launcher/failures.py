@@ -1,18 +1,75 @@
-"""Explain a failed node from its output: which rank, which exit code or signal, and why."""
+"""The failure record: which node and rank failed first, how, why, and whether a restart can help.
+
+Trust: the record's facts come from launch's own observations (a node agent's exit code, a lost
+connection, the kernel log, the process tree the agent sampled). Rank output is untrusted: it
+may only choose one of the fixed explanations in ``KNOWN_ERRORS`` or name a rank within the
+job's world size through torchrun's failure report; its text never becomes a reason.
+"""
 
 from __future__ import annotations
 
 import re
 import signal
-from typing import Any
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from enum import StrEnum
 
-_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
-_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
-_ROOT = "Root Cause (first observed failure)"
-_DISPLAY_PREFIX = re.compile(r"^\[\d+(?:/\d+)?\] ")
+from pydantic import BaseModel, ConfigDict, Field
+
 LOST_NODE_EXIT = 255  # what a backend's poll() says for a node whose agent died unseen or went out of reach
-_FAILED_AT = re.compile(r"^[EWI]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) .*\] failed \(exitcode: (-?\d+)\)")
+DEEPSPEED_KILLED_EXIT = 247  # DeepSpeed's launcher exits 256 - 9 when a rank got SIGKILL
+SHELL_KILLED_EXIT = 137  # 128 + 9: a shell's or a container runtime's code for SIGKILL
+
+
+class FailureKind(StrEnum):
+    EXIT = "exit"  # a rank or the node's agent exited non-zero
+    LOST = "lost"  # the node's agent died unseen or went out of reach
+    OOM = "oom"  # the kernel's OOM killer ended a process of the job
+    STALL = "stall"  # ranks that reported steps stopped advancing
+    HANG = "hang"  # every rank alive but silent and idle
+    START = "start"  # a node could not be started
+    PREFLIGHT = "preflight"  # a check on the allocated nodes failed (schedulers)
+    TIMEOUT = "timeout"  # the scheduler's time limit
+    INTERNAL = "internal"  # launch itself failed
+
+
+class Failure(BaseModel):
+    """The first failure of an attempt, as ``status --json`` shows it under ``first_failure``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: FailureKind = FailureKind.EXIT
+    node: int | None = None
+    host: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    pid: int | None = None
+    failed_at: float | None = Field(None, description="time of day (s) of torchrun's 'failed' line, for ordering")
+    detected_at: float | None = None
+    step: int | None = None
+    stalled_s: float | None = None
+    reason: str | None = None
+    transient: bool = Field(False, description="whether a restart can help (restart_on: transient)")
+    last_lines: list[str] = Field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line for users: where it failed first and how."""
+        if self.kind in (FailureKind.STALL, FailureKind.HANG, FailureKind.INTERNAL, FailureKind.PREFLIGHT):
+            return self.reason or self.kind.value
+        where = f"node {self.node}"
+        if self.host:
+            where += f" ({self.host})"
+        if self.rank is not None:
+            where += f", rank {self.rank}"
+        how = f"exit code {self.exit_code}" if self.exit_code is not None else "lost"
+        if self.signal:
+            how += f" ({self.signal})"
+        if self.kind == FailureKind.START:
+            how = "could not start"
+        reason = f": {self.reason}" if self.reason else ""
+        return f"first failure: {where}, {how}{reason}"
 
 
 def signal_name(code: int | None) -> str | None:
@@ -25,117 +82,150 @@ def signal_name(code: int | None) -> str | None:
         return f"signal {-code}"
 
 
-def parse_agent_failure(lines: list[str]) -> dict[str, Any]:
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})\s*\(local_rank:\s*(\d{1,7})\)")
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d{1,4})\s*\(pid:\s*(\d{1,9})\)")
+_ROOT = "Root Cause (first observed failure)"
+_DISPLAY_PREFIX = re.compile(r"^\[\d+(?:/\d+)?\] ")
+_FAILED_AT = re.compile(r"^[EWI]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) .*\] failed \(exitcode: (-?\d+)\)")
+
+
+class AgentReport(BaseModel):
+    """What torchrun's failure report (in a node's output) names: the root-cause rank and its exit."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    failed_at: float | None = None
+
+
+def parse_agent_failure(lines: Iterable[str], world_size: int | None = None) -> AgentReport:
     """The root-cause rank and exit code from torchrun's failure report, if present.
 
-    Lines may carry the ``[node/rank] `` display prefix. ``failed_at`` is the
-    time of day (seconds) of the agent's "failed (exitcode...)" line, which
-    orders failures across nodes more finely than their exits are noticed.
+    Lines may carry the ``[node/rank] `` display prefix. ``failed_at`` is the time of day
+    (seconds) of the agent's "failed (exitcode...)" line, which orders failures across nodes
+    more finely than their exits are noticed. A rank outside ``world_size`` is ignored.
     """
-    found: dict[str, Any] = {}
-    failed_at = None
+    found = AgentReport()
     in_root = False
     for raw in lines:
         line = _DISPLAY_PREFIX.sub("", raw, count=1)
-        if failed_at is None and (match := _FAILED_AT.match(line)):
-            failed_at = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
+        if found.failed_at is None and (match := _FAILED_AT.match(line)):
+            found.failed_at = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
         if _ROOT in line:
-            in_root, found = True, {}
+            in_root = True
+            found = AgentReport(failed_at=found.failed_at)
             continue
         if not in_root:
             continue
-        if match := _RANK.match(line):
-            found["rank"], found["local_rank"] = int(match[1]), int(match[2])
+        if (match := _RANK.match(line)) and (world_size is None or int(match[1]) < world_size):
+            found.rank, found.local_rank = int(match[1]), int(match[2])
         elif match := _EXIT.match(line):
-            found["exit_code"], found["pid"] = int(match[1]), int(match[2])
-        elif match := _HOST.match(line):
-            found["host"] = match[1]
-    if "exit_code" in found:
-        found["signal"] = signal_name(found["exit_code"])
-    if failed_at is not None:
-        found["failed_at"] = failed_at
+            found.exit_code, found.pid = int(match[1]), int(match[2])
     return found
 
 
-# (pattern, what it means, whether it is only the echo of another rank's failure)
+# (pattern, what it means, whether it is only the echo of another rank's failure, whether a restart can help)
 # for lines in a failing rank's output, most specific first.
-KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
-    (re.compile(pattern, re.I), meaning, echo)
-    for pattern, meaning, echo in (
-        (r"CUDA out of memory|OutOfMemoryError", "CUDA out of memory: lower micro_batch, or use zero2/zero3 (see `launch plan`)", False),
-        (r"Watchdog caught collective operation timeout", "NCCL watchdog timeout: a collective waited on a rank that stopped (check the other nodes)", True),
-        (r"unhandled system error", "NCCL unhandled system error: usually the network (interface, IB HCA, firewall) between nodes", False),
-        (r"\bXid\b", "GPU Xid error reported by the driver (see the node's kernel log)", False),
-        (r"uncorrectable ECC error", "uncorrectable ECC error: a faulty GPU; drain this node", False),
-        (r"illegal memory access", "CUDA illegal memory access (a kernel bug or a corrupted GPU)", False),
-        (r"NCCL error|NCCL WARN", "NCCL error (run with env NCCL_DEBUG=INFO for details)", False),
-        (r"Connection (closed|reset) by peer", "a peer rank went away (it failed or its node was lost)", True),
+KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str, bool, bool], ...] = tuple(
+    (re.compile(pattern, re.I), meaning, echo, transient)
+    for pattern, meaning, echo, transient in (
+        (r"CUDA out of memory|OutOfMemoryError", "CUDA out of memory: lower micro_batch, or use zero2/zero3 (see `launch plan`)", False, False),
+        (r"Watchdog caught collective operation timeout", "NCCL watchdog timeout: a collective waited on a rank that stopped (check the other nodes)", True, True),
+        (r"unhandled system error", "NCCL unhandled system error: usually the network (interface, IB HCA, firewall) between nodes", False, True),
+        (r"\bXid\b", "GPU Xid error reported by the driver (see the node's kernel log)", False, True),
+        (r"uncorrectable ECC error", "uncorrectable ECC error: a faulty GPU; drain this node", False, True),
+        (r"illegal memory access", "CUDA illegal memory access (a kernel bug or a corrupted GPU)", False, False),
+        (r"NCCL error|NCCL WARN", "NCCL error (run with env NCCL_DEBUG=INFO for details)", False, True),
+        (r"Connection (closed|reset) by peer", "a peer rank went away (it failed or its node was lost)", True, True),
+        (r"^(ModuleNotFoundError|ImportError|SyntaxError)\b", "the program could not be imported (a missing module or a syntax error)", False, False),
     )
 )
-ECHOES = frozenset(meaning for _, meaning, echo in KNOWN_ERRORS if echo)
-_LAUNCH_NOTE = re.compile(r"\[launch\] (.*\blost\b.*)")
+ECHOES = frozenset(meaning for _, meaning, echo, _ in KNOWN_ERRORS if echo)
 _OOM_KILL = re.compile(r"(out of memory: Killed process (\d+)|oom-kill:.*\bpid=(\d+))", re.I)
+_KERNEL_TIME = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
+KILLED_CODES = (-signal.SIGKILL, SHELL_KILLED_EXIT, DEEPSPEED_KILLED_EXIT)
 
 
-def explain(failure: dict[str, Any], rank_lines: list[str], kernel_log: list[str] = ()) -> str | None:
-    """Why a rank failed, from its last lines, its signal and the node's kernel log."""
-    code = failure.get("exit_code")
-    pid = failure.get("pid")
-    if code == -9:
-        for line in kernel_log:
-            match = _OOM_KILL.search(line)
-            if match and (pid is None or str(pid) in (match[2], match[3])):
-                return f"killed by the kernel's OOM killer (host memory): {line.strip()}"
-    for line in reversed(rank_lines):
-        if match := _LAUNCH_NOTE.search(line):
-            return match[1]
-        for pattern, meaning, _ in KNOWN_ERRORS:
-            if pattern.search(line):
-                return meaning
-    if code in (-6, -11, -7, -4):
-        return f"the process crashed ({signal_name(code)}): see its last lines"
-    if code == -9:
-        return "killed (SIGKILL): by the OOM killer, a user or a scheduler; no OOM line in the kernel log"
+def oom_kill(kernel_log: Sequence[str], pids: Iterable[int], since: float | None = None) -> str | None:
+    """The kernel's OOM-killer line that killed one of ``pids`` (the job's processes on the node), if any.
+
+    Lines are ``dmesg --time-format iso`` lines; with ``since`` (epoch seconds) older ones are ignored,
+    so a reused PID from an earlier OOM kill is not blamed.
+    """
+    wanted = {str(pid) for pid in pids}
+    for line in reversed(kernel_log):
+        match = _OOM_KILL.search(line)
+        if not match or (match[2] or match[3]) not in wanted:
+            continue
+        if since is not None and (stamp := _KERNEL_TIME.match(line)):
+            try:
+                if datetime.fromisoformat(stamp[1]).timestamp() < since - 1:
+                    continue
+            except ValueError:
+                pass
+        return line.strip()[:300]
     return None
+
+
+def oom_pid(line: str) -> int | None:
+    """The PID an OOM-killer line names."""
+    match = _OOM_KILL.search(line)
+    return int(match[2] or match[3]) if match else None
+
+
+def classify(failure: Failure, rank_lines: Sequence[str], oom_line: str | None, progressed: bool) -> Failure:
+    """Fill in ``kind``, ``reason`` and ``transient`` from launch's observations and the rank's last lines.
+
+    ``progressed``: whether the attempt made progress (a metric record arrived) before it failed;
+    an exception raised before the first step will be raised again, so it is not transient.
+    """
+    code = failure.exit_code
+    if oom_line is not None:
+        return failure.model_copy(update={
+            "kind": FailureKind.OOM, "transient": False,
+            "reason": f"killed by the kernel's OOM killer (host memory): {oom_line}",
+        })
+    if failure.kind == FailureKind.LOST:
+        return failure.model_copy(update={"transient": True})
+    for line in reversed(rank_lines):
+        for pattern, meaning, _, transient in KNOWN_ERRORS:
+            if pattern.search(_DISPLAY_PREFIX.sub("", line, count=1).lstrip()):
+                return failure.model_copy(update={"reason": meaning, "transient": transient})
+    if code in (-6, -11, -7, -4):
+        return failure.model_copy(update={"reason": f"the process crashed ({signal_name(code)}): see its last lines",
+                                          "transient": False})
+    if code in KILLED_CODES:
+        return failure.model_copy(update={
+            "reason": "killed (SIGKILL) by a user, a scheduler or the OOM killer; no OOM-killer line names the job's processes",
+            "transient": True,
+        })
+    if code is not None and code < 0:
+        return failure.model_copy(update={"reason": f"ended by {signal_name(code)} from outside the job", "transient": True})
+    reason = None if progressed else "it failed before the first step (an error that will repeat on a restart)"
+    return failure.model_copy(update={"reason": reason, "transient": progressed})
 
 
 def agent_lost(exit_code: int | None) -> bool:
     """Whether a node agent's exit code says the agent itself died or went out of reach (not that a rank failed):
-    unknown, killed by a signal, or 255 (the SSH and Ray backends' code for a lost node)."""
+    unknown, killed by a signal, or 255 (the backends' code for a lost node)."""
     return exit_code is None or exit_code < 0 or exit_code == LOST_NODE_EXIT
 
 
-def precedence(failure: dict[str, Any]) -> tuple:
+def precedence(failure: Failure) -> tuple:
     """Sort key: which of several failures came first, the cause rather than its echoes.
 
-    A node whose agent died or whose connection was lost comes first, then a
-    rank that failed on its own, then ranks that only saw a peer go away, then
-    a node that exited normally without a failure report we could read (a
-    launcher that names no rank, or a report still in the pipe); within a
+    A node lost or killed by the OOM killer comes first, then a rank that failed on its own,
+    then ranks that only saw a peer go away, then a node that exited without a failure report
+    we could read (a launcher that names no rank, or a report still in the pipe); within a
     class, the earliest agent "failed" time, then node order.
     """
-    if failure.get("rank") is None:
-        klass = 0 if agent_lost(failure.get("exit_code")) else 3
-    elif failure.get("reason") in ECHOES:
+    if failure.kind in (FailureKind.LOST, FailureKind.OOM):
+        klass = 0
+    elif failure.rank is None:
+        klass = 0 if agent_lost(failure.exit_code) else 3
+    elif failure.reason in ECHOES:
         klass = 2
     else:
         klass = 1
-    failed_at = failure.get("failed_at")
-    return (klass, failed_at is None, failed_at or 0.0, failure.get("node", 0))
-
-
-def describe(failure: dict[str, Any]) -> str:
-    """One line for users: where it failed first and how."""
-    if failure.get("stalled_s") is not None:
-        return failure["reason"]
-    where = f"node {failure.get('node')}"
-    if failure.get("host"):
-        where += f" ({failure['host']})"
-    if failure.get("rank") is not None:
-        where += f", rank {failure['rank']}"
-    code = failure.get("exit_code")
-    how = f"exit code {code}" if code is not None else "lost"
-    if failure.get("signal"):
-        how += f" ({failure['signal']})"
-    reason = f": {failure['reason']}" if failure.get("reason") else ""
-    return f"first failure: {where}, {how}{reason}"
+    return (klass, failure.failed_at is None, failure.failed_at or 0.0, failure.node or 0)

@@ -8,8 +8,12 @@ present), so rank 0's choice is never forced on nodes that differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from launcher.spec.cluster import ClusterSpec
+
+if TYPE_CHECKING:
+    from launcher.backends.base import Backend
 
 AUTO = "auto"
 
@@ -23,7 +27,9 @@ class NodeNetwork:
     ib_hcas: tuple[str, ...] = ()
 
 
-def network_env(cluster: ClusterSpec, probe: NodeNetwork | None, master_addr: str) -> dict[str, tuple[str, str]]:
+def network_env(
+    cluster: ClusterSpec, backend: type[Backend], probe: NodeNetwork | None, master_addr: str
+) -> dict[str, tuple[str, str]]:
     """Socket and HCA variables for one node: name -> (value, source).
 
     Without a probe, auto values stay ``auto`` with the source "probed at
@@ -33,8 +39,8 @@ def network_env(cluster: ClusterSpec, probe: NodeNetwork | None, master_addr: st
     pinned = cluster.network.interface
     if pinned != AUTO:
         interface = (pinned, "cluster.yaml network.interface")
-    elif cluster.backend == "local":
-        interface = ("lo", "local backend: every rank on this machine")
+    elif (fixed := backend.pinned_interface(cluster)) is not None:
+        interface = fixed
     elif probe is not None:
         interface = (probe.interface, f"probed: the interface routing to node 0 ({master_addr})")
     else:
@@ -43,7 +49,7 @@ def network_env(cluster: ClusterSpec, probe: NodeNetwork | None, master_addr: st
     env["GLOO_SOCKET_IFNAME"] = interface
 
     hca = cluster.network.ib_hca
-    if hca is None or cluster.backend == "local":
+    if hca is None or not backend.uses_hcas(cluster):
         return env
     if hca != AUTO:
         env["NCCL_IB_HCA"] = (hca, "cluster.yaml network.ib_hca")

@@ -13,10 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.backends import Backend, backend_class, get_backend
+from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
+from launcher.checks import version_differences
 from launcher.errors import LaunchError, PreflightError, SpecError
+from launcher.plan import Plan, make_plan
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
-from launcher.store import CANCELLED, TERMINAL, Store
+from launcher.states import JobState, is_terminal
+from launcher.store import Store
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
 
@@ -27,7 +32,7 @@ class Prepared:
 
     job: JobSpec
     cluster: ClusterSpec
-    plan: object
+    plan: Plan
 
 
 def new_job_id(name: str) -> str:
@@ -36,20 +41,14 @@ def new_job_id(name: str) -> str:
 
 
 def load_cluster_spec(path: str | None) -> ClusterSpec:
-    """The cluster from ``--cluster``, else ./cluster.yaml, else the embedded local default."""
+    """The cluster from ``--cluster``, else ./cluster.yaml, else the embedded local default,
+    with what its backend fills in (the local cluster: this machine's CPUs, GPUs, directory)."""
     from launcher.spec.load import load_cluster
 
     if path is None and os.path.exists(DEFAULT_CLUSTER_FILE):
         path = DEFAULT_CLUSTER_FILE
     cluster = load_cluster(path) if path else ClusterSpec(name="local", backend="local")
-    if cluster.backend == "local":
-        updates = {}
-        if cluster.python is None:
-            updates["python"] = sys.executable
-        if cluster.workdir is None:
-            updates["workdir"] = os.getcwd()
-        cluster = cluster.model_copy(update=updates)
-    return cluster
+    return backend_class(cluster.backend).resolve_defaults(cluster)
 
 
 def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] = (), check_fit: bool = True) -> Prepared:
@@ -62,26 +61,30 @@ def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] 
 
 def prepare_job(job: JobSpec, cluster: ClusterSpec, check_fit: bool = True) -> Prepared:
     """Plan a validated job on a cluster (a free port for its rendezvous unless pinned)."""
-    from launcher.backends.local import free_port
-    from launcher.plan import make_plan
+    from launcher.ports import free_port
 
-    ds_config = deepspeed_config(job)
+    backend = backend_class(cluster.backend)
     port = cluster.rendezvous.port or free_port()
-    plan = make_plan(job, cluster, new_job_id(job.name), rdzv_port=port, ds_config=ds_config, check_fit=check_fit)
+    plan = make_plan(job, cluster, new_job_id(job.name), backend=backend, rdzv_port=port,
+                     ds_config=deepspeed_config(job), check_fit=check_fit)
+    if check_fit:
+        backend.check_host_memory(job, cluster, plan)
     return Prepared(job, cluster, plan)
 
 
 def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None:
-    """The DeepSpeed config for a recipe under a DeepSpeed strategy, else None."""
-    if not (job.recipe and job.uses_deepspeed):
+    """The DeepSpeed config the job's ranks get: a recipe's under a DeepSpeed strategy, or, for an
+    entrypoint under `launcher: deepspeed`, the generated one merged with the user's (LAUNCH_DS_CONFIG)."""
+    entrypoint = job.entrypoint is not None and job.launcher == "deepspeed"
+    if not (job.recipe and job.uses_deepspeed) and not entrypoint:
         return None
     from launcher.batch import resolve_batch
-    from launcher.dsconfig import make_ds_config
+    from launcher.dsconfig import DSConfigError, entrypoint_ds_config, make_ds_config
     from launcher.errors import PlanError
 
     world = world_size or job.resources.nodes * job.resources.nproc_per_node
     try:
-        batch = resolve_batch(job.batch, world)
+        batch = resolve_batch(job.batch, world) if job.batch is not None else None
     except PlanError:
         return None
     user = None
@@ -90,12 +93,18 @@ def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None
             user = json.loads(Path(job.deepspeed.config).expanduser().read_text())
         except (OSError, ValueError) as exc:
             raise SpecError(f"deepspeed.config: cannot read '{job.deepspeed.config}' as JSON: {exc}") from None
+        if not isinstance(user, dict):
+            raise SpecError(f"deepspeed.config: '{job.deepspeed.config}' must hold a JSON object")
     try:
+        if entrypoint:
+            if batch is None and user is None:
+                return None  # nothing of the job's to give the program: it brings its own config
+            return entrypoint_ds_config(job.precision, batch, job.deepspeed.gradient_clipping, user)
         return make_ds_config(
             job.strategy, job.precision, batch.micro_batch, batch.grad_accum, world,
             gradient_clipping=job.deepspeed.gradient_clipping, user_config=user,
         )
-    except ValueError as exc:
+    except DSConfigError as exc:
         raise SpecError(f"deepspeed: {exc}") from None
 
 
@@ -107,21 +116,22 @@ def submit(
     on_recorded: Callable[[str], None] | None = None,
     run_check: bool = True,
     warn: Callable[[str], None] | None = None,
-) -> tuple[str, str]:
+    stage: StageSink = no_stage,
+) -> tuple[str, JobState]:
     """Check, preflight, record and run the job; (job id, state). Nothing starts if a check fails.
 
-    On SSH clusters ``run_check`` then compares the nodes (python, torch,
-    deepspeed and NCCL versions; clock skew, disk and GPU processes as warnings).
+    ``run_check`` also compares the nodes' python, torch, deepspeed and NCCL versions (from the
+    facts preflight gathered) and validates a DeepSpeed config with DeepSpeed's own classes.
+    One backend, so one connection per host, serves the whole submit.
     """
-    from launcher.backends.base import get_backend
     from launcher.secrets import read_secrets
     from launcher.supervisor import Supervisor
 
-    job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
+    job, cluster = prepared.job, prepared.cluster
     secret_values = read_secrets(job.secrets)
-    backend = get_backend(cluster.backend, cluster)
+    backend = get_backend(cluster)
     try:
-        plan = _preflight(prepared, backend, run_check, warn)
+        plan = preflight(prepared, backend, run_check, warn, stage)
     except BaseException:
         backend.close()
         raise
@@ -132,11 +142,12 @@ def submit(
     if detach:
         backend.close()
         _spawn_supervisor(store, plan.job_id)
-        return plan.job_id, "PENDING"
+        return plan.job_id, JobState.PENDING
     supervisor = Supervisor(
-        store, plan, backend, echo=echo, secrets=secret_values, grace=job.watch.grace_period,
-        restarts=job.restarts, stall_timeout=job.watch.stall_timeout,
+        store, plan, backend, echo=echo, warn=warn, stage=stage, secrets=secret_values, grace=job.watch.grace_period,
+        restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
+        place=placer(job, cluster),
     )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
@@ -152,7 +163,7 @@ def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool)
     (``run_check``: versions compared, warnings filed as events) and records the smaller cluster, so that
     `launch cancel` and the final sweep address the nodes the job now runs on."""
 
-    def replan(plan, hosts: frozenset[str]):
+    def replan(plan: Plan, hosts: frozenset[str]) -> tuple[Plan, Backend]:
         def warn(text: str) -> None:
             store.add_event(plan.job_id, "warning", text)
 
@@ -163,51 +174,73 @@ def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool)
     return replan
 
 
-def _preflight(prepared: Prepared, backend, run_check: bool, warn: Callable[[str], None] | None):
+def preflight(
+    prepared: Prepared, backend: Backend, run_check: bool, warn: Callable[[str], None] | None,
+    stage: StageSink = no_stage,
+) -> Plan:
     """Every check before the first process starts; the plan re-made with what the backend probed."""
-    from launcher.plan import make_plan
-
     job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
     validation = _start_ds_validation(plan.ds_config) if run_check else None
+    for node in plan.nodes:
+        stage(Stage.PREFLIGHT, node.index, node.host, StageState.RUNNING)
     found = backend.preflight(plan)
     if validation is not None:
         found.problems.extend(_ds_problems(validation))
+    if run_check and len(found.facts) > 1:
+        found.problems.extend(version_differences({plan.nodes[i].host: f for i, f in sorted(found.facts.items())}))
+    for node in plan.nodes:
+        failed = any(problem.startswith((f"{node.host}:", f"node {node.index} ")) for problem in found.problems)
+        stage(Stage.PREFLIGHT, node.index, node.host, StageState.FAILED if failed else StageState.DONE)
     if found.problems:
         raise PreflightError(
             f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
-            + "\n".join(f"  {p}" for p in found.problems)
+            + "\n".join(f"  {p}" for p in found.problems),
+            hint="`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
         )
-    if run_check and cluster.backend == "ssh":
-        used = cluster.model_copy(update={"nodes": cluster.nodes[: plan.nnodes]})
-        _check_consistency(used, plan.rendezvous.port, warn)
-    if found.nodes is not None or found.probes:
+    if run_check and warn is not None:
+        from launcher.checks import NodeFacts, node_warnings
+
+        for text in node_warnings([NodeFacts(i, plan.nodes[i].host, f) for i, f in sorted(found.facts.items())]):
+            warn(f"warning: {text}")
+    return placed(job, cluster, plan, type(backend), found)
+
+
+def placed(job: JobSpec, cluster: ClusterSpec, plan: Plan, backend: type[Backend], found: Preflight) -> Plan:
+    """The plan re-made with what the backend found on the nodes (addresses, network, interpreter);
+    PreflightError if a value the plan needs is still unknown."""
+    if found.nodes is not None or found.probes or found.python:
         plan = make_plan(
-            job, cluster, plan.job_id, rdzv_port=plan.rendezvous.port,
-            nodes=found.nodes, probes=found.probes, ds_config=plan.ds_config,
+            job, cluster, plan.job_id, backend=backend, rdzv_port=plan.rendezvous.port,
+            nodes=found.nodes, probes=found.probes, python=found.python or plan.python, ds_config=plan.ds_config,
         )
     if plan.unresolved():
         raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))
     return plan
 
 
+def placer(job: JobSpec, cluster: ClusterSpec) -> Callable[[Plan, Preflight], Plan]:
+    """For backends that learn the nodes only once a scheduler allocates them (Slurm): the supervisor's way
+    to re-plan the job with the preflight it ran inside the allocation."""
+    backend = backend_class(cluster.backend)
+    return lambda plan, found: placed(job, cluster, plan, backend, found)
+
+
 def plan_without(
-    job: JobSpec, cluster: ClusterSpec, plan, hosts: frozenset[str], run_check: bool = True,
+    job: JobSpec, cluster: ClusterSpec, plan: Plan, hosts: frozenset[str], run_check: bool = True,
     warn: Callable[[str], None] | None = None,
-):
+) -> tuple[ClusterSpec, Plan, Backend]:
     """For a restart that leaves ``hosts`` out: (the cluster without them, the preflighted plan on it, its backend).
 
     The job keeps its id, rendezvous port, world size and batch; PlanError or
     PreflightError (nothing started) when the other nodes cannot take it.
     """
-    from launcher.backends.base import get_backend
-    from launcher.plan import make_plan
-
     smaller = cluster.model_copy(update={"nodes": [n for n in cluster.nodes if n.host not in hosts]})
     job = job.model_copy(update={"leave_out_failed_nodes": False})
-    fresh = make_plan(job, smaller, plan.job_id, rdzv_port=plan.rendezvous.port, ds_config=plan.ds_config)
-    backend = get_backend(smaller.backend, smaller)
+    fresh = make_plan(job, smaller, plan.job_id, backend=backend_class(smaller.backend), rdzv_port=plan.rendezvous.port,
+                      ds_config=plan.ds_config)
+    backend = get_backend(smaller)
     try:
-        return smaller, _preflight(Prepared(job, smaller, fresh), backend, run_check, warn), backend
+        return smaller, preflight(Prepared(job, smaller, fresh), backend, run_check, warn), backend
     except BaseException:
         backend.close()
         raise
@@ -234,25 +267,10 @@ def _ds_problems(proc: subprocess.Popen) -> list[str]:
     return [f"deepspeed config: {problem}" for problem in json.loads(out)]
 
 
-def _check_consistency(cluster: ClusterSpec, port: int, warn: Callable[[str], None] | None) -> None:
-    from launcher.check import consistency
-
-    report = consistency(cluster, port)
-    for warning in report.warnings:
-        if warn:
-            warn(f"warning: {warning}")
-    if report.problems:
-        raise PreflightError(
-            f"launch check found {len(report.problems)} problem(s); nothing was started:\n"
-            + "\n".join(f"  {p}" for p in report.problems),
-            hint="`launch check` shows every node; `launch submit --skip-check` skips this comparison",
-        )
-
-
 def _spawn_supervisor(store: Store, job_id: str) -> None:
     log = open(store.run_dir(job_id) / "supervisor.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.supervisor", job_id],
+        [sys.executable, "-m", "launcher.detached", job_id],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -264,45 +282,46 @@ def _spawn_supervisor(store: Store, job_id: str) -> None:
 
 
 def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
-    """Cancel a job: signal its supervisor, or clean up directly if it is gone; the final job row."""
+    """Cancel a job: signal its supervisor (once proven to be it), or clean up directly if it is gone."""
+    from launcher import identity
+
     job = store.job(job_ref)
-    if job["state"] in TERMINAL:
+    if is_terminal(job["state"]):
         raise LaunchError(f"job {job['id']} already ended {job['state']}; nothing to cancel")
     store.add_event(job["id"], "cancel_requested", "cancel requested by `launch cancel`")
-    pid = job.get("supervisor_pid")
-    if pid and _is_supervisor(pid):
+    run_dir = store.run_dir(job["id"])
+    deadline = time.monotonic() + 5.0
+    pid = identity.verified_pid(run_dir, job["id"])
+    while pid is None and job["state"] == JobState.PENDING and time.monotonic() < deadline:
+        time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
+        pid = identity.verified_pid(run_dir, job["id"])
+        job = store.job(job["id"])
+    if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             job = store.job(job["id"])
-            if job["state"] in TERMINAL:
+            if is_terminal(job["state"]):
                 return job
             time.sleep(0.1)
     _cancel_orphaned(store, job)
     return store.job(job["id"])
 
 
-def _is_supervisor(pid: int) -> bool:
-    """True if ``pid`` is alive and is a `launch` process (a detached or foreground supervisor)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"launch" in handle.read()
-    except OSError:
-        return False
-
-
 def _cancel_orphaned(store: Store, job: dict) -> None:
-    """The supervisor is gone: end the job's processes ourselves and record CANCELLED."""
-    from launcher.backends.base import get_backend
-    from launcher.plan import Plan
-
+    """The supervisor is gone: end the job's processes ourselves and record CANCELLED, unless a node
+    could not be checked (then say which, and leave the job for another try)."""
     plan = Plan.model_validate(job["plan"])
     cluster = ClusterSpec.model_validate(job["spec"]["cluster"])
-    backend = get_backend(plan.backend, cluster)
+    backend = get_backend(cluster)
     try:
-        left = backend.sweep(plan, job["spec"]["job"]["watch"]["grace_period"])
+        report = backend.sweep(plan, job["spec"]["job"]["watch"]["grace_period"])
     finally:
         backend.close()
-    if left:
-        raise LaunchError(f"job {job['id']}: processes still alive after cancel: {left}")
-    store.transition(job["id"], CANCELLED, reason="cancelled by user (supervisor was gone)")
+    if not report.clean:
+        for problem in report.problems():
+            store.add_event(job["id"], "sweep", problem)
+        raise LaunchError(f"job {job['id']}: cancel could not confirm every node is clean:\n"
+                          + "\n".join(f"  {p}" for p in report.problems()),
+                          hint=f"`launch cancel {job['id']}` again once the node is reachable")
+    store.transition(job["id"], JobState.CANCELLED, reason="cancelled by user (supervisor was gone)")

@@ -1,139 +1,139 @@
 """The supervisor: starts a plan's nodes, follows them, and ends the job cleanly.
 
-It relays every line with a ``[node/rank]`` prefix (to the console in the
-foreground, always to per-node log files), files metric records in the
-store, notices the first node that fails and tears the others down, obeys
-cancel requests (SIGTERM/SIGINT), and checks that no process of the job is
-left before it records the final state.
-
-Run detached as ``python -m launcher.supervisor JOB_ID``.
+It relays every line with a ``[node/rank]`` prefix (to the console in the foreground, always to
+per-node log files, each line after its epoch time), files metric records in the store, follows
+what the node agents measure (CPU time, memory, GPU use of every rank), notices the first node
+that fails and tears the others down, calls a silent and idle job hung (taking every rank's
+stack first), obeys cancel requests (SIGTERM/SIGINT), restarts after failures that can pass,
+and checks that no process of the job is left before it records the final state. Its own errors
+end the job FAILED ("launch internal error"), never a job left RUNNING.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
-import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from launcher import failures
-from launcher.backends.base import Backend, NodeHandle
-from launcher.errors import LaunchError, NodeStartError
+from launcher import failures, identity, stacks
+from launcher.backends.base import (
+    Backend,
+    NodeHandle,
+    Preflight,
+    StageSink,
+    StartContext,
+    no_stage,
+)
+from launcher.errors import LaunchError, NodeStartError, PreflightError
+from launcher.failures import Failure, FailureKind
+from launcher.liveness import HangDetector, Liveness
 from launcher.metrics.aggregate import summarize
-from launcher.metrics.reporter import parse_record
+from launcher.metrics.record import Rejected, RejectedCount, parse_line, parse_samples
 from launcher.plan import Plan
 from launcher.shell import mask
-from launcher.store import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store
+from launcher.states import JobState, NodeState
+from launcher.store import Store
 
-_RANK_PREFIX = re.compile(r"^\[(\d+)\]:(?=.)")
+_RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
 SETTLE_S = 1.0
 REPORT_WAIT_S = 5.0  # how long failed nodes' output may take to reach us (their failure reports), under load
 TAIL_LINES = 200
 POLL_S = 0.1
+PROGRESS_PROXY_S = 120.0  # a program without the Reporter that ran this long has made progress
+Replanner = Callable[[Plan, frozenset[str]], tuple[Plan, Backend]]
 
 
 class NodeWatcher:
-    """Reads one node's output: log file, console echo, metric records, last lines."""
+    """Reads one node agent's framed lines: log file, console echo, metric records, samples, last lines.
 
-    def __init__(
-        self,
-        handle: NodeHandle,
-        log_path: Path,
-        store: Store,
-        job_id: str,
-        attempt: int,
-        echo: Callable[[str], None] | None,
-        secrets: Mapping[str, str],
-    ) -> None:
+    It never dies on its own errors: a line it cannot handle is counted and skipped, so the
+    pipe is always drained and the ranks never block on a full one.
+    """
+
+    def __init__(self, handle: NodeHandle, host: str, log_path: Path, sup: Supervisor, attempt: int) -> None:
         self.handle = handle
+        self.host = host
         self.log_path = log_path
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.started = time.monotonic()
-        self.progress: dict[int, tuple[int, float]] = {}
-        self._store, self._job_id, self._attempt = store, job_id, attempt
-        self._echo, self._secrets = echo, secrets
+        self.pids: set[int] = set()
+        self.samples: dict[int, dict] = {}
+        self.agent_exit: int | None = None
+        self.errors = 0
+        self._sup, self._attempt = sup, attempt
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"node{handle.index}")
         self._thread.start()
 
     def _run(self) -> None:
-        node = self.handle.index
-        with open(self.log_path, "a", encoding="utf-8", errors="replace") as log:
-            for raw in self.handle.lines():
-                line = mask(raw, self._secrets) if self._secrets else raw
-                record = parse_record(line)
-                if record is not None:
-                    record.setdefault("node", node)
-                    self.progress[int(record.get("rank", -1))] = (int(record.get("step", 0)), time.monotonic())
-                    self._store.add_metrics(self._job_id, self._attempt, [record])
-                    continue
-                match = _RANK_PREFIX.match(line)
-                text = f"[{node}/{match[1]}] {line[match.end():]}" if match else f"[{node}] {line}"
-                log.write(text + "\n")
-                log.flush()
-                self.tail.append(text)
-                if self._echo is not None:
-                    self._echo(text)
+        try:
+            with open(self.log_path, "a", encoding="utf-8", errors="replace") as log:
+                for raw in self.handle.lines():
+                    try:
+                        self._line(raw, log)
+                    except Exception as exc:  # noqa: BLE001 - one bad line must not stop the relay
+                        self.errors += 1
+                        if self.errors == 1:
+                            self._sup.internal_note(f"node {self.handle.index}: a line could not be handled: {exc!r}")
+        except Exception as exc:  # noqa: BLE001 - the node's channel broke: its exit code says the rest
+            self._sup.internal_note(f"node {self.handle.index}: reading its output failed: {exc!r}")
+
+    def _line(self, raw: str, log) -> None:
+        node, now = self.handle.index, time.time()
+        if raw.startswith("@"):
+            kind, _, data = raw[1:].partition(" ")
+            self._event(kind, json.loads(data) if data else {}, now)
+            return
+        text = raw[1:] if raw.startswith("|") else raw
+        if self._sup.secrets:
+            text = mask(text, self._sup.secrets)
+        self._sup.live.output(now)
+        record = parse_line(text, world_size=self._sup.plan.world_size, node=node, host=self.host)
+        if isinstance(record, Rejected):
+            self._sup.rejected_record(node, record)
+            return
+        if record is not None:
+            self._sup.live.progress(node, record.rank, record.step, now)
+            self._sup.store.add_metrics(self._sup.plan.job_id, self._attempt, [record])
+            return
+        match = _RANK_PREFIX.match(text)
+        shown = f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}"
+        log.write(f"{now:.3f} {shown}\n")
+        log.flush()
+        self.tail.append(shown)
+        self._sup.echo_line(shown)
+
+    def _event(self, kind: str, data: dict, now: float) -> None:
+        if kind == "sample":
+            node = self.handle.index
+            samples = [s for s in parse_samples(data, world_size=self._sup.plan.world_size, node=node, host=self.host)
+                       if not isinstance(s, Rejected)]
+            for entry in data.get("ranks", []) if isinstance(data.get("ranks"), list) else []:
+                if isinstance(entry, dict) and isinstance(entry.get("pids"), list):
+                    self.pids.update(pid for pid in entry["pids"] if isinstance(pid, int))
+            for sample in samples:
+                self.samples[sample.rank] = sample
+                self.pids.add(sample.pid)
+                self._sup.live.sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now)
+            if samples:
+                self._sup.store.add_samples(self._sup.plan.job_id, self._attempt, samples)
+        elif kind == "started":
+            self.handle.pid = int(data["pid"])
+        elif kind == "exit":
+            self.agent_exit = int(data["code"])
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
-
-class StallDetector:
-    """Calls a job stalled when no rank has reported progress for too long.
-
-    The limit is ``stall_timeout`` until reports arrive; after that it adapts
-    to the job: five times the longest gap seen between two reports (at least
-    30 s), never more than ``stall_timeout``. Once a rank has reported its last
-    step, the ranks' exit (checkpoint, teardown) gets the whole ``stall_timeout``. So a job whose reports come
-    every second is called stalled in seconds, not after NCCL's timeout.
-    """
-
-    FLOOR_S = 30.0
-    FACTOR = 5.0
-
-    def __init__(self, stall_timeout: float, max_steps: int) -> None:
-        self.stall_timeout = stall_timeout
-        self.max_steps = max_steps
-        self._last_report: float | None = None
-        self._longest_gap = 0.0
-        self._finishing = False
-
-    def limit(self) -> float:
-        """Seconds of silence allowed now (the whole stall_timeout while ranks finish up)."""
-        if self._longest_gap <= 0 or self._finishing:
-            return self.stall_timeout
-        return min(self.stall_timeout, max(self.FLOOR_S, self.FACTOR * self._longest_gap))
-
-    def check(self, watchers: list[NodeWatcher]) -> dict[str, Any] | None:
-        """A failure record if the job has stalled, else None."""
-        now = time.monotonic()
-        latest = [(t, step, w.handle.index, rank) for w in watchers for rank, (step, t) in w.progress.items()]
-        newest = max((t for t, *_ in latest), default=None)
-        self._finishing = any(step >= self.max_steps for _, step, *_ in latest)
-        if newest is not None and newest != self._last_report:
-            if self._last_report is not None:
-                self._longest_gap = max(self._longest_gap, newest - self._last_report)
-            self._last_report = newest
-        since = newest if newest is not None else min(w.started for w in watchers)
-        quiet = now - since
-        if quiet < self.limit():
-            return None
-        if not latest:
-            return {"reason": f"stalled before the first step: no rank reported progress in {quiet:.0f} s",
-                    "stalled_s": quiet}
-        t, step, node, rank = min(latest)
-        return {
-            "node": node, "rank": rank, "step": step, "stalled_s": quiet,
-            "reason": f"stalled at step {step} on node {node}/rank {rank}: no rank reported progress for {quiet:.0f} s "
-                      f"(limit {self.limit():.0f} s; node {node}/rank {rank} was heard from least recently)",
-        }
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
 
 
 class Supervisor:
@@ -146,11 +146,15 @@ class Supervisor:
         backend: Backend,
         *,
         echo: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None,
+        stage: StageSink = no_stage,
         secrets: Mapping[str, str] | None = None,
         grace: float = 5.0,
         restarts: int = 0,
+        restart_on: str = "transient",
         stall_timeout: float | None = None,
-        replan: Callable[[Plan, frozenset[str]], tuple[Plan, Backend]] | None = None,
+        replan: Replanner | None = None,
+        place: Callable[[Plan, Preflight], Plan] | None = None,
     ) -> None:
         """``replan`` (given with ``leave_out_failed_nodes``) re-plans a restart without the hosts given:
         a host that failed first in two attempts is left out."""
@@ -158,15 +162,48 @@ class Supervisor:
         self.plan = plan
         self.backend = backend
         self.echo = echo
+        self._warn = warn
+        self.stage = stage
         self.secrets = dict(secrets or {})
         self.grace = grace
         self.restarts = restarts
+        self.restart_on = restart_on
         self.replan = replan
+        self.place = place
         self.first_failures: collections.Counter[str] = collections.Counter()
-        self.stall = StallDetector(stall_timeout, plan.max_steps) if stall_timeout else None
+        self.hangs = HangDetector(stall_timeout, plan.max_steps) if stall_timeout else None
+        self.live = Liveness(time.time())
         self.run_dir = store.run_dir(plan.job_id)
         self._cancel = threading.Event()
         self._cancel_reason = ""
+        self._quiet = threading.Event()
+        self._rejected = RejectedCount()
+        self._rejected_lock = threading.Lock()
+
+    # output
+
+    def echo_line(self, line: str) -> None:
+        """Show a relayed line in the foreground, unless the job is being torn down (those stay in the logs)."""
+        if self.echo is not None and not self._quiet.is_set():
+            self.echo(line)
+
+    def warn(self, text: str) -> None:
+        self.store.add_event(self.plan.job_id, "warning", text)
+        if self._warn is not None:
+            self._warn(f"warning: {text}")
+
+    def rejected_record(self, node: int, rejected: Rejected) -> None:
+        """Count a malformed metric record (never stored); warn once an attempt."""
+        with self._rejected_lock:
+            warning = self._rejected.add(rejected)
+        if warning:
+            self.warn(f"node {node}: {warning}")
+
+    def internal_note(self, text: str) -> None:
+        with open(self.run_dir / "supervisor-errors.log", "a", encoding="utf-8") as handle:
+            handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n{traceback.format_exc()}\n")
+
+    # control
 
     def request_cancel(self, reason: str = "cancelled by user") -> None:
         """Ask the watch loop to tear the job down and end it CANCELLED (thread- and signal-safe)."""
@@ -178,54 +215,97 @@ class Supervisor:
         signal.signal(signal.SIGTERM, lambda *_: self.request_cancel("cancelled (SIGTERM to the supervisor)"))
         signal.signal(signal.SIGINT, lambda *_: self.request_cancel("cancelled (Ctrl-C)"))
 
-    def run(self) -> str:
-        """Start every node, watch until the end (restarting up to ``restarts`` times), clean up."""
-        job_id, attempt = self.plan.job_id, 0
+    def run(self) -> JobState:
+        """Start every node, watch until the end (restarting as the policy allows), clean up."""
+        job_id = self.plan.job_id
+        identity.record(self.run_dir, job_id)
         self.store.update_job(job_id, supervisor_pid=os.getpid())
-        if not self.store.transition(job_id, LAUNCHING, attempt=attempt):
-            return self.store.job(job_id)["state"]
+        if not self.store.transition(job_id, JobState.LAUNCHING, attempt=0):
+            return JobState(self.store.job(job_id)["state"])
         self.store.add_event(job_id, "launching", f"starting {self.plan.nnodes} node(s) on {self.plan.backend}")
         try:
-            while True:
-                state, reason, failure = self._run_attempt(attempt)
-                left = self.backend.sweep(self.plan, self.grace)
-                if left:
-                    self.store.add_event(job_id, "leftovers", f"processes alive after teardown: {left}", {"pids": left})
-                if state != FAILED or attempt >= self.restarts or self._cancel.is_set():
-                    break
-                if self.replan is not None and failure is not None:
-                    problem = self._leave_out_twice_failed(failure)
-                    if problem:
-                        reason = f"{reason}; {problem}"
-                        break
-                    if self._cancel.is_set():
-                        state, reason = CANCELLED, self._cancel_reason
-                        break
-                attempt += 1
-                self.store.add_event(
-                    job_id, "restarting", f"attempt {attempt - 1} failed ({reason}); restart {attempt} of {self.restarts}",
-                    failure,
-                )
-                if not self._next_attempt(attempt):
-                    state, reason = CANCELLED, self._cancel_reason or "cancelled"
-                    break
+            state, reason, failure = self._attempts()
+        except Exception as exc:  # noqa: BLE001 - the job must end, whatever went wrong in launch
+            self.internal_note(f"launch internal error: {exc!r}")
+            self._quiet.set()
+            state, reason = JobState.FAILED, f"launch internal error: {exc!r} (traceback in {self.run_dir}/supervisor-errors.log)"
+            failure = Failure(kind=FailureKind.INTERNAL, reason=reason)
+            self._sweep()
         finally:
             self.backend.close()
-        summary = summarize(self.store.metrics(job_id))
-        self.store.transition(job_id, state, reason=reason, first_failure=failure, summary=summary)
+        try:
+            summary = summarize(self.store.metrics(job_id), self.store.samples(job_id))
+        except Exception as exc:  # noqa: BLE001 - a summary that cannot be made must not keep the job open
+            self.internal_note(f"the metric summary could not be made: {exc!r}")
+            summary = None
+        self.store.transition(job_id, state, reason=reason,
+                              first_failure=failure.model_dump(mode="json") if failure else None, summary=summary)
         self.store.add_event(job_id, state.lower(), reason or state)
         return state
 
-    def _leave_out_twice_failed(self, failure: dict[str, Any]) -> str | None:
+    def _attempts(self) -> tuple[JobState, str | None, Failure | None]:
+        attempt = 0
+        while True:
+            state, reason, failure = self._run_attempt(attempt)
+            self._sweep()
+            self._file_rejected()
+            if state != JobState.FAILED or self._cancel.is_set():
+                return state, reason, failure
+            why_not = self._why_not_restart(attempt, failure)
+            if why_not:
+                if self.restarts:
+                    self.store.add_event(self.plan.job_id, "no_restart", why_not)
+                return state, reason if not self.restarts else f"{reason} ({why_not})", failure
+            if self.replan is not None and failure is not None:
+                problem = self._leave_out_twice_failed(failure)
+                if problem:
+                    return state, f"{reason}; {problem}", failure
+                if self._cancel.is_set():
+                    return JobState.CANCELLED, self._cancel_reason, None
+            attempt += 1
+            self.store.add_event(
+                self.plan.job_id, "restarting",
+                f"attempt {attempt - 1} failed ({reason}); restart {attempt} of {self.restarts}"
+                + ("" if failure is None or failure.transient else " (restart_on: any)"),
+                failure.model_dump(mode="json") if failure else None,
+            )
+            if not self._next_attempt(attempt):
+                return JobState.CANCELLED, self._cancel_reason or "cancelled", None
+
+    def _file_rejected(self) -> None:
+        """One event for the attempt's dropped metric records, then count afresh."""
+        with self._rejected_lock:
+            count, self._rejected = self._rejected, RejectedCount()
+        if count.count:
+            self.store.add_event(self.plan.job_id, "metrics_rejected",
+                                 f"{count.count} malformed metric record(s) dropped; first: {count.first}",
+                                 {"count": count.count, "first": count.first})
+
+    def _why_not_restart(self, attempt: int, failure: Failure | None) -> str | None:
+        """Why this failure is not restarted (None: restart)."""
+        if attempt >= self.restarts:
+            return f"no restart left (restarts: {self.restarts})" if self.restarts else "restarts: 0"
+        if failure is not None and not failure.transient and self.restart_on != "any":
+            return ("not restarted: this failure would repeat (restart_on: transient restarts only lost nodes, "
+                    "network/NCCL errors, signals from outside and hangs after progress; set restart_on: any to restart anyway)")
+        return None
+
+    def _sweep(self) -> None:
+        report = self.backend.sweep(self.plan, self.grace)
+        for problem in report.problems():
+            self.store.add_event(self.plan.job_id, "sweep", problem,
+                                 {"nodes": [n.__dict__ for n in report.nodes if n.outcome != "clean"]})
+
+    def _leave_out_twice_failed(self, failure: Failure) -> str | None:
         """Count the failure against its host; at its second, re-plan without it. A problem text if that fails.
 
         Only a node whose processes exited or whose connection was lost counts (its failure has an exit
         code): a stall names the node heard from least recently, and a start or setup failure is reported
         by every node alike, so neither says which host is broken.
         """
-        if failure.get("exit_code") is None or failure.get("node") is None:
+        if failure.exit_code is None or failure.node is None or failure.kind not in (FailureKind.EXIT, FailureKind.LOST, FailureKind.OOM):
             return None
-        host = failure.get("host") or self.plan.nodes[failure["node"]].host
+        host = failure.host or self.plan.nodes[failure.node].host
         self.first_failures[host] += 1
         if self.first_failures[host] < 2:
             return None
@@ -246,43 +326,80 @@ class Supervisor:
     def _next_attempt(self, attempt: int) -> bool:
         """Record the new attempt (RUNNING -> LAUNCHING); False if the job was cancelled meanwhile."""
         job_id = self.plan.job_id
-        if self.store.job(job_id)["state"] == LAUNCHING:
+        self.live = Liveness(time.time())
+        self._quiet.clear()
+        if self.store.job(job_id)["state"] == JobState.LAUNCHING:
             self.store.update_job(job_id, attempt=attempt)
             return True
-        return self.store.transition(job_id, LAUNCHING, attempt=attempt)
+        return self.store.transition(job_id, JobState.LAUNCHING, attempt=attempt)
 
-    def _run_attempt(self, attempt: int) -> tuple[str, str | None, dict[str, Any] | None]:
+    # one attempt
+
+    def _run_attempt(self, attempt: int) -> tuple[JobState, str | None, Failure | None]:
         job_id = self.plan.job_id
-        watchers = self._start_nodes(attempt)
-        if isinstance(watchers, tuple):
-            return watchers
-        if not self.store.transition(job_id, RUNNING):
+        started = self._start_nodes(attempt)
+        if isinstance(started, Failure):
+            return JobState.FAILED, started.describe(), started
+        watchers = started
+        if not self.store.transition(job_id, JobState.RUNNING):
             self._teardown(watchers)
-            return CANCELLED, "cancelled while launching", None
+            return JobState.CANCELLED, "cancelled while launching", None
         self.store.add_event(job_id, "running", "all nodes started")
+        self.live = Liveness(time.time())
         exits: dict[int, int] = {}
         while True:
             self._collect_exits(watchers, attempt, exits)
             if any(code != 0 for code in exits.values()):
-                first_failure = self._first_failure(watchers, attempt, exits)
-                self.store.add_event(job_id, "node_failed", failures.describe(first_failure), first_failure)
+                failure = self._first_failure(watchers, attempt, exits)
+                self.store.add_event(job_id, "node_failed", failure.describe(), failure.model_dump(mode="json"))
                 self._teardown(watchers)
                 self._record_exits(watchers, attempt, exits)
-                return FAILED, failures.describe(first_failure), first_failure
+                return JobState.FAILED, failure.describe(), failure
             if len(exits) == len(watchers):
                 self._drain(watchers)
-                return SUCCEEDED, None, None
+                return JobState.SUCCEEDED, None, None
             if self._cancel.is_set():
                 self._teardown(watchers)
                 self._record_exits(watchers, attempt, exits)
-                return CANCELLED, self._cancel_reason, None
-            stalled = self.stall.check(watchers) if self.stall else None
-            if stalled is not None:
-                self.store.add_event(job_id, "stalled", stalled["reason"], stalled)
+                return JobState.CANCELLED, self._cancel_reason, None
+            hung = self.hangs.check(self.live, time.time()) if self.hangs else None
+            if hung is not None:
+                self._quiet.set()
+                self.store.add_event(job_id, "hung" if hung.kind == FailureKind.HANG else "stalled", hung.reason,
+                                     hung.model_dump(mode="json"))
+                taken = stacks.collect(self.backend, self.plan, self.store, attempt)
+                if taken.odd_one_out:
+                    hung = hung.model_copy(update={"reason": f"{hung.reason}; {taken.odd_one_out}"})
                 self._teardown(watchers)
                 self._record_exits(watchers, attempt, exits)
-                return FAILED, stalled["reason"], stalled
+                return JobState.FAILED, hung.describe(), hung
             time.sleep(POLL_S)
+
+    def _start_nodes(self, attempt: int) -> list[NodeWatcher] | Failure:
+        """Start every node through the backend; a Failure (nothing left running) if any cannot start."""
+        job_id = self.plan.job_id
+        for node in self.plan.nodes:
+            self.store.set_node(job_id, attempt, node.index, host=node.host, address=node.address,
+                                state=NodeState.STARTING, started_at=time.time())
+        context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace,
+                               stage=self.stage, cancelled=self._cancel, place=self.place)
+        try:
+            self.plan, handles = self.backend.start(self.plan, context)
+        except NodeStartError as exc:
+            node = self.plan.nodes[exc.node]
+            return Failure(kind=FailureKind.START, node=node.index, host=node.host, reason=f"could not start: {exc}")
+        except PreflightError as exc:
+            return Failure(kind=FailureKind.PREFLIGHT, reason=str(exc))
+        except LaunchError as exc:
+            return Failure(kind=FailureKind.START, reason=f"could not start: {exc}")
+        watchers = []
+        for handle in handles:
+            node = self.plan.nodes[handle.index]
+            log_path = self.run_dir / f"attempt{attempt}-node{node.index}.log"
+            self.store.set_node(job_id, attempt, node.index, host=node.host, address=node.address,
+                                state=NodeState.RUNNING, pid=handle.pid, log_path=str(log_path))
+            watchers.append(NodeWatcher(handle, node.host, log_path, self, attempt))
+        return watchers
 
     def _collect_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> None:
         for watcher in watchers:
@@ -292,9 +409,10 @@ class Supervisor:
             code = watcher.handle.poll()
             if code is not None:
                 exits[index] = code
-                self.store.set_node(self.plan.job_id, attempt, index, state="EXITED", exit_code=code, ended_at=time.time())
+                self.store.set_node(self.plan.job_id, attempt, index, state=NodeState.EXITED, exit_code=code,
+                                    ended_at=time.time())
 
-    def _first_failure(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> dict[str, Any]:
+    def _first_failure(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> Failure:
         """The failure that came first: other nodes get a moment to report theirs, then
         ``failures.precedence`` picks the cause over its echoes (exits alone are noticed in poll order)."""
         deadline = time.monotonic() + SETTLE_S
@@ -307,56 +425,33 @@ class Supervisor:
             watcher.join(max(0.0, reports_by - time.monotonic()))
         return min((self._failure(w, exits[w.handle.index]) for w in failed), key=failures.precedence)
 
-    def _start_nodes(self, attempt: int) -> list[NodeWatcher] | tuple[str, str, dict[str, Any]]:
-        """Start every node in parallel; on any failure stop those started."""
-        job_id = self.plan.job_id
-
-        def start(node):
-            log_path = self.run_dir / f"attempt{attempt}-node{node.index}.log"
-            self.store.set_node(
-                job_id, attempt, node.index, host=node.host, address=node.address,
-                state="STARTING", log_path=str(log_path), started_at=time.time(),
-            )
-            handle = self.backend.start(node, self.plan, self.run_dir, self.secrets)
-            self.store.set_node(job_id, attempt, node.index, state="RUNNING", pid=handle.pid)
-            return NodeWatcher(handle, log_path, self.store, job_id, attempt, self.echo, self.secrets)
-
-        watchers, errors = [], []
-        with ThreadPoolExecutor(max_workers=min(32, len(self.plan.nodes))) as pool:
-            futures = [(node, pool.submit(start, node)) for node in self.plan.nodes]
-            for node, future in futures:
-                try:
-                    watchers.append(future.result())
-                except Exception as exc:  # noqa: BLE001 - any start failure fails the job, reported below
-                    errors.append((node, exc))
-        if errors:
-            self._teardown(watchers)
-            node, exc = errors[0]
-            if isinstance(exc, NodeStartError):
-                node = self.plan.nodes[exc.node]
-            failure = {"node": node.index, "host": node.host, "reason": f"could not start: {exc}"}
-            return FAILED, failures.describe(failure), failure
-        return watchers
-
-    def _failure(self, watcher: NodeWatcher, code: int) -> dict[str, Any]:
+    def _failure(self, watcher: NodeWatcher, code: int) -> Failure:
         node = self.plan.nodes[watcher.handle.index]
         tail = list(watcher.tail)
-        failure: dict[str, Any] = {
-            "node": node.index,
-            "host": node.host,
-            "exit_code": code,
-            "signal": failures.signal_name(code),
-            "detected_at": time.time(),
-        }
-        failure.update({k: v for k, v in failures.parse_agent_failure(tail).items() if k != "host"})
-        rank_prefix = f"[{node.index}/{failure.get('rank')}] "
+        lost = watcher.agent_exit is None and (watcher.handle.lost_reason is not None or failures.agent_lost(code))
+        report = failures.parse_agent_failure(tail, self.plan.world_size)
+        fields = {"exit_code": code, **report.model_dump(exclude_none=True)}
+        failure = Failure(
+            kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
+            signal=failures.signal_name(fields["exit_code"]), detected_at=time.time(),
+            reason=watcher.handle.lost_reason if lost else None, **fields,
+        )
+        rank_prefix = f"[{node.index}/{failure.rank}] "
         rank_lines = [line for line in tail if line.startswith(rank_prefix)]
-        failure["last_lines"] = rank_lines[-20:] or tail[-20:]
-        kernel_log = self.backend.kernel_log(node.index) if failure.get("exit_code") == -9 else []
-        failure["reason"] = failures.explain(failure, rank_lines or tail, kernel_log)
-        return failure
+        oom = None
+        pids = watcher.pids | ({failure.pid} if failure.pid else set())
+        if not lost and pids:
+            oom = failures.oom_kill(self.backend.kernel_log(self.plan, node.index), pids, self.live.started)
+        if oom is not None and failure.rank is None:
+            killed = failures.oom_pid(oom)
+            ranks = [rank for rank, sample in watcher.samples.items() if sample.pid == killed]
+            failure = failure.model_copy(update={"rank": ranks[0] if ranks else None, "pid": killed})
+        progressed = self.live.reporting or time.time() - self.live.started >= PROGRESS_PROXY_S
+        failure = failures.classify(failure, rank_lines or tail, oom, progressed)
+        return failure.model_copy(update={"last_lines": (rank_lines[-20:] or tail[-20:])})
 
     def _teardown(self, watchers: list[NodeWatcher]) -> None:
+        self._quiet.set()
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(watchers)))) as pool:
             list(pool.map(lambda w: w.handle.terminate(self.grace), watchers))
         self._drain(watchers)
@@ -369,33 +464,5 @@ class Supervisor:
         for watcher in watchers:
             index = watcher.handle.index
             if index not in exits:
-                code = watcher.handle.poll()
-                self.store.set_node(self.plan.job_id, attempt, index, state="STOPPED", exit_code=code, ended_at=time.time())
-
-
-def main(argv: list[str]) -> int:
-    """Entry of a detached supervisor: ``python -m launcher.supervisor JOB_ID``."""
-    from launcher.backends.base import get_backend
-    from launcher.orchestrate import replanner
-    from launcher.secrets import read_secrets
-    from launcher.spec.cluster import ClusterSpec
-    from launcher.spec.job import JobSpec
-
-    store = Store()
-    job = store.job(argv[0])
-    plan = Plan.model_validate(job["plan"])
-    cluster = ClusterSpec.model_validate(job["spec"]["cluster"])
-    spec = job["spec"]["job"]
-    supervisor = Supervisor(
-        store, plan, get_backend(plan.backend, cluster), secrets=read_secrets(plan.secrets),
-        grace=spec["watch"]["grace_period"], restarts=spec["restarts"], stall_timeout=spec["watch"]["stall_timeout"],
-        replan=(replanner(JobSpec.model_validate(spec), cluster, store, job["spec"].get("check", True))
-                if spec.get("leave_out_failed_nodes") else None),
-    )
-    supervisor.install_signal_handlers()
-    state = supervisor.run()
-    return 0 if state == SUCCEEDED else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+                self.store.set_node(self.plan.job_id, attempt, index, state=NodeState.STOPPED,
+                                    exit_code=watcher.handle.poll(), ended_at=time.time())

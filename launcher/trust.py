@@ -44,7 +44,14 @@ def trust(hosts, cluster_file, yes, replace):
     """
     from launcher.errors import LaunchError
     from launcher.spec.cluster import SSHSpec
-    from launcher.sshconn import Pool, SSHSettings, error_text, fan_out, fingerprint, key_status
+    from launcher.sshconn import (
+        Pool,
+        SSHSettings,
+        error_text,
+        fan_out,
+        fingerprint,
+        key_status,
+    )
 
     spec, nodes = SSHSpec(), {}
     if cluster_file:

@@ -50,6 +50,7 @@ def fill_store(work: Path, env: dict[str, str], jobs: int, real: int) -> None:
 
     os.environ["LAUNCH_HOME"] = env["LAUNCH_HOME"]
     from launcher import orchestrate
+    from launcher.backends import backend_class
     from launcher.plan import make_plan
     from launcher.store import LAUNCHING, RUNNING, SUCCEEDED, Store
 
@@ -59,7 +60,8 @@ def fill_store(work: Path, env: dict[str, str], jobs: int, real: int) -> None:
     spec_data = {"job": prepared.job.model_dump(mode="json"), "cluster": prepared.cluster.model_dump(mode="json")}
     for index in range(jobs - real):
         job_id = f"{prepared.job.name}-{index:06x}"  # new_job_id()'s shape; 6 random hex would collide at 10k
-        plan = make_plan(prepared.job, prepared.cluster, job_id, rdzv_port=prepared.plan.rendezvous.port)
+        plan = make_plan(prepared.job, prepared.cluster, job_id, backend=backend_class(prepared.cluster.backend),
+                         rdzv_port=prepared.plan.rendezvous.port)
         store.create_job(plan, spec_data)
         store.transition(job_id, LAUNCHING, attempt=0)
         store.transition(job_id, RUNNING)

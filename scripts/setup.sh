@@ -2,7 +2,7 @@
 # Idempotent set-up for the quick start and the tests.
 #   scripts/setup.sh          a venv in .venv with launch and the training extras (torch, deepspeed, transformers)
 #   scripts/setup.sh --test   also the test tools, Ray, and (as root) Debian's openssh-server, iproute2, chromium,
-#                             slurm-wlm and munge
+#                             podman and runc (made podman's default runtime by a drop-in file), slurm-wlm and munge
 # Torch comes from pip's configured index: on the dev/CI machines that is a local CPU build (torch 2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +35,10 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
   command -v ip >/dev/null || missing+=(iproute2)
   command -v chromium >/dev/null || missing+=(chromium)
+  command -v zsh >/dev/null || missing+=(zsh)    # the completion scripts run in each shell
+  command -v fish >/dev/null || missing+=(fish)
+  command -v podman >/dev/null || missing+=(podman)
+  command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || missing+=(runc)
   # A real Slurm for the Slurm tests (tools/slurm.py starts and stops the daemons itself).
   [[ -x /usr/sbin/slurmctld && -x /usr/sbin/slurmd && -x /usr/bin/sbatch ]] || missing+=(slurm-wlm)
   [[ -x /usr/sbin/munged && -f /etc/munge/munge.key ]] || missing+=(munge)
@@ -43,4 +47,7 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
+  # podman's default runtime, crun, fails on these machines' hybrid cgroups: runc, through a drop-in file
+  "$VENV/bin/python" -c "from tools.container_image import RUNTIME_CONF, ensure_runtime_conf as ensure
+if ensure(): print(f'setup: wrote {RUNTIME_CONF} (podman uses runc)')"
 fi

@@ -1,5 +1,37 @@
-"""Backends run a plan's nodes: ``local`` (this machine), ``ssh`` (paramiko), ``ray`` (placement groups)."""
+"""Backends run a plan's nodes: ``local`` (this machine), ``ssh`` (paramiko), ``ray`` (placement groups).
 
-from launcher.backends.base import Backend, NodeHandle, get_backend
+``BACKENDS`` maps a cluster spec's ``backend:`` name to the class that implements it; a backend
+module is imported only when its class is asked for, so the CLI never loads paramiko or ray
+for a job that does not use them. A new backend is a module with a ``Backend`` subclass and
+one line here (and its spec section in ``launcher/spec/cluster.py``).
+"""
 
-__all__ = ["Backend", "NodeHandle", "get_backend"]
+from __future__ import annotations
+
+import importlib
+
+from launcher.backends.base import Backend
+from launcher.spec.cluster import ClusterSpec
+
+BACKENDS: dict[str, str] = {
+    "local": "launcher.backends.local:LocalBackend",
+    "ssh": "launcher.backends.ssh:SSHBackend",
+    "ray": "launcher.backends.ray:RayBackend",
+}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The Backend subclass registered as ``name``."""
+    try:
+        module, _, cls = BACKENDS[name].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+    return getattr(importlib.import_module(module), cls)
+
+
+def get_backend(cluster: ClusterSpec) -> Backend:
+    """A connected backend for ``cluster``."""
+    return backend_class(cluster.backend)(cluster)
+
+
+__all__ = ["BACKENDS", "Backend", "backend_class", "get_backend"]

@@ -1,86 +1,401 @@
-"""What the supervisor needs from a backend: start a node, read it, stop it, check it is gone."""
+"""The backend protocol: everything that differs between local, SSH, Ray (and Slurm) lives behind it.
+
+A backend knows how its nodes are chosen or placed (``plan_nodes``, with placeholders where a
+scheduler places them later), its network defaults, which interpreter runs on its nodes, how to
+check its nodes before launch (``preflight``), how to start a plan's nodes (``start``: each
+node runs the node agent of ``launcher.node``) and how to run a short command on a node
+(``run_on_node``). Finding and ending a job's processes, kernel logs and stack dumps are built
+here on ``run_on_node`` and the node side, the same for every backend. The planner, the
+supervisor and the reports never ask which backend they run on.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
+from launcher import containers
+from launcher.commands import RECIPE_MODULE
+from launcher.failures import LOST_NODE_EXIT
 from launcher.netenv import NodeNetwork
+from launcher.node.ship import node_argv
 from launcher.plan import NodePlan, Plan
-from launcher.spec.cluster import NodeSpec
+from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.job import JobSpec
+
+NODE_COMMAND_TIMEOUT_S = 60.0
+FACTS_TIMEOUT_S = 1800.0 + 360.0  # a preflight may pull a container image (launch.node.facts.PULL_TIMEOUT_S)
+HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: the OS, page cache, other work)
 
 
 @dataclass
 class Preflight:
     """What a backend learnt before launch.
 
-    ``problems`` stop the launch (every host checked, all listed). ``nodes``
-    (concrete nodes, e.g. with probed addresses or from a Ray placement) and
-    ``probes`` (per-node network facts) make the planner re-plan before launch.
+    ``problems`` stop the launch (every host checked, all listed). ``nodes`` (concrete nodes:
+    probed addresses, a Ray placement), ``probes`` (per-node network facts) and ``python`` (the
+    interpreter the nodes run, when the backend found it) make the planner re-plan before launch.
     """
 
     problems: list[str] = field(default_factory=list)
     nodes: list[NodeSpec] | None = None
     probes: dict[int, NodeNetwork] = field(default_factory=dict)
+    python: str | None = None
+    facts: dict[int, dict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """A short command run on a node. ``code`` is LOST_NODE_EXIT when the node could not be reached."""
+
+    code: int
+    out: str
+    err: str
+
+
+class Stage(StrEnum):
+    PREFLIGHT = "preflight"
+    QUEUED = "queued"
+    SYNC = "sync"
+    SETUP = "setup"
+    START = "start"
+
+
+class StageState(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+StageSink = Callable[[Stage, int, str, StageState], None]
+
+
+def no_stage(stage: Stage, node: int, host: str, state: StageState) -> None:
+    """A StageSink that shows nothing."""
+
+
+@dataclass
+class StartContext:
+    """What ``Backend.start`` gets from the supervisor besides the plan."""
+
+    run_dir: Path
+    secrets: Mapping[str, str]
+    grace: float
+    stage: StageSink = no_stage
+    queued: Callable[[str, str | None], None] = lambda reason, scheduler_id: None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: re-plans with what a preflight inside the allocation found (backends whose scheduler places nodes at start)
+    place: Callable[[Plan, Preflight], Plan] | None = None
 
 
 class NodeHandle(Protocol):
-    """One running node agent (torchrun or the DeepSpeed launcher) of a job."""
+    """One running node agent of a job."""
 
     index: int
     pid: int | None
+    lost_reason: str | None  # set by the backend (trusted) when the node was lost
 
     def lines(self) -> Iterator[str]:
-        """Output lines (stdout and stderr merged) until the agent's output closes."""
+        """The agent's framed output lines (see ``launcher.node.agent``) until it closes."""
 
     def poll(self) -> int | None:
-        """The agent's exit code (negative for a signal), or None while it runs."""
+        """The agent's exit code (negative for a signal, LOST_NODE_EXIT when lost), None while it runs."""
 
     def terminate(self, grace: float) -> None:
-        """TERM the node's processes of this job, KILL what is left after ``grace``."""
+        """End the node's processes of this job: TERM, then KILL after ``grace``."""
 
 
-class Backend(Protocol):
-    """Executes plans on one kind of cluster."""
+class SweepOutcome(StrEnum):
+    CLEAN = "clean"
+    LEFTOVERS = "leftovers"
+    UNREACHABLE = "unreachable"
 
-    name: str
 
+@dataclass(frozen=True)
+class NodeSweep:
+    """What a sweep found on one node: clean, processes it could not end (named), or unreachable (why)."""
+
+    index: int
+    host: str
+    outcome: SweepOutcome
+    pids: tuple[int, ...] = ()
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    nodes: tuple[NodeSweep, ...]
+
+    @property
+    def clean(self) -> bool:
+        return all(node.outcome == SweepOutcome.CLEAN for node in self.nodes)
+
+    def problems(self) -> list[str]:
+        """One line per node that is not known to be clean."""
+        return [
+            f"node {n.index} ({n.host}): left behind: "
+            + "; ".join(filter(None, [f"processes {', '.join(map(str, n.pids))}" if n.pids else None, n.detail]))
+            if n.outcome == SweepOutcome.LEFTOVERS else f"node {n.index} ({n.host}): unreachable, not checked: {n.detail}"
+            for n in self.nodes if n.outcome != SweepOutcome.CLEAN
+        ]
+
+
+class Backend(ABC):
+    """Executes plans on one kind of cluster. Subclasses register in ``launcher.backends.BACKENDS``."""
+
+    name: ClassVar[str]
+    #: nodes are placed by the backend at launch (Ray, Slurm): the plan holds placeholders until then
+    places_nodes: ClassVar[bool] = False
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+
+    # planning: pure, no connection
+
+    @classmethod
+    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+        """The nodes a job of ``count`` nodes is planned on (placeholders where placed later)."""
+        return list(cluster.nodes[:count])
+
+    @classmethod
+    def default_python(cls, cluster: ClusterSpec) -> str:
+        """The interpreter the nodes run when the cluster spec names none."""
+        return cluster.python or "python3"
+
+    @classmethod
+    def pinned_interface(cls, cluster: ClusterSpec) -> tuple[str, str] | None:
+        """(interface, where it comes from) when the backend fixes it, else None (pinned in the spec, or probed)."""
+        return None
+
+    @classmethod
+    def uses_hcas(cls, cluster: ClusterSpec) -> bool:
+        """Whether InfiniBand HCAs are probed and set on this backend's nodes."""
+        return True
+
+    @classmethod
+    def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
+        """What the cluster can never give this job (checked at plan time)."""
+        if cls.places_nodes:
+            return []
+        wanted = job.resources.nodes
+        if wanted > len(cluster.nodes):
+            return [f"resources.nodes: the job asks for {wanted} nodes; cluster '{cluster.name}' lists {len(cluster.nodes)}"]
+        return []
+
+    @classmethod
+    def capacity_problems(cls, job: JobSpec, nodes: list[NodeSpec]) -> list[str]:
+        """Nodes that cannot take the job's processes per node (their GPUs, or CPU slots without GPUs)."""
+        nproc = job.resources.nproc_per_node
+        return [
+            f"resources.nproc_per_node: {nproc} processes on node {index} ({node.host}), which has "
+            + (f"{node.gpus} GPUs" if node.gpus else f"{node.capacity} CPU slots")
+            for index, node in enumerate(nodes) if nproc > node.capacity
+        ]
+
+    @classmethod
+    def spare_nodes(cls, cluster: ClusterSpec, wanted: int) -> int | None:
+        """How many nodes beyond ``wanted`` a restart could move to (None: this backend cannot leave nodes out)."""
+        return None
+
+    @classmethod
+    def resolve_defaults(cls, cluster: ClusterSpec) -> ClusterSpec:
+        """The cluster spec with what this backend fills in when the spec leaves it out."""
+        return cluster
+
+    @classmethod
+    def check_host_memory(cls, job: JobSpec, cluster: ClusterSpec, plan: Plan) -> None:
+        """Refuse (PlanError) a job whose processes cannot fit the nodes' host memory, when the backend
+        knows it before launch."""
+
+    @classmethod
+    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+        """The nodes `launch check` covers, by host name (node ``index`` of ``run_on_node(None, index, ...)``)."""
+        return [node.host for node in cluster.nodes]
+
+    @classmethod
+    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+        """How many nodes `launch check`'s all-reduce job runs on."""
+        return len(cls.check_hosts(cluster))
+
+    # running
+
+    @abstractmethod
     def preflight(self, plan: Plan) -> Preflight:
-        """Check every host in parallel and probe what the plan left to ``auto``; starts nothing."""
+        """Check every node in parallel and probe what the plan left to ``auto``; starts nothing."""
 
-    def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> NodeHandle:
-        """Start one node of the plan; the node's processes carry the job tag."""
+    @abstractmethod
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[NodeHandle]]:
+        """Start every node's agent; (the plan as run, the handles). On failure nothing is left running
+        (NodeStartError names the node at fault)."""
 
-    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        """Run a short command on the cluster's node ``index``: (exit code, stdout, stderr)."""
+    @abstractmethod
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """Run a short command on node ``index`` (of ``plan``, or of the cluster when None)."""
 
-    def kernel_log(self, node_index: int) -> list[str]:
-        """The node's recent kernel log lines (for OOM-killer and Xid lines); [] if unreadable."""
-
-    def leftovers(self, plan: Plan) -> dict[int, list[int]]:
-        """PIDs of the job still alive, per node index (empty lists when clean)."""
-
-    def sweep(self, plan: Plan, grace: float) -> dict[int, list[int]]:
-        """End every process of the job on every node; what could not be ended."""
+    def host(self, plan: Plan | None, index: int) -> str:
+        return plan.nodes[index].host if plan is not None else self.cluster.nodes[index].host
 
     def close(self) -> None:
         """Release connections."""
 
+    # built on run_on_node and the node side
 
-def get_backend(name: str, cluster) -> Backend:
-    """The backend for a cluster spec; imports only the backend asked for."""
-    if name == "local":
-        from launcher.backends.local import LocalBackend
+    def node_command(self, plan: Plan | None, index: int, command: str, request: dict,
+                     timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
+        """Run a node-side command; (its JSON answer, None) or (None, why not)."""
+        python = plan.python if plan is not None else self.default_python(self.cluster)
+        result = self.run_on_node(plan, index, node_argv(python, command, request), timeout)
+        lines = [line for line in result.out.splitlines() if line.startswith("{")]
+        if result.code != 0 or not lines:
+            return None, (result.err or result.out).strip()[-300:] or f"exit {result.code}"
+        try:
+            return json.loads(lines[-1]), None
+        except ValueError:
+            return None, f"unreadable answer: {lines[-1][:200]}"
 
-        return LocalBackend(cluster)
-    if name == "ssh":
-        from launcher.backends.ssh import SSHBackend
+    def on_nodes(self, plan: Plan, step: Callable[[int], object]) -> list:
+        """``step(index)`` for every node of the plan, in parallel, results in node order."""
+        with ThreadPoolExecutor(max_workers=max(1, min(32, plan.nnodes))) as pool:
+            return list(pool.map(step, range(plan.nnodes)))
 
-        return SSHBackend(cluster)
-    if name == "ray":
-        from launcher.backends.ray import RayBackend
+    def sweep(self, plan: Plan, grace: float, end: bool = True) -> SweepReport:
+        """End (or with ``end=False`` only list) the job's processes on every node."""
 
-        return RayBackend(cluster)
-    raise ValueError(f"unknown backend {name!r}")
+        def one(index: int) -> NodeSweep:
+            host = self.host(plan, index)
+            cleanup = [list(c) for c in plan.nodes[index].cleanup] if end else []
+            answer, error = self.node_command(plan, index, "end" if end else "list",
+                                              {"job_id": plan.job_id, "grace": grace, "cleanup": cleanup},
+                                              timeout=grace + 30 + 30 * len(cleanup))
+            if answer is None:
+                return NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail=error)
+            pids = tuple(answer["pids"])
+            failed = answer.get("cleanup_failed") or []
+            outcome = SweepOutcome.LEFTOVERS if pids or failed else SweepOutcome.CLEAN
+            return NodeSweep(index, host, outcome, pids, "; ".join(failed) or None)
+
+        return SweepReport(tuple(self.on_nodes(plan, one)))
+
+    def kernel_log(self, plan: Plan, index: int) -> list[str]:
+        """The node's recent kernel log (ISO times), for OOM-killer lines; [] if unreadable."""
+        answer, _ = self.node_command(plan, index, "facts", {"kernel_log": True})
+        return list(answer.get("kernel_log", [])) if answer else []
+
+    def stacks(self, plan: Plan) -> list[tuple[int, dict | None, str | None]]:
+        """Per node: (index, the node's stack report, or None and why not)."""
+        return self.on_nodes(plan, lambda index: (index, *self.node_command(
+            plan, index, "stacks", {"job_id": plan.job_id}, timeout=60)))
+
+
+def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bool) -> dict:
+    """What the node agent needs to run ``node`` of ``plan`` (see ``launcher.node.agent``)."""
+    return {
+        "job_id": plan.job_id, "node": node.index, "argv": list(node.argv), "env": dict(node.env), "cwd": node.cwd,
+        "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
+        "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
+    }
+
+
+def facts_request(plan: Plan, index: int, **extra) -> dict:
+    """The facts request preflight sends to node ``index``: the modules the job needs, its workdir, the
+    rendezvous port on node 0, and, for a job in a container, the runtime, the image and the facts of the
+    interpreter inside it. ``extra`` adds backend-specific keys (the route to node 0, pinned interfaces...)."""
+    node = plan.nodes[index]
+    request = {"modules": required_modules(plan), "workdir": node.cwd,
+               "port": plan.rendezvous.port if index == 0 else None, **extra}
+    if plan.container is not None:
+        request["container"] = container_request(plan, index)
+    return request
+
+
+def container_request(plan: Plan, index: int) -> dict:
+    """How a node checks the job's container: runtime usable, image present or pulled, facts inside the image."""
+    spec, node = plan.container, plan.nodes[index]
+    probe_name = containers.ContainerName(f"{plan.job_id}-probe", index)
+    inside = node_argv(spec.python, "facts", {"modules": required_modules(plan), "workdir": node.cwd})
+    return {
+        "probe": containers.probe_argv(spec.runtime),
+        "present": containers.image_present_argv(spec),
+        "pull": spec.pull.value if spec.runtime.value != "apptainer" else "never",
+        "pull_argv": containers.pull_argv(spec) if spec.runtime.value != "apptainer" else None,
+        "inside": containers.run_argv(spec, probe_name, inside, [], node.cwd, 0),
+    }
+
+
+def agent_exit_code(status: int) -> int:
+    """A node agent's exit status as a NodeHandle code: 128+N (its command died of signal N) becomes -N."""
+    return -(status - 128) if 128 < status < 192 else status
+
+
+def required_modules(plan: Plan) -> list[str]:
+    """What the nodes' interpreter must import for this plan: torch, deepspeed under DeepSpeed,
+    launch itself for a built-in recipe (a user's program needs only torch)."""
+    modules = ["torch"]
+    if plan.launcher == "deepspeed" or plan.ds_config:
+        modules.append("deepspeed")
+    if RECIPE_MODULE in plan.nodes[0].argv:
+        modules.append("launcher")
+    return modules
+
+
+def node_problems(host: str, plan: Plan, facts: dict, node: NodePlan | None = None, gpus: int = 0) -> list[str]:
+    """What a node's facts say is wrong with it for this plan (every backend's preflight uses this)."""
+    node = node or plan.nodes[0]
+    problems = []
+    if facts.get("missing") and plan.container is not None:
+        problems.append(f"{host}: {plan.container.python} in image {plan.container.image} cannot import "
+                        f"{', '.join(facts['missing'])} (container.python names the image's interpreter)")
+    elif facts.get("missing"):
+        problems.append(
+            f"{host}: {plan.python} cannot import {', '.join(facts['missing'])} "
+            "(install it on the node, or point cluster.yaml python at an interpreter that has it)"
+        )
+    if not facts.get("workdir_ok", True):
+        problems.append(f"{host}: workdir '{node.cwd}' does not exist (cluster.yaml workdir, or set sync_workdir)")
+    for name in facts.get("missing_ifaces", []):
+        problems.append(f"{host}: network interface '{name}' (cluster.yaml network.interface) does not exist")
+    if facts.get("port_free") is False:
+        problems.append(
+            f"{host}: rendezvous port {plan.rendezvous.port} is in use on node 0 (a stale job may hold it: "
+            "`launch status`; or choose another rendezvous.port)"
+        )
+    if gpus and not facts.get("gpus"):
+        problems.append(f"{host}: cluster.yaml says {gpus} GPUs but nvidia-smi failed: {facts.get('gpu_error')}")
+    elif gpus and len(facts["gpus"]) < gpus:
+        problems.append(f"{host}: cluster.yaml says {gpus} GPUs, nvidia-smi lists {len(facts['gpus'])}")
+    if facts.get("route_error") and not facts.get("dev"):
+        problems.append(
+            f"{host}: cannot find the interface routing to node 0: {facts['route_error']} (pin network.interface in cluster.yaml)"
+        )
+    box = facts.get("container") or {}
+    for key in ("runtime_error", "image_error", "inside_error"):
+        if box.get(key):
+            what = {"runtime_error": f"container runtime {plan.container.runtime.value} is not usable",
+                    "image_error": f"image {plan.container.image}", "inside_error": "inside the image"}[key]
+            problems.append(f"{host}: {what}: {box[key]}")
+    offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy == "zero3_offload" else None
+    total = facts.get("mem_total_bytes")
+    if offloaded and isinstance(total, int) and offloaded * 2**30 > total * HOST_MEMORY_SHARE:
+        problems.append(
+            f"{host}: zero3_offload keeps about {offloaded:.1f} GiB of model states in host memory on each node; "
+            f"this node has {total / 2**30:.1f} GiB ({HOST_MEMORY_SHARE:.0%} usable): use more nodes, or zero3"
+        )
+    if facts.get("hostname_resolves") not in (None, True):
+        problems.append(
+            f"{host}: its hostname '{facts.get('hostname')}' does not resolve ({facts['hostname_resolves']}); torchrun's "
+            "c10d rendezvous looks it up: add it to /etc/hosts or DNS"
+        )
+    return problems
+
+
+def unreachable(error: str) -> CommandResult:
+    """The result of a command on a node that could not be reached."""
+    return CommandResult(LOST_NODE_EXIT, "", error)

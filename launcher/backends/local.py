@@ -1,138 +1,189 @@
-"""The embedded default backend: every node of the plan is a process group on this machine."""
+"""The embedded default backend: every node of the plan is a node agent on this machine.
+
+The local cluster describes this machine as it is: ``local.slots`` defaults to the CPUs this
+process may use and ``local.gpus`` to the GPUs found (see ``launcher.localhost``).
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import time
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+import sys
+from collections.abc import Iterator
+from typing import ClassVar
 
-from launcher import proctree
-from launcher.backends.base import Preflight
-from launcher.plan import NodePlan, Plan
-from launcher.spec.cluster import ClusterSpec
-
-FIND_MODULES = "import importlib.util, sys; missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]; print(' '.join(missing))"
+from launcher.backends.base import (
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+)
+from launcher.errors import NodeStartError
+from launcher.node.ship import node_argv
+from launcher.plan import Plan
+from launcher.spec.cluster import ClusterSpec, NodeSpec
 
 
 class LocalNode:
-    """A node agent started in its own session on this machine."""
+    """A node agent in its own session on this machine."""
 
-    def __init__(self, index: int, proc: subprocess.Popen, job_id: str) -> None:
+    def __init__(self, index: int, proc: subprocess.Popen) -> None:
         self.index = index
-        self.pid = proc.pid
+        self.pid: int | None = proc.pid
+        self.lost_reason: str | None = None
         self._proc = proc
-        self._job_id = job_id
+        self._first: list[str] = []
+
+    def wait_started(self) -> None:
+        """Read up to the agent's ``@started`` line; NodeStartError with its output if it exits first."""
+        assert self._proc.stdout is not None
+        for raw in iter(self._proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._first.append(line)
+            if line.startswith("@started "):
+                return
+        self._proc.wait()
+        shown = " | ".join(line.lstrip("|") for line in self._first if not line.startswith("@"))[-500:]
+        raise NodeStartError(f"localhost: the node agent exited {self._proc.returncode}: {shown or 'no output'}", self.index)
 
     def lines(self) -> Iterator[str]:
         assert self._proc.stdout is not None
+        yield from self._first
         for raw in iter(self._proc.stdout.readline, b""):
-            yield raw.decode("utf-8", errors="replace").rstrip("\n")
+            yield raw.decode("utf-8", "replace").rstrip("\n")
         self._proc.stdout.close()
 
     def poll(self) -> int | None:
-        return self._proc.poll()
+        code = self._proc.poll()
+        return None if code is None else agent_exit_code(code)
 
     def terminate(self, grace: float) -> None:
-        _signal_group(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while self._proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _signal_group(self.pid, signal.SIGKILL)
-        self._proc.wait()
+        """TERM the agent (it ends its command's group and the job's tagged processes); KILL it if it lingers."""
+        if self._proc.poll() is not None:
+            return
+        _signal(self._proc.pid, signal.SIGTERM)
+        try:
+            self._proc.wait(grace + 10)
+        except subprocess.TimeoutExpired:
+            _signal(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def _signal(pid: int, sig: int) -> None:
     try:
-        os.killpg(pgid, sig)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 
 
-class LocalBackend:
-    """Runs the plan's nodes as local process groups (gloo on CPU slots, or local GPUs)."""
+class LocalBackend(Backend):
+    """Runs the plan's nodes as node agents on this machine (gloo on CPU slots, or local GPUs)."""
 
-    name = "local"
+    name: ClassVar[str] = "local"
 
-    def __init__(self, cluster: ClusterSpec) -> None:
-        self.cluster = cluster
+    @classmethod
+    def resolve_defaults(cls, cluster: ClusterSpec) -> ClusterSpec:
+        """This machine as it is: its usable CPUs as slots, its GPUs, the current directory, this Python."""
+        from launcher import localhost
+
+        local = cluster.local.model_copy(update={
+            "slots": cluster.local.slots or localhost.cpu_slots(),
+            "gpus": localhost.gpu_count() if cluster.local.gpus is None else cluster.local.gpus,
+        })
+        return cluster.model_copy(update={"local": local, "workdir": cluster.workdir or os.getcwd(),
+                                          "python": cluster.python or sys.executable})
+
+    @classmethod
+    def check_host_memory(cls, job, cluster: ClusterSpec, plan: Plan) -> None:
+        from launcher import localhost
+
+        localhost.check_fits(job, cluster, plan)
+
+    @classmethod
+    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+        local = NodeSpec(host="localhost", address="127.0.0.1", gpus=cluster.local.gpus or 0,
+                         slots=cluster.local.slots)
+        return [local] * count
+
+    @classmethod
+    def default_python(cls, cluster: ClusterSpec) -> str:
+        return cluster.python or sys.executable
+
+    @classmethod
+    def pinned_interface(cls, cluster: ClusterSpec) -> tuple[str, str]:
+        return "lo", "local backend: every rank on this machine"
+
+    @classmethod
+    def uses_hcas(cls, cluster: ClusterSpec) -> bool:
+        return False
+
+    @classmethod
+    def resource_problems(cls, job, cluster: ClusterSpec) -> list[str]:
+        return []
+
+    @classmethod
+    def capacity_problems(cls, job, nodes: list[NodeSpec]) -> list[str]:
+        return []  # every local node is this machine: check_host_memory counts all their processes together
+
+    @classmethod
+    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+        return ["localhost"]
+
+    @classmethod
+    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+        return 2  # two local nodes: the all-reduce crosses a process boundary, as between hosts
+
+    def host(self, plan: Plan | None, index: int) -> str:
+        return "localhost"
 
     def preflight(self, plan: Plan) -> Preflight:
-        return Preflight(problems=self._problems(plan))
+        answer, error = self.node_command(plan, 0, "facts", facts_request(plan, 0), timeout=FACTS_TIMEOUT_S)
+        if answer is None:
+            return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
+                                       " (cluster.yaml python)"])
+        return Preflight(problems=node_problems("localhost", plan, answer), facts={0: answer})
 
-    def _problems(self, plan: Plan) -> list[str]:
-        problems = []
-        python = plan.nodes[0].argv[0]
-        if shutil.which(python) is None and not os.access(python, os.X_OK):
-            return [f"localhost: python interpreter '{python}' not found (cluster.yaml python)"]
-        modules = ["torch"] + (["deepspeed"] if plan.launcher == "deepspeed" or plan.ds_config else [])
-        result = subprocess.run([python, "-c", FIND_MODULES, *modules], capture_output=True, text=True)
-        missing = result.stdout.split()
-        if result.returncode != 0 or missing:
-            problems.append(
-                f"localhost: {python} cannot import {', '.join(missing) or 'its modules'}"
-                " (install the training extras: pip install 'launch[train]')"
-            )
-        cwd = plan.nodes[0].cwd
-        if not os.path.isdir(cwd):
-            problems.append(f"localhost: workdir '{cwd}' does not exist")
-        if not port_is_free(plan.rendezvous.port):
-            problems.append(f"localhost: rendezvous port {plan.rendezvous.port} is in use")
-        return problems
-
-    def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> LocalNode:
-        env = {**os.environ, **node.env, **secrets}
-        proc = subprocess.Popen(
-            list(node.argv),
-            cwd=node.cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        (run_dir / f"node{node.index}.pid").write_text(str(proc.pid))
-        return LocalNode(node.index, proc, plan.job_id)
-
-    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return done.returncode, done.stdout, done.stderr
-
-    def kernel_log(self, node_index: int) -> list[str]:
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[LocalNode]]:
+        handles: list[LocalNode] = []
         try:
-            result = subprocess.run(["dmesg", "--ctime"], capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            return []
-        return result.stdout.splitlines()[-300:] if result.returncode == 0 else []
+            for node in plan.nodes:
+                context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+                request = agent_request(plan, node, context.grace, secrets_on_stdin=True)
+                try:
+                    proc = subprocess.Popen(
+                        node_argv(plan.python, "agent", request), cwd=node.cwd,
+                        env={**os.environ, "LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)},
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", node.index) from None
+                handle = LocalNode(node.index, proc)
+                handles.append(handle)
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(dict(context.secrets)).encode() + b"\n")
+                proc.stdin.close()
+                handle.wait_started()
+                context.stage(Stage.START, node.index, node.host, StageState.DONE)
+        except BaseException:
+            for handle in handles:
+                handle.terminate(context.grace)
+            raise
+        return plan, handles
 
-    def leftovers(self, plan: Plan) -> dict[int, list[int]]:
-        pids = proctree.job_pids(plan.job_id)
-        return {0: pids} if pids else {}
-
-    def sweep(self, plan: Plan, grace: float) -> dict[int, list[int]]:
-        left = proctree.end_job(plan.job_id, grace)
-        return {0: left} if left else {}
-
-    def close(self) -> None:
-        pass
-
-
-def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
-    """True if a TCP listener could bind ``port`` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
         try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    """A TCP port that is free on this machine now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return CommandResult(124, "", f"`{argv[0]}` did not finish within {timeout:.0f} s")
+        except OSError as exc:
+            return CommandResult(127, "", f"cannot run {argv[0]}: {exc.strerror or exc}")
+        return CommandResult(done.returncode, done.stdout, done.stderr)

@@ -1,14 +1,15 @@
 """The Ray backend: one placement-group bundle and one node-agent actor per node of the plan.
 
 Preflight places a STRICT_SPREAD placement group (one bundle per node: the
-job's CPUs, and its GPUs when the cluster has GPUs), starts one agent actor
-(``launcher.rayagent``) in each bundle, and asks the agents for their node's
-IP (node 0's is the rendezvous address), hostname and interface towards node
-0; the planner re-plans with those. The group and the agents are named after
-the job and detached, so a detached supervisor (another process) finds them,
-starts each node's argv through its agent and pulls its output; sweep (or
-``launch cancel``) ends the processes through the agents, kills the agents
-and removes the group.
+job's CPUs, and its GPUs when the cluster has GPUs), starts one actor
+(``launcher.rayagent``) in each bundle, and asks each for its node's IP
+(node 0's is the rendezvous address), hostname and Python (the interpreter
+Ray's workers run: the nodes' default when the cluster spec names none), then
+runs the node facts probe there; the planner re-plans with those. The group
+and the actors are named after the job and detached, so a detached supervisor
+(another process) finds them, starts each node's agent through its actor and
+pulls its output; the sweep (or ``launch cancel``) ends the processes through
+the actors, kills them and removes the group.
 
 Ray is imported only here, inside the class, so the CLI never loads it.
 """
@@ -16,21 +17,35 @@ Ray is imported only here, inside the class, so the CLI never loads it.
 from __future__ import annotations
 
 import ipaddress
+import json
 import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from typing import ClassVar
 
-from launcher import proctree, rayagent
-from launcher.backends.base import Preflight
-from launcher.backends.local import FIND_MODULES
-from launcher.errors import LaunchError, PreflightError
+from launcher import rayagent
+from launcher.backends.base import (
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+    unreachable,
+)
+from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.failures import LOST_NODE_EXIT
 from launcher.netenv import AUTO, NodeNetwork
-from launcher.plan import NodePlan, Plan
+from launcher.node.ship import node_argv
+from launcher.plan import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
 NAMESPACE = "launch"
@@ -56,7 +71,8 @@ class RayNode:
 
     def __init__(self, index: int, agent, pid: int, ray) -> None:
         self.index = index
-        self.pid = pid
+        self.pid: int | None = pid
+        self.lost_reason: str | None = None
         self._agent = agent
         self._ray = ray
         self._code: int | None = None
@@ -75,12 +91,13 @@ class RayNode:
                 return
             yield from batch
             if code is not None:
-                self._code = code
+                self._code = agent_exit_code(code) if code >= 0 else code
                 return
 
     def _lost(self, why: str) -> Iterator[str]:
-        yield f"[launch] node {self.index} lost: {why}"
+        self.lost_reason = f"node {self.index} lost: {why}"
         self._code = LOST_NODE_EXIT
+        yield from ()
 
     def poll(self) -> int | None:
         """The exit code once ``lines()`` has read the node's last output; None before."""
@@ -90,22 +107,23 @@ class RayNode:
         """End the node's process group and tagged processes through its agent."""
         ray = self._ray
         try:
-            ray.get(self._agent.terminate.remote(grace), timeout=grace + rayagent.REAP_TIMEOUT_S + SILENCE_S)
+            ray.get(self._agent.terminate.remote(grace), timeout=grace + 10 + SILENCE_S)
         except ray.exceptions.RayError:
-            return  # agent gone with its node, or its reaper failed: the sweep that follows reports what is left
+            return  # actor gone with its node: the sweep that follows reports what is left
 
 
-class RayBackend:
+class RayBackend(Backend):
     """Runs a plan's nodes on an existing Ray cluster (``ray: {address: ...}``).
 
     Connects when created (in the caller's main thread: ``ray.init`` installs
     its own SIGTERM handler there, which is put back as it was).
     """
 
-    name = "ray"
+    name: ClassVar[str] = "ray"
+    places_nodes: ClassVar[bool] = True
 
     def __init__(self, cluster: ClusterSpec) -> None:
-        self.cluster = cluster
+        super().__init__(cluster)
         self._ray = None
         self._owns = False
         self._runs: dict[str, Plan] = {}
@@ -133,6 +151,18 @@ class RayBackend:
             if previous is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)
         self._owns = True
+
+    @classmethod
+    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+        return [NodeSpec(host=f"ray-node-{i}", address=AUTO) for i in range(count)]
+
+    @classmethod
+    def default_python(cls, cluster: ClusterSpec) -> str:
+        return cluster.python or "(the Python of the Ray workers)"
+
+    @classmethod
+    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+        raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
 
     def preflight(self, plan: Plan) -> Preflight:
         """Place the job's group, start its agents, learn each node's address and network; start nothing else."""
@@ -180,7 +210,6 @@ class RayBackend:
     def _create_agents(self, plan: Plan, group, bundle: dict[str, float]) -> list:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        reaper = Path(proctree.__file__).read_text(encoding="utf-8")
         actor = self._ray.remote(rayagent.NodeAgent)
         return [
             actor.options(
@@ -191,44 +220,46 @@ class RayBackend:
                 num_cpus=bundle["CPU"],
                 num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-            ).remote(plan.job_id, index, reaper, group_name(plan.job_id))
+            ).remote(plan.job_id, index, group_name(plan.job_id))
             for index in range(plan.nnodes)
         ]
 
     def _probe(self, plan: Plan, agents: list) -> Preflight:
         facts = self._gather([agent.describe.remote() for agent in agents], "report their nodes")
         master = facts[0]["ip"]
+        python = self.cluster.python or facts[0]["python"]
         probe_route = self.cluster.network.interface == AUTO
-        python = plan.nodes[0].argv[0]
-        modules = ["torch"] + (["deepspeed"] if plan.launcher == "deepspeed" or plan.ds_config else [])
-        check = [python, "-c", FIND_MODULES, *modules]
         resolve = plan.launcher == "torchrun" and not ipaddress.ip_address(master).is_loopback
-        probes = self._gather(
-            [
-                agent.probe.remote(master if probe_route else None, check, plan.nodes[index].cwd,
-                                   plan.rendezvous.port if index == 0 else None, resolve)
-                for index, agent in enumerate(agents)
-            ],
-            "probe their nodes",
-        )
-        problems = [
-            f"node {index} ({fact['hostname']}, {fact['ip']}): {problem}"
-            for index, (fact, probe) in enumerate(zip(facts, probes))
-            for problem in probe["problems"]
-        ]
+
+        def request(index: int) -> list[str]:
+            return node_argv(python, "facts", facts_request(plan, index, master=master if probe_route else None,
+                                                             resolve_self=resolve))
+
+        answers = self._gather([agent.run.remote(request(index), FACTS_TIMEOUT_S) for index, agent in enumerate(agents)],
+                               "probe their nodes")
+        problems, found = [], {}
+        for index, (fact, (code, out, err)) in enumerate(zip(facts, answers)):
+            where = f"node {index} ({fact['hostname']}, {fact['ip']})"
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if code != 0 or not lines:
+                problems.append(f"{where}: {python} cannot run the node probe: {(err or out).strip()[-300:]} "
+                                "(the Ray workers run this Python unless 'python:' is set in the cluster spec)")
+                continue
+            found[index] = json.loads(lines[-1])
+            problems += node_problems(where, plan.model_copy(update={"python": python}), found[index], plan.nodes[index])
         nodes = [
             NodeSpec(host=fact["hostname"], address=fact["ip"], gpus=fact["gpus"], slots=plan.nproc_per_node)
             for fact in facts
         ]
         networks = {
             index: NodeNetwork(
-                interface=probe["interface"] or self.cluster.network.interface,
-                address=probe["address"] or fact["ip"],
-                ib_hcas=tuple(probe["ib_hcas"]),
+                interface=answer.get("dev") or self.cluster.network.interface,
+                address=answer.get("source") or facts[index]["ip"],
+                ib_hcas=tuple(answer.get("hcas", [])),
             )
-            for index, (fact, probe) in enumerate(zip(facts, probes))
+            for index, answer in found.items()
         }
-        return Preflight(problems=problems, nodes=nodes, probes=networks)
+        return Preflight(problems=problems, nodes=nodes, probes=networks, python=python, facts=found)
 
     def _gather(self, refs: list, what: str) -> list:
         ray = self._ray
@@ -239,62 +270,44 @@ class RayBackend:
         except ray.exceptions.RayError as exc:
             raise PreflightError(f"the job's Ray agents could not {what}: {_first_line(exc)}") from None
 
-    def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> RayNode:
-        """Run the node's argv through its agent, with the plan's env (and secrets) added to the agent's."""
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[RayNode]]:
+        """Start every node's agent through its actor, with the plan's env (and secrets) for the ranks."""
         ray = self._ray
         self._runs[plan.job_id] = plan
-        agent = self._agent(plan.job_id, node.index)
+        handles = []
+        for node in plan.nodes:
+            context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+            agent = self._agent(plan.job_id, node.index)
+            if agent is None:
+                raise NodeStartError(f"node {node.index}: its Ray actor is gone (placement group removed?)", node.index)
+            argv = node_argv(plan.python, "agent", agent_request(plan, node, context.grace, secrets_on_stdin=True))
+            tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
+            started = ray.get(agent.start.remote(argv, tag, json.dumps(dict(context.secrets)) + "\n", node.cwd))
+            if isinstance(started, str):
+                raise NodeStartError(f"node {node.index} ({node.host}): {started}", node.index)
+            handles.append(RayNode(node.index, agent, started, ray))
+            context.stage(Stage.START, node.index, node.host, StageState.DONE)
+        return plan, handles
+
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """Run a short command on node ``index`` of a placed job, through its actor."""
+        if plan is None:
+            raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
+        agent = self._agent(plan.job_id, index)
         if agent is None:
-            raise LaunchError(f"node {node.index}: its Ray agent is gone (placement group removed?)")
-        started = ray.get(agent.start.remote(list(node.argv), {**node.env, **secrets}, node.cwd))
-        if isinstance(started, str):
-            raise LaunchError(f"node {node.index} ({node.host}): {started}")
-        return RayNode(node.index, agent, started, ray)
-
-    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        """Not offered: Ray places nodes per job, so there is no fixed node ``index`` to check."""
-        raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
-
-    def kernel_log(self, node_index: int) -> list[str]:
-        """The node's last kernel log lines, read by its agent; [] if the agent or dmesg cannot."""
+            return unreachable(f"node {index}: the job's Ray actor there is gone")
         ray = self._ray
-        agents = [a for a in (self._agent(job_id, node_index) for job_id in self._runs) if a is not None]
-        if not agents:
-            return []
         try:
-            return ray.get(agents[0].kernel_log.remote(), timeout=SILENCE_S + 10)
-        except ray.exceptions.RayError:
-            return []
+            code, out, err = ray.get(agent.run.remote(argv, timeout), timeout=timeout + SILENCE_S)
+        except ray.exceptions.RayError as exc:
+            return unreachable(f"node {index}: its Ray actor did not answer: {_first_line(exc)}")
+        return CommandResult(code, out, err)
 
-    def leftovers(self, plan: Plan) -> dict[int, list[int]]:
-        """The job's live PIDs per node, asked of each agent still reachable."""
-        return self._ask_agents(plan, lambda agent: agent.job_pids.remote())
-
-    def sweep(self, plan: Plan, grace: float) -> dict[int, list[int]]:
-        """End the job's processes on every node through its agents; what is left per node.
-
-        The agents and the placement group stay for a restart; ``close``
-        removes them.
-        """
+    def sweep(self, plan: Plan, grace: float, end: bool = True):
+        """End the job's processes on every node through the actors (they stay for a restart; ``close``
+        removes them and the group)."""
         self._runs[plan.job_id] = plan
-        return self._ask_agents(plan, lambda agent: agent.terminate.remote(grace), grace)
-
-    def _ask_agents(self, plan: Plan, call, grace: float = 0.0) -> dict[int, list[int]]:
-        ray = self._ray
-        refs = {}
-        for index in range(plan.nnodes):
-            agent = self._agent(plan.job_id, index)
-            if agent is not None:
-                refs[index] = call(agent)
-        left: dict[int, list[int]] = {}
-        for index, ref in refs.items():
-            try:
-                pids = ray.get(ref, timeout=grace + rayagent.REAP_TIMEOUT_S + SILENCE_S)
-            except ray.exceptions.RayError:
-                continue  # agent or node gone: nothing there can be reached or listed
-            if pids:
-                left[index] = pids
-        return left
+        return super().sweep(plan, grace, end)
 
     def _agent(self, job_id: str, index: int):
         """The live agent of a job's node, or None (never created, or gone)."""

@@ -1,223 +1,151 @@
-"""The ``ssh`` backend: each node of the plan is a torchrun (or DeepSpeed) agent started over SSH.
+"""The ``ssh`` backend: each node of the plan is a node agent started over SSH (paramiko).
 
-On a node, a small ``sh`` wrapper reads the job's secrets from the
-channel's stdin, starts the agent in a session of its own
-(``setsid``), writes the agent's PID to ``/tmp/launch-runs/JOB_ID/nodeK.pid``
-(directory 0700), and exits with the agent's status. The command line carries
-the plan's environment as ``env K=V`` (sshd drops protocol env) but never a
-secret. Output streams back over the channel (no pty: a pty mangles output,
-so a lost client leaves the agent running and ``terminate`` ends it
-explicitly: the process group first, then every process tagged with the job).
+On every host the command is ``cd WORKDIR && exec env LAUNCH_JOB_ID=... PYTHON -c AGENT ...``
+(``launcher.node.ship``), every part quoted by ``shell.render_command``. The job's secrets
+travel on the channel's stdin, never on a command line. The agent starts the node's torchrun
+(or DeepSpeed launcher) in a session of its own and streams framed lines back over the channel
+(no pty: a pty mangles output). If the connection dies, the agent's writes fail and it ends its
+node's processes itself; ``terminate`` signals the agent by PID and start time; the sweep ends
+whatever is still tagged with the job. One connection per host serves the whole submit:
+preflight, the version comparison, sync, setup, start and watch.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import shlex
+import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
+from typing import ClassVar
 
 import paramiko
 
-from launcher import proctree, sync
-from launcher.backends.base import Preflight
-from launcher.commands import RECIPE_MODULE
+from launcher import sync
+from launcher.backends.base import (
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+    unreachable,
+)
 from launcher.errors import LaunchError, NodeStartError
 from launcher.failures import LOST_NODE_EXIT
 from launcher.netenv import AUTO, NodeNetwork
+from launcher.node.ship import node_argv
 from launcher.plan import NodePlan, Plan
 from launcher.shell import render_command
 from launcher.spec.cluster import ClusterSpec, NodeSpec
-from launcher.sshconn import CONNECTION_ERRORS, Pool, RunResult, SSHSettings, error_text, fan_out
+from launcher.sshconn import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
 
-log = logging.getLogger(__name__)
-
-RUN_ROOT = "/tmp/launch-runs"
-AGENT_MARK = "@@launch-agent "
 START_TIMEOUT_S = 30.0
 CLEANUP_CONNECT_S = 2.0
 EXIT_STATUS_WAIT_S = 2.0
 
-# sh -c WRAPPER sh RUN_DIR PID_FILE AGENT_ARGV... (sh, not python: ~40 ms less CPU a node). Secrets come on
-# stdin (secrets_script). A background job of a non-interactive sh leads no group: setsid(1) execs, $! is the agent.
-WRAPPER = r"""
-run_dir=$1 pid_file=$2
-shift 2
-[ -d "${run_dir%/*}" ] || mkdir -m 1777 "${run_dir%/*}" 2>/dev/null
-mkdir -m 700 "$run_dir" 2>/dev/null
-if [ -L "$run_dir" ] || [ ! -d "$run_dir" ] || [ ! -O "$run_dir" ]; then
-  echo "launch: $run_dir is not a directory of this user; refusing to use it" >&2
-  exit 126
-fi
-. /dev/stdin
-setsid "$@" </dev/null &
-agent=$!
-echo "$agent" >"$pid_file"
-echo "@@launch-agent $agent"
-wait "$agent"
-"""
-
-# Runs on the node: sh -c KILL_GROUP sh PID_FILE TICKS. TERM the agent's process group, KILL it after
-# TICKS tenths of a second. (dash's kill takes no `--`: the group goes as "-PGID" after the signal.)
-KILL_GROUP = r"""
-{ read -r group <"$1"; } 2>/dev/null || exit 0
-case $group in ''|*[!0-9]*) exit 0 ;; esac
-kill -TERM "-$group" 2>/dev/null || exit 0
-ticks=$2
-while [ "$ticks" -gt 0 ] && kill -0 "-$group" 2>/dev/null; do
-  sleep 0.1
-  ticks=$((ticks - 1))
-done
-kill -KILL "-$group" 2>/dev/null
-exit 0
-"""
-
-# Runs on the node: PROBE REQUEST_JSON; prints what preflight needs as JSON.
-PROBE = r"""
-import importlib.util, json, os, socket, subprocess, sys
-req = json.loads(sys.argv[1])
-def run(argv):
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, str(exc)
-    if done.returncode:
-        return None, (done.stderr or done.stdout).strip() or "exit %d" % done.returncode
-    return done.stdout, None
-def importable(module):
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-out = {"missing": [m for m in req["modules"] if not importable(m)]}
-out["workdir_ok"] = req["workdir"] is None or os.path.isdir(req["workdir"])
-out["missing_ifaces"] = [n for n in req["ifaces"] if not os.path.exists("/sys/class/net/" + n)]
-ib = "/sys/class/infiniband"
-out["hcas"] = sorted(os.listdir(ib)) if os.path.isdir(ib) else []
-if req["port"]:
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(("0.0.0.0", req["port"]))
-        out["port_free"] = True
-    except OSError:
-        out["port_free"] = False
-    sock.close()
-if req["gpus"]:
-    text, out["gpu_error"] = run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"])
-    out["gpus"] = None if text is None else len(text.split())
-if req["master"]:
-    try:
-        addr = socket.gethostbyname(req["master"])
-        text, err = run(["ip", "-o", "route", "get", addr])
-        words = (text or "").split()
-        if words[:1] == ["local"]:
-            text, err = run(["ip", "-o", "addr", "show", "to", addr])
-            words = ["dev", text.split()[1].split("@")[0]] if text else []
-        out["dev"] = words[words.index("dev") + 1] if "dev" in words else None
-        out["route_error"] = err or (None if out["dev"] else "no route")
-    except OSError as exc:
-        out["dev"], out["route_error"] = None, "cannot resolve %s: %s" % (req["master"], exc)
-print(json.dumps(out))
-"""
-
-
-def agent_command(job_id: str, node: NodePlan) -> str:
-    """The remote command that starts ``node``'s agent under the wrapper (secrets go to its stdin)."""
-    run_dir = f"{RUN_ROOT}/{job_id}"
-    argv = ["sh", "-c", WRAPPER, "sh", run_dir, f"{run_dir}/node{node.index}.pid", *node.argv]
-    return render_command(argv, node.env, node.cwd)
-
-
-def secrets_script(secrets: Mapping[str, str]) -> bytes:
-    """What the wrapper sources from stdin: one quoted ``export`` a secret (names are checked by the spec)."""
-    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in secrets.items()).encode()
-
-
-def exit_code(status: int) -> int:
-    """The wrapper's exit status as a NodeHandle code: 128+N (a signal) becomes -N."""
-    return -(status - 128) if 128 < status < 192 else status
-
 
 class SSHNode:
-    """One node agent running under the wrapper, followed over its SSH channel."""
+    """One node agent, followed over its SSH channel."""
 
-    def __init__(self, index: int, backend: SSHBackend, channel: paramiko.Channel, job_id: str) -> None:
+    def __init__(self, index: int, backend: SSHBackend, plan: Plan, channel: paramiko.Channel) -> None:
         self.index = index
         self.pid: int | None = None
+        self.lost_reason: str | None = None
         self._backend = backend
+        self._plan = plan
         self._channel = channel
-        self._job_id = job_id
         self._host = backend.targets[index].alias
         self._stream = _channel_lines(channel)
         self._early: list[str] = []
+        self._start_ticks: int | None = None
 
     def wait_started(self, timeout: float) -> None:
-        """Read up to the wrapper's PID line; LaunchError with the output if the agent did not start."""
+        """Read up to the agent's ``@started`` line; NodeStartError with the output if it did not start."""
         self._channel.settimeout(timeout)
         try:
             for line in self._stream:
-                if line.startswith(AGENT_MARK):
-                    self.pid = int(line[len(AGENT_MARK):])
+                self._early.append(line)
+                if line.startswith("@started "):
+                    started = json.loads(line.partition(" ")[2])
+                    self.pid, self._start_ticks = int(started["pid"]), started.get("start_ticks")
                     self._channel.settimeout(None)
                     return
-                self._early.append(line)
         except TimeoutError:
             self._early.append(f"(no answer within {timeout:.0f} s)")
         self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
         self._channel.close()
-        output = " | ".join(self._early[-5:] or ["no output"])
-        raise LaunchError(f"{self._host}: the node agent did not start (exit {self._channel.exit_status}): {output}")
+        shown = " | ".join(line.lstrip("|") for line in self._early[-5:] if not line.startswith("@")) or "no output"
+        raise NodeStartError(f"{self._host}: the node agent did not start (exit {self._channel.exit_status}): {shown}",
+                             self.index)
 
     def lines(self) -> Iterator[str]:
         yield from self._early
-        yield from self._stream
+        try:
+            yield from self._stream
+        except CONNECTION_ERRORS as exc:
+            self.lost_reason = f"connection to {self._host} lost: {exc}"
         self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
-        if self._channel.exit_status == -1:
-            yield f"[launch] connection to {self._host} lost: the node's exit status is unknown"
+        if self._channel.exit_status == -1 and self.lost_reason is None:
+            self.lost_reason = f"connection to {self._host} lost: the node's exit status is unknown"
 
     def poll(self) -> int | None:
         if self._channel.status_event.is_set():
             status = self._channel.exit_status
-            return LOST_NODE_EXIT if status == -1 else exit_code(status)
-        return None if self._channel.get_transport().is_active() else LOST_NODE_EXIT
+            return LOST_NODE_EXIT if status == -1 else agent_exit_code(status)
+        if self._channel.get_transport().is_active():
+            return None
+        self.lost_reason = self.lost_reason or f"connection to {self._host} lost"
+        return LOST_NODE_EXIT
 
     def terminate(self, grace: float) -> None:
-        if self._channel.status_event.is_set() and self._channel.exit_status != -1:
+        """TERM the agent (it ends its node's processes), then KILL it if it lingers; the sweep does the rest."""
+        if self._channel.status_event.is_set() or self.pid is None:
             return
-        self._backend.end_node(self.index, self._job_id, grace)
-        self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
+        for sig, wait in ((signal.SIGTERM, grace + 10), (signal.SIGKILL, EXIT_STATUS_WAIT_S)):
+            self._backend.node_command(self._plan, self.index, "signal",
+                                       {"pid": self.pid, "start_ticks": self._start_ticks, "signal": int(sig)},
+                                       timeout=30)
+            if self._channel.status_event.wait(wait):
+                return
 
 
 def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
-    """Decoded output lines of ``channel`` until it closes."""
-    pending = b""
+    """Decoded output lines of ``channel`` until it closes (linear in the output's size)."""
+    pending = bytearray()
     while chunk := channel.recv(65536):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for raw in complete:
-            yield raw.decode("utf-8", "replace")
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending += chunk[start:end]
+            yield pending.decode("utf-8", "replace")
+            pending.clear()
+            start = end + 1
+        pending += chunk[start:]
     if pending:
         yield pending.decode("utf-8", "replace")
 
 
-class SSHBackend:
+class SSHBackend(Backend):
     """Runs each node of a plan on its host over SSH, fanning out to all hosts in parallel."""
 
-    name = "ssh"
+    name: ClassVar[str] = "ssh"
 
     def __init__(self, cluster: ClusterSpec) -> None:
-        self.cluster = cluster
-        self.python = cluster.python or "python3"
+        super().__init__(cluster)
         settings = SSHSettings(cluster.ssh)
         self.targets = [settings.target(n.host, n.port, n.user) for n in cluster.nodes]
         self._pool = Pool(settings, cluster.ssh.connect_timeout)
         self._unreachable: set[int] = set()
-        self._prepared: list[str] | None = None
-        self._prepare_lock = threading.Lock()
+        self._guard = threading.Lock()
+
+    @classmethod
+    def spare_nodes(cls, cluster: ClusterSpec, wanted: int) -> int:
+        return len(cluster.nodes) - wanted
 
     def preflight(self, plan: Plan) -> Preflight:
         """Connect to every host and probe it in parallel; every problem is reported together."""
@@ -230,14 +158,15 @@ class SSHBackend:
         if problems:
             return Preflight(problems=problems)
         nodes = [specs[r.key].model_copy(update={"address": r.value[0]}) for r in results]
-        return Preflight(nodes=nodes, probes={r.key: r.value[1] for r in results})
+        return Preflight(nodes=nodes, probes={r.key: r.value[1] for r in results},
+                         facts={r.key: r.value[3] for r in results})
 
-    def _check(self, plan: Plan, index: int, spec: NodeSpec, master: Future) -> tuple[str, NodeNetwork, list[str]]:
-        """One host's preflight: (its address, its network probe, its problems).
+    def _check(self, plan: Plan, index: int, spec: NodeSpec, master: Future) -> tuple[str, NodeNetwork, list[str], dict]:
+        """One host's preflight: (its address, its network probe, its problems, its facts).
 
-        Every host probes its route to node 0, whose address (unless pinned)
-        node 0's step publishes in ``master`` as soon as TCP connects (behind a
-        jump host: once logged in; None if it failed).
+        Every host probes its route to node 0, whose address (unless pinned) node 0's step
+        publishes in ``master`` as soon as TCP connects (behind a jump host: once logged in;
+        None if it failed).
         """
         address = None
 
@@ -252,161 +181,98 @@ class SSHBackend:
             publish(address)
         node = plan.nodes[index]
         pinned = node.env.get("GLOO_SOCKET_IFNAME", AUTO)
-        request = {
-            "modules": _modules(plan),
-            "workdir": None if self.cluster.sync_workdir else node.cwd,
-            "ifaces": [] if pinned == AUTO else [name for name in pinned.split(",") if name],
-            "port": plan.rendezvous.port if index == 0 else None,
-            "gpus": spec.gpus,
-            "master": master.result(),
-        }
-        result = conn.run([self.python, "-c", PROBE, json.dumps(request)])
+        request = facts_request(
+            plan, index, ifaces=[] if pinned == AUTO else [name for name in pinned.split(",") if name],
+            gpus=spec.gpus, master=master.result() if self.cluster.network.interface == AUTO else None,
+        )
+        if self.cluster.sync_workdir:
+            request["workdir"] = None  # made by the sync at start
         host = self.targets[index].alias
-        try:
-            found = json.loads(result.out.splitlines()[-1]) if result.code == 0 else None
-        except (IndexError, ValueError):
-            found = None
-        if found is None:
-            missing = result.code in (126, 127)
-            why = f"python interpreter '{self.python}' not found (cluster.yaml python)" if missing else (
-                f"the preflight probe failed (exit {result.code}): {(result.err or result.out).strip()[-300:]}")
-            return address, NodeNetwork("", address), [f"{host}: {why}"]
-        network = NodeNetwork(found.get("dev") or "", address, tuple(found["hcas"]))
-        auto_interface = self.cluster.network.interface == AUTO
-        return address, network, _problems(host, self.python, auto_interface, node, request, found)
+        facts, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
+        if facts is None:
+            missing = error and ("not found" in error or "No such file" in error)
+            why = (f"python interpreter '{plan.python}' not found (cluster.yaml python)" if missing
+                   else f"the preflight probe failed: {error}")
+            return address, NodeNetwork("", address), [f"{host}: {why}"], {}
+        network = NodeNetwork(facts.get("dev") or "", address, tuple(facts["hcas"]))
+        return address, network, node_problems(host, plan, facts, node, spec.gpus), facts
 
-    def start(self, node: NodePlan, plan: Plan, run_dir: Path, secrets: Mapping[str, str]) -> SSHNode:
-        """Start one node's agent under the wrapper; returns once the agent process exists."""
-        self._prepare(plan, run_dir)
-        conn = self._pool.get(self.targets[node.index])
-        self._unreachable.discard(node.index)
-        channel = conn.exec(agent_command(plan.job_id, node), combine=True)
-        channel.sendall(secrets_script(secrets))
-        channel.shutdown_write()
-        handle = SSHNode(node.index, self, channel, plan.job_id)
-        handle.wait_started(START_TIMEOUT_S)
-        return handle
-
-    def _prepare(self, plan: Plan, run_dir: Path) -> None:
-        """Workdir sync and ``setup:`` on every node, once, before any agent starts."""
-        with self._prepare_lock:
-            if self._prepared is None:
-                self._prepared = self._prepare_all(plan, run_dir)
-        if self._prepared:
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SSHNode]]:
+        """Sync and set up every node (once, all in parallel), then start every agent in parallel."""
+        problems = self._prepare(plan, context)
+        if problems:
             raise NodeStartError(
-                "preparing the nodes failed; no agent was started:\n" + "\n".join(f"  {p}" for _, p in self._prepared),
-                node=self._prepared[0][0],
+                "preparing the nodes failed; no agent was started:\n" + "\n".join(f"  {p}" for _, p in problems),
+                node=problems[0][0],
             )
 
-    def _prepare_all(self, plan: Plan, run_dir: Path) -> list[tuple[int, str]]:
+        def start_one(node: NodePlan) -> SSHNode:
+            context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+            conn = self._pool.get(self.targets[node.index])
+            tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
+            argv = node_argv(plan.python, "agent", agent_request(plan, node, context.grace, secrets_on_stdin=True))
+            channel = conn.exec(render_command(argv, tag, node.cwd), combine=True)
+            channel.sendall(json.dumps(dict(context.secrets)).encode() + b"\n")
+            channel.shutdown_write()
+            handle = SSHNode(node.index, self, plan, channel)
+            handle.wait_started(START_TIMEOUT_S)
+            context.stage(Stage.START, node.index, node.host, StageState.DONE)
+            return handle
+
+        results = fan_out(start_one, list(plan.nodes))
+        failed = [r for r in results if not r.ok]
+        if failed:
+            for r in results:
+                if r.ok:
+                    r.value.terminate(context.grace)
+            error = failed[0].error
+            node = error.node if isinstance(error, NodeStartError) else failed[0].key.index
+            raise NodeStartError(error_text(error), node)
+        return plan, [r.value for r in results]
+
+    def _prepare(self, plan: Plan, context: StartContext) -> list[tuple[int, str]]:
         """(node index, problem) for every node whose sync or setup failed, in node order."""
         if not (self.cluster.sync_workdir or self.cluster.setup):
             return []
 
         def step(node: NodePlan) -> None:
+            stage = Stage.SYNC if self.cluster.sync_workdir else Stage.SETUP
+            context.stage(stage, node.index, node.host, StageState.RUNNING)
             conn = self._pool.get(self.targets[node.index])
-            sync.prepare_node(conn, self.cluster, node, plan.job_id, run_dir / f"setup-node{node.index}.log")
+            try:
+                sync.prepare_node(conn, self.cluster, node, plan.job_id, context.run_dir / f"setup-node{node.index}.log")
+            except BaseException:
+                context.stage(stage, node.index, node.host, StageState.FAILED)
+                raise
+            context.stage(stage, node.index, node.host, StageState.DONE)
 
         return [(r.key.index, error_text(r.error)) for r in fan_out(step, list(plan.nodes)) if not r.ok]
 
-    def end_node(self, index: int, job_id: str, grace: float) -> None:
-        """TERM the node's agent group, KILL it after ``grace``, then end anything tagged that is left."""
-        pid_file = f"{RUN_ROOT}/{job_id}/node{index}.pid"
-        if self._cleanup(index, ["sh", "-c", KILL_GROUP, "sh", pid_file, str(int(grace * 10))], grace + 30) is not None:
-            self._cleanup(index, proctree.remote_argv(self.python, "end", job_id, grace), grace + 30)
+    def host(self, plan: Plan | None, index: int) -> str:
+        return self.targets[index].alias
 
-    def run_on_node(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        """Run ``argv`` on node ``index`` (quoted by render_command); a connection error is the result."""
-        try:
-            result = self._pool.get(self.targets[index]).run(argv, timeout=timeout)
-        except (LaunchError, *CONNECTION_ERRORS) as exc:
-            return LOST_NODE_EXIT, "", error_text(exc) if isinstance(exc, LaunchError) else f"cannot connect: {exc}"
-        return result.code, result.out, result.err
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """Run ``argv`` on node ``index`` (quoted by render_command); an unreachable node is the result.
 
-    def kernel_log(self, node_index: int) -> list[str]:
-        """The node's last kernel log lines (``dmesg``), for OOM-killer and Xid lines; [] if unreadable."""
-        result = self._cleanup(node_index, ["dmesg", "--ctime"], 10.0)
-        return result.out.splitlines()[-300:] if result is not None and result.code == 0 else []
-
-    def leftovers(self, plan: Plan) -> dict[int, list[int]]:
-        """PIDs of the job on every node, found by its tag (proctree over SSH, in parallel)."""
-        return self._proctree(plan, "list", 0.0)
-
-    def sweep(self, plan: Plan, grace: float) -> dict[int, list[int]]:
-        """End the job's tagged processes on every node in parallel; what is left per node."""
-        return self._proctree(plan, "end", grace)
-
-    def _proctree(self, plan: Plan, action: str, grace: float) -> dict[int, list[int]]:
-        """Run proctree ``action`` on every node; after a clean ``end``, remove the node's run directory."""
-
-        def step(index: int) -> list[int]:
-            result = self._cleanup(index, proctree.remote_argv(self.python, action, plan.job_id, grace), grace + 30)
-            if result is not None and result.code != 0:
-                log.warning("%s: proctree %s failed: %s", self.targets[index].alias, action, result.err.strip()[-300:])
-            if result is None or result.code != 0:
-                return []
-            left = [int(pid) for pid in result.out.split()]
-            if action == "end" and not left:
-                self._cleanup(index, ["rm", "-rf", "--", f"{RUN_ROOT}/{plan.job_id}"], 30.0)
-            return left
-
-        return {r.key: r.value for r in fan_out(step, list(range(plan.nnodes))) if r.value}
-
-    def _cleanup(self, index: int, argv: list[str], timeout: float) -> RunResult | None:
-        """Run a clean-up command on a node; None (logged) when the node cannot be reached.
-
-        Clean-up must not hang on a dead host: connecting again waits
-        CLEANUP_CONNECT_S at most, and a host that failed once is not retried.
+        A node found unreachable once is retried with a short connect timeout, so clean-up never
+        hangs on a dead host.
         """
         host = self.targets[index].alias
-        if index in self._unreachable:
-            return None
+        with self._guard:
+            quick = index in self._unreachable
         try:
-            conn = self._pool.get(self.targets[index], timeout=CLEANUP_CONNECT_S)
-            return conn.run(argv, timeout=timeout)
+            conn = self._pool.get(self.targets[index], timeout=CLEANUP_CONNECT_S if quick else None)
+            result = conn.run(argv, timeout=timeout)
         except (LaunchError, *CONNECTION_ERRORS) as exc:
-            self._unreachable.add(index)
-            log.warning("%s: cannot reach the node to clean up job processes: %s", host, exc)
-            return None
+            with self._guard:
+                self._unreachable.add(index)
+            return unreachable(error_text(exc) if isinstance(exc, LaunchError) else f"{host}: cannot connect: {exc}")
+        with self._guard:
+            self._unreachable.discard(index)
+        if result.code == -1:
+            return unreachable(f"{host}: the connection closed before `{argv[0]}` finished")
+        return CommandResult(result.code, result.out, result.err)
 
     def close(self) -> None:
         """Close every SSH connection."""
         self._pool.close()
-
-
-def _modules(plan: Plan) -> list[str]:
-    modules = ["torch"]
-    if plan.launcher == "deepspeed" or plan.ds_config:
-        modules.append("deepspeed")
-    if RECIPE_MODULE in plan.nodes[0].argv:
-        modules.append("launcher")
-    return modules
-
-
-def _problems(host: str, python: str, auto_interface: bool, node: NodePlan, request: dict, found: dict) -> list[str]:
-    """What the probe's answer says is wrong with one host."""
-    problems = []
-    if found["missing"]:
-        problems.append(
-            f"{host}: {python} cannot import {', '.join(found['missing'])} "
-            "(install it on the node, or point cluster.yaml python at an interpreter that has it)"
-        )
-    if not found["workdir_ok"]:
-        problems.append(f"{host}: workdir '{node.cwd}' does not exist (cluster.yaml workdir, or set sync_workdir)")
-    for name in found["missing_ifaces"]:
-        problems.append(f"{host}: network interface '{name}' (cluster.yaml network.interface) does not exist")
-    if found.get("port_free") is False:
-        problems.append(
-            f"{host}: rendezvous port {request['port']} is in use on node 0 (a stale job may hold it: "
-            "`launch status`; or choose another rendezvous.port)"
-        )
-    if request["gpus"] and found.get("gpus") is None:
-        problems.append(f"{host}: cluster.yaml says {request['gpus']} GPUs but nvidia-smi failed: {found['gpu_error']}")
-    elif request["gpus"] and found["gpus"] < request["gpus"]:
-        problems.append(f"{host}: cluster.yaml says {request['gpus']} GPUs, nvidia-smi lists {found['gpus']}")
-    if auto_interface and request["master"] and not found.get("dev"):
-        problems.append(
-            f"{host}: cannot find the interface routing to node 0 ({request['master']}): "
-            f"{found.get('route_error')} (pin network.interface in cluster.yaml)"
-        )
-    return problems

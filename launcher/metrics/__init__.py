@@ -1,5 +1,12 @@
-"""Metrics: the in-rank reporter and the summaries built from its records."""
+"""Metrics: the in-rank reporter, the record model it writes, and the summaries built from its records."""
 
-from launcher.metrics.reporter import Reporter, parse_record
+from launcher.metrics.record import (
+    MetricRecord,
+    ProcessSample,
+    Rejected,
+    parse_line,
+    parse_samples,
+)
+from launcher.metrics.reporter import Reporter
 
-__all__ = ["Reporter", "parse_record"]
+__all__ = ["MetricRecord", "ProcessSample", "Rejected", "Reporter", "parse_line", "parse_samples"]

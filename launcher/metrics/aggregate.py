@@ -1,93 +1,71 @@
-"""Per-job summaries built from raw per-rank metric records.
+"""Per-job summaries built from the ranks' metric records and the node agents' process samples.
 
 Warm-up intervals are left out of throughput and step time (unless a run
 was so short that it has nothing else). Step-time percentiles are taken over
 reporting intervals: each record carries the mean step time of its interval,
 measured without a device synchronisation on ordinary steps.
+
+A rank known only from process samples (a program that never imports the
+Reporter) still gets a per-rank entry with its sampled peak memory; its
+samples/s, tokens/s and step time stay unknown. Which figures exist and how
+each is aggregated is declared once, in ``columns.COLUMNS``.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-MB = 1024 * 1024
+from launcher.metrics import columns as registry
+from launcher.metrics.columns import AttemptData, RankData, percentile, steady
+from launcher.metrics.record import MetricRecord, RankUsage
+from launcher.metrics.summary import JobSummary, RankSummary
+
+__all__ = ["as_records", "percentile", "summarize"]
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) by linear interpolation; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+def as_records(items: Iterable[MetricRecord | Mapping[str, Any]]) -> list[MetricRecord]:
+    """Records, with record-shaped mappings read as stored rows are (invalid ones left out)."""
+    out = []
+    for item in items:
+        record = item if isinstance(item, MetricRecord) else MetricRecord.from_stored(item)
+        if record is not None:
+            out.append(record)
+    return out
 
 
-def _steady(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    steady = [r for r in records if not r.get("warmup")]
-    return steady or records
-
-
-def summarize(records: list[dict[str, Any]], attempt: int | None = None) -> dict[str, Any]:
-    """Job summary: throughput, step time p50/p95, peak memory, per-rank figures.
-
-    Only the given ``attempt`` (default: the latest present) is summarised.
-    """
-    if attempt is None and records:
-        attempt = max(r.get("attempt", 0) for r in records)
-    records = [r for r in records if r.get("attempt", 0) == attempt]
-    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
+def summarize(records: Iterable[MetricRecord], usage: Iterable[RankUsage] = (), attempt: int | None = None) -> JobSummary:
+    """The job's figures (``columns.COLUMNS``) and its ranks', for ``attempt`` (default: the latest present)."""
+    records, usage = list(records), list(usage)
+    if attempt is None:
+        attempt = max([r.attempt for r in records] + [u.attempt for u in usage], default=0)
+    records = [r for r in records if r.attempt == attempt]
+    usage = [u for u in usage if u.attempt == attempt]
+    by_rank: dict[int, list[MetricRecord]] = defaultdict(list)
     for record in records:
-        by_rank[int(record.get("rank", 0))].append(record)
-
-    per_rank = [_rank_summary(rank, rows) for rank, rows in sorted(by_rank.items())]
-    steady = _steady(records)
-    step_times = [r["step_time_s"] for r in steady if r.get("step_time_s") is not None]
-    utils = [r["gpu_util"] for r in steady if r.get("gpu_util") is not None]
-    tokens = sum(p["tokens_per_sec"] for p in per_rank) if per_rank else None
-    flops = [r.get("flops_per_sample") for r in records if r.get("flops_per_sample")]
-    return {
-        "steps": max((r.get("step", 0) for r in records), default=0),
-        "records": len(records),
-        "samples_per_sec": sum(p["samples_per_sec"] for p in per_rank) if per_rank else None,
-        "tokens_per_sec": tokens or None,
-        "step_time_ms_p50": _ms(percentile(step_times, 50)),
-        "step_time_ms_p95": _ms(percentile(step_times, 95)),
-        "steps_per_sec": (1.0 / percentile(step_times, 50)) if step_times else None,
-        "peak_mem_mb": max((p["peak_mem_mb"] for p in per_rank), default=None),
-        "gpu_util": statistics.fmean(utils) if utils else None,
-        "flops_per_sample": flops[-1] if flops else None,
-        "loss": _last_loss(records),
-        "per_rank": per_rank,
-    }
+        by_rank[record.rank].append(record)
+    usage_by_rank = {u.rank: u for u in usage}
+    per_rank = tuple(
+        _rank_summary(rank, by_rank.get(rank, []), usage_by_rank.get(rank))
+        for rank in sorted(set(by_rank) | set(usage_by_rank))
+    )
+    data = AttemptData(records=records, steady=steady(records), per_rank=per_rank, usage=usage)
+    return JobSummary.build(
+        steps=max((r.step for r in records), default=0),
+        records=len(records),
+        figures={column.name: column.job(data) for column in registry.columns()},
+        per_rank=per_rank,
+    )
 
 
-def _rank_summary(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    steady = _steady(rows)
-    seconds = sum(r.get("interval_s", 0.0) for r in steady) or 1e-9
-    step_times = [r["step_time_s"] for r in steady if r.get("step_time_s") is not None]
-    last = rows[-1]
-    return {
-        "rank": rank,
-        "node": last.get("node"),
-        "host": last.get("host"),
-        "samples_per_sec": sum(r.get("samples", 0) for r in steady) / seconds,
-        "tokens_per_sec": sum(r.get("tokens", 0) for r in steady) / seconds,
-        "step_time_ms_p50": _ms(percentile(step_times, 50)),
-        "peak_mem_mb": max(r.get("mem_peak_bytes", 0) for r in rows) / MB,
-        "steps": max(r.get("step", 0) for r in rows),
-    }
-
-
-def _last_loss(records: list[dict[str, Any]]) -> float | None:
-    for record in reversed(records):
-        if record.get("loss") is not None:
-            return record["loss"]
-    return None
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000.0
+def _rank_summary(rank: int, rows: Sequence[MetricRecord], usage: RankUsage | None) -> RankSummary:
+    data = RankData(records=rows, steady=steady(rows), usage=usage)
+    origin = rows[-1] if rows else usage
+    return RankSummary.build(
+        rank=rank,
+        node=origin.node if origin else None,
+        host=origin.host if origin else None,
+        steps=max((r.step for r in rows), default=0),
+        figures={column.name: column.rank(data) for column in registry.rank_columns()},
+    )

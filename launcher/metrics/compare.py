@@ -10,30 +10,30 @@ memory ratio (peak memory per GPU) against the first job that has metrics.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from launcher.metrics import columns as registry
 from launcher.metrics import mfu as mfu_mod
-from launcher.metrics.aggregate import summarize
+from launcher.metrics.aggregate import as_records, summarize
+from launcher.metrics.columns import fmt, fmt_mem, fmt_pct
+from launcher.metrics.record import MetricRecord, RankUsage
 from launcher.store import TERMINAL
 
 STRAGGLER_SLOWDOWN = 1.10
 
-# (key, header) of the comparison table, in the order users read it.
-COMPARE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("job", "JOB"),
-    ("strategy", "STRATEGY"),
-    ("precision", "PRECISION"),
-    ("world_size", "WORLD"),
-    ("step_time_ms", "STEP MS"),
-    ("steps_per_sec", "STEPS/S"),
-    ("samples_per_sec", "SAMPLES/S"),
-    ("tokens_per_sec", "TOKENS/S"),
-    ("peak_mem_mb", "MEM/GPU"),
-    ("gpu_util", "GPU UTIL"),
-    ("mfu", "MFU"),
-    ("speedup", "SPEED-UP"),
-    ("mem_ratio", "MEM RATIO"),
-)
+# The comparison table: the job's own columns, then every figure of ``columns.table_columns()``
+# (step time, steps/s, samples/s, tokens/s, memory, GPU util, and any figure registered there),
+# then the figures computed here.
+HEAD_COLUMNS: tuple[tuple[str, str], ...] = (("job", "JOB"), ("strategy", "STRATEGY"), ("precision", "PRECISION"),
+                                             ("world_size", "WORLD"))
+TAIL_COLUMNS: tuple[tuple[str, str], ...] = (("mfu", "MFU"), ("speedup", "SPEED-UP"), ("mem_ratio", "MEM RATIO"))
+TEXT_HEADERS = ("JOB", "STRATEGY", "PRECISION")
+
+
+def table_headers() -> list[str]:
+    """The comparison table's headers, in the order users read them."""
+    return [h for _, h in HEAD_COLUMNS] + [c.header for c in registry.table_columns()] + [h for _, h in TAIL_COLUMNS]
 
 
 def rank_slowdowns(per_rank: list[dict[str, Any]]) -> dict[int, float]:
@@ -57,24 +57,30 @@ def stragglers(per_rank: list[dict[str, Any]], threshold: float = STRAGGLER_SLOW
     return sorted(rank for rank, slow in rank_slowdowns(per_rank).items() if slow > threshold)
 
 
-def job_metrics(job: dict[str, Any], records: list[dict[str, Any]], attempt: int | None = None) -> dict[str, Any]:
-    """A job's summary (``summarize``'s keys) plus MFU, GPU peak and per-rank straggler flags."""
-    summary = summarize(records, attempt)
+def job_metrics(job: Mapping[str, Any], records: Iterable[MetricRecord | Mapping[str, Any]], attempt: int | None = None,
+                usage: Iterable[RankUsage] = ()) -> dict[str, Any]:
+    """The `launch metrics --json` object of a job (without id and state).
+
+    The summary's figures (``JobSummary.as_json``) plus MFU, the GPU's name and peak,
+    and per-rank MFU, slowdown and straggler flags.
+    """
+    records = as_records(records)
+    summary = summarize(records, usage, attempt)
     peak = mfu_mod.peak_tflops(job, records)
-    slowdowns = rank_slowdowns(summary["per_rank"])
+    data = summary.as_json()
+    slowdowns = rank_slowdowns(data["per_rank"])
     flagged = {rank for rank, slow in slowdowns.items() if slow > STRAGGLER_SLOWDOWN}
-    per_rank = [
+    data["per_rank"] = [
         {
-            **rank,
-            "mfu": mfu_mod.rank_mfu(rank, summary["flops_per_sample"], peak),
-            "slowdown": slowdowns.get(rank["rank"]),
-            "straggler": rank["rank"] in flagged,
+            **entry,
+            "mfu": mfu_mod.rank_mfu(rank.samples_per_sec, summary.flops_per_sample, peak),
+            "slowdown": slowdowns.get(rank.rank),
+            "straggler": rank.rank in flagged,
         }
-        for rank in summary["per_rank"]
+        for rank, entry in zip(summary.per_rank, data["per_rank"])
     ]
     return {
-        **summary,
-        "per_rank": per_rank,
+        **data,
         "mfu": mfu_mod.job_mfu(job, summary, records),
         "gpu_name": mfu_mod.gpu_name(job, records),
         "peak_tflops": peak,
@@ -82,27 +88,22 @@ def job_metrics(job: dict[str, Any], records: list[dict[str, Any]], attempt: int
     }
 
 
-def compare_row(job: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    """One job's row of the comparison (before the ratios against the baseline)."""
-    return {
-        "job": job["id"],
-        "name": job["name"],
-        "state": job["state"],
+def compare_row(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """One job's row of the comparison (before the ratios against the baseline); ``metrics`` from ``job_metrics``."""
+    row = {
+        "job": job.get("id"),
+        "name": job.get("name"),
+        "state": job.get("state"),
         "reason": job.get("reason"),
         "strategy": job.get("strategy"),
         "precision": job.get("precision"),
         "world_size": job.get("world_size"),
         "grad_accum": job.get("grad_accum"),
-        "step_time_ms": metrics.get("step_time_ms_p50"),
-        "step_time_ms_p95": metrics.get("step_time_ms_p95"),
-        "steps_per_sec": metrics.get("steps_per_sec"),
-        "samples_per_sec": metrics.get("samples_per_sec"),
-        "tokens_per_sec": metrics.get("tokens_per_sec"),
-        "peak_mem_mb": metrics.get("peak_mem_mb"),
-        "gpu_util": metrics.get("gpu_util"),
-        "mfu": metrics.get("mfu"),
-        "stragglers": metrics.get("stragglers", []),
     }
+    row.update({column.row_key: metrics.get(column.name) for column in registry.columns() if column.row_key})
+    row["mfu"] = metrics.get("mfu")
+    row["stragglers"] = metrics.get("stragglers", [])
+    return row
 
 
 def failed_row(strategy: str, reason: str, state: str = "FAILED") -> dict[str, Any]:
@@ -137,37 +138,17 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 # text rendering
 
 
-def fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
-    """A number for a table cell; '-' for unknown."""
-    return "-" if value is None else f"{value:{spec}}{unit}"
-
-
-def fmt_pct(fraction: float | None) -> str:
-    """A fraction as a percentage with three significant digits (tiny CPU MFUs stay visible)."""
-    return "-" if fraction is None else f"{fraction * 100:.3g}%"
-
-
-def fmt_mem(mb: float | None) -> str:
-    """Memory in MB or GB, whichever reads better."""
-    if mb is None:
-        return "-"
-    return f"{mb / 1024:.1f} GB" if mb >= 10 * 1024 else f"{mb:.0f} MB"
-
-
-def row_cells(row: dict[str, Any]) -> list[str]:
-    """The text of one comparison row, in ``COMPARE_COLUMNS`` order."""
+def row_cells(row: Mapping[str, Any]) -> list[str]:
+    """The text of one comparison row, in ``table_headers()`` order."""
+    figures = registry.table_columns()
     if row["state"] == "FAILED" and row.get("samples_per_sec") is None:
-        metrics = ["failed"] + ["-"] * (len(COMPARE_COLUMNS) - 5)
+        metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 1)
     else:
-        metrics = [
-            fmt(row["step_time_ms"]), fmt(row["steps_per_sec"], ".2f"), fmt(row["samples_per_sec"]),
-            fmt(row["tokens_per_sec"], ".0f"), fmt_mem(row["peak_mem_mb"]), fmt(row["gpu_util"], ".0%"),
-            fmt_pct(row["mfu"]),
-            fmt(row["speedup"], ".2f", "x"),
-            fmt(row["mem_ratio"], ".2f", "x"),
+        metrics = [column.cell(row.get(column.row_key)) for column in figures] + [
+            fmt_pct(row["mfu"]), fmt(row["speedup"], ".2f", "x"), fmt(row["mem_ratio"], ".2f", "x"),
         ]
     head = [row["job"] or "-", row["strategy"] or "(entrypoint)", row["precision"] or "-", fmt(row["world_size"], "d")]
-    return head + metrics
+    return [str(cell) for cell in head] + metrics
 
 
 def comparison_table(rows: list[dict[str, Any]]):
@@ -177,17 +158,16 @@ def comparison_table(rows: list[dict[str, Any]]):
     from rich.text import Text
 
     table = Table(box=None, header_style="bold")
-    for _, header in COMPARE_COLUMNS:
-        text = header in ("JOB", "STRATEGY", "PRECISION")
-        table.add_column(header, no_wrap=header == "JOB", justify="left" if text else "right")
+    for header in table_headers():
+        table.add_column(header, no_wrap=header == "JOB", justify="left" if header in TEXT_HEADERS else "right")
     for row in rows:
-        table.add_row(*row_cells(row), style="red" if row["state"] == "FAILED" else None)
+        table.add_row(*map(Text, row_cells(row)), style="red" if row["state"] == "FAILED" else None)
     base = next((row for row in rows if row.get("baseline")), None)
     notes = []
     if base is not None:
         notes.append(Text(f"speed-up (samples/s) and memory ratio (peak memory per GPU) are against {base['job']}", style="dim"))
     notes += [
-        Text(f"{row['strategy'] or row['job']}: {row['state'].lower()}: {row['reason'] or 'no reason recorded'}", style="red")
+        Text(f"{row['strategy'] or row['job']}: {str(row['state']).lower()}: {row['reason'] or 'no reason recorded'}", style="red")
         for row in rows if row["state"] in ("FAILED", "CANCELLED")
     ]
     notes += [Text(f"{row['job']}: straggler rank(s) {', '.join(map(str, row['stragglers']))}", style="yellow")
@@ -195,18 +175,25 @@ def comparison_table(rows: list[dict[str, Any]]):
     return Group(table, *notes)
 
 
-def metrics_renderables(job: dict[str, Any], metrics: dict[str, Any]) -> list[Any]:
+# figures that metrics_renderables writes on lines of their own; any other registered figure gets a line
+_SHOWN = {"step_time_ms_p50", "step_time_ms_p95", "steps_per_sec", "samples_per_sec", "tokens_per_sec", "peak_mem_mb",
+          "gpu_util", "flops_per_sample", "loss"}
+
+
+def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Any]:
     """What `launch metrics JOB` prints: the summary, the per-rank table and straggler warnings."""
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     m = metrics
     out: list[Any] = [
-        f"[bold]{escape(job['id'])}[/]  {job['state']}  {job.get('strategy') or '(entrypoint)'}, {job.get('precision')}, "
-        f"{job.get('nnodes')} node(s) x {job.get('nproc_per_node')} = {job.get('world_size')} ranks",
-        f"  batch       global {job.get('global_batch')} = micro {job.get('micro_batch')} x accumulation "
-        f"{job.get('grad_accum')} x world {job.get('world_size')}",
-        f"  steps       {m['steps']}/{job.get('max_steps')}  ({m['records']} records, warm-up excluded)",
+        f"[bold]{escape(str(job['id']))}[/]  {escape(str(job['state']))}  "
+        + escape(f"{job.get('strategy') or '(entrypoint)'}, {job.get('precision')}, "
+                 f"{job.get('nnodes')} node(s) x {job.get('nproc_per_node')} = {job.get('world_size')} ranks"),
+        Text(f"  batch       global {job.get('global_batch')} = micro {job.get('micro_batch')} x accumulation "
+             f"{job.get('grad_accum')} x world {job.get('world_size')}"),
+        f"  steps       {m['steps']}/{escape(str(job.get('max_steps')))}  ({m['records']} records, warm-up excluded)",
         f"  throughput  {fmt(m['samples_per_sec'])} samples/s, {fmt(m['tokens_per_sec'], '.0f')} tokens/s, "
         f"{fmt(m['steps_per_sec'], '.2f')} steps/s",
         f"  step time   p50 {fmt(m['step_time_ms_p50'], '.1f', ' ms')}, p95 {fmt(m['step_time_ms_p95'], '.1f', ' ms')}",
@@ -215,8 +202,10 @@ def metrics_renderables(job: dict[str, Any], metrics: dict[str, Any]) -> list[An
         f"  MFU         {escape(_mfu_line(m))}",
         f"  loss        {fmt(m['loss'], '.4g')}",
     ]
+    out += [Text(f"  {column.name:<11} {column.cell(m.get(column.name))}") for column in registry.columns()
+            if column.name not in _SHOWN]
     if job.get("reason"):
-        out.insert(1, f"  reason      {escape(job['reason'])}")
+        out.insert(1, Text(f"  reason      {job['reason']}"))
     if not m["per_rank"]:
         out.append("no metric records" + (" yet" if job["state"] not in TERMINAL else ""))
         return out
@@ -225,7 +214,7 @@ def metrics_renderables(job: dict[str, Any], metrics: dict[str, Any]) -> list[An
         table.add_column(column, no_wrap=True)
     for r in m["per_rank"]:
         table.add_row(
-            str(r["rank"]), str(r["node"]), escape(str(r["host"])), fmt(r["samples_per_sec"]),
+            str(r["rank"]), fmt(r["node"], ""), Text(fmt(r["host"], "")), fmt(r["samples_per_sec"]),
             fmt(r["tokens_per_sec"] or None, ".0f"), fmt(r["step_time_ms_p50"], ".1f", " ms"),
             fmt(r["slowdown"], ".2f", "x"), fmt_mem(r["peak_mem_mb"]), fmt_pct(r["mfu"]), str(r["steps"]),
             "[yellow]STRAGGLER[/]" if r["straggler"] else "",
@@ -235,7 +224,7 @@ def metrics_renderables(job: dict[str, Any], metrics: dict[str, Any]) -> list[An
     for r in m["per_rank"]:
         if r["straggler"]:
             out.append(
-                f"[yellow]straggler: rank {r['rank']} on {escape(str(r['host']))} (node {r['node']}) is "
+                f"[yellow]straggler: rank {r['rank']} on {escape(fmt(r['host'], ''))} (node {fmt(r['node'], '')}) is "
                 f"{(r['slowdown'] - 1):.0%} slower than the median rank[/]"
             )
     return out

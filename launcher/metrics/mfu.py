@@ -11,7 +11,13 @@ in its records. Unknown GPUs (and CPU runs) have no MFU.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.metrics.record import MetricRecord
+    from launcher.metrics.summary import JobSummary
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendor data sheets.
 # Matched in order, case-insensitively, as substrings of the GPU name.
@@ -35,27 +41,26 @@ def table_peak_tflops(gpu_name: str | None) -> float | None:
     return None
 
 
-def cluster_gpu(job: dict[str, Any]) -> dict[str, Any]:
-    """The ``gpu`` section of the cluster spec stored with a job row ({} when absent)."""
-    spec = job.get("spec") or {}
-    return ((spec.get("cluster") or {}).get("gpu")) or {}
+def cluster_gpu(job: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The ``gpu`` section of the cluster spec stored with a job row ({} when absent or not a mapping)."""
+    section: Any = job
+    for key in ("spec", "cluster", "gpu"):
+        section = section.get(key) if isinstance(section, Mapping) else None
+    return section if isinstance(section, Mapping) else {}
 
 
-def gpu_name(job: dict[str, Any], records: list[dict[str, Any]] = ()) -> str | None:
+def gpu_name(job: Mapping[str, Any], records: Sequence[MetricRecord] = ()) -> str | None:
     """The GPU's name: the cluster spec's ``gpu.name``, else one reported by a rank."""
     name = cluster_gpu(job).get("name")
-    if name:
+    if isinstance(name, str) and name:
         return name
-    for record in reversed(records):
-        if record.get("gpu_name"):
-            return record["gpu_name"]
-    return None
+    return next((r.gpu_name for r in reversed(records) if r.gpu_name), None)
 
 
-def peak_tflops(job: dict[str, Any], records: list[dict[str, Any]] = ()) -> float | None:
+def peak_tflops(job: Mapping[str, Any], records: Sequence[MetricRecord] = ()) -> float | None:
     """Peak TFLOP/s per GPU for a job: ``gpu.peak_tflops`` from its cluster spec wins, else the table."""
     override = cluster_gpu(job).get("peak_tflops")
-    if override:
+    if isinstance(override, (int, float)) and not isinstance(override, bool) and math.isfinite(override) and override > 0:
         return float(override)
     return table_peak_tflops(gpu_name(job, records))
 
@@ -72,12 +77,13 @@ def mfu(
     return samples_per_sec * flops_per_sample / (world_size * peak_tflops_per_gpu * 1e12)
 
 
-def job_mfu(job: dict[str, Any], summary: dict[str, Any], records: list[dict[str, Any]] = ()) -> float | None:
+def job_mfu(job: Mapping[str, Any], summary: JobSummary, records: Sequence[MetricRecord] = ()) -> float | None:
     """The MFU of a job from its summary (whole-job samples/s over all its ranks)."""
-    world = job.get("world_size") or len(summary.get("per_rank") or ()) or None
-    return mfu(summary.get("samples_per_sec"), summary.get("flops_per_sample"), world, peak_tflops(job, records))
+    world = job.get("world_size")
+    world = world if isinstance(world, int) and world > 0 else len(summary.per_rank) or None
+    return mfu(summary.samples_per_sec, summary.flops_per_sample, world, peak_tflops(job, records))
 
 
-def rank_mfu(rank: dict[str, Any], flops_per_sample: float | None, peak: float | None) -> float | None:
+def rank_mfu(samples_per_sec: float | None, flops_per_sample: float | None, peak: float | None) -> float | None:
     """The MFU of one rank (its own samples/s on its one GPU)."""
-    return mfu(rank.get("samples_per_sec"), flops_per_sample, 1, peak)
+    return mfu(samples_per_sec, flops_per_sample, 1, peak)

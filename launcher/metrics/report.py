@@ -12,9 +12,17 @@ import html
 import math
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher.metrics.compare import COMPARE_COLUMNS, comparison, job_metrics, row_cells
+from launcher.metrics.compare import (
+    TEXT_HEADERS,
+    comparison,
+    job_metrics,
+    row_cells,
+    table_headers,
+)
+from launcher.metrics.record import MetricRecord, RankUsage
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 WIDTH, HEIGHT = 960, 320
@@ -38,18 +46,24 @@ svg text { font: 12px system-ui, sans-serif; fill: #333; }
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values covering [low, high]."""
+    """About ``count`` round tick values covering [low, high].
+
+    A range too narrow to divide (equal ends, or a difference lost in the floats' precision)
+    is widened to [low, low + |low|] (or [low, low + 1]); non-finite ends give [0].
+    """
     if not math.isfinite(low) or not math.isfinite(high):
         return [0.0]
-    if high <= low:
+    if high - low <= max(abs(low), abs(high)) * 1e-9 or high - low < 1e-300:
         high = low + (abs(low) or 1.0)
     raw = (high - low) / count
+    if not math.isfinite(raw) or raw <= 0:
+        return [low]
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
     ticks = [math.floor(low / step) * step]
     while ticks[-1] < high:
         ticks.append(ticks[0] + step * len(ticks))
-    return [round(t, 10) for t in ticks]
+    return [round(t, 10) if abs(step) >= 1e-9 else t for t in ticks]
 
 
 def _label(value: float) -> str:
@@ -150,26 +164,26 @@ def bar_chart(title: str, categories: list[str], series: list[tuple[str, list[fl
     return _svg(parts, title)
 
 
-def _latest(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    attempt = max((r.get("attempt", 0) for r in records), default=0)
-    return [r for r in records if r.get("attempt", 0) == attempt]
+def _latest(records: Sequence[MetricRecord]) -> list[MetricRecord]:
+    attempt = max((r.attempt for r in records), default=0)
+    return [r for r in records if r.attempt == attempt]
 
 
-def throughput_series(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def throughput_series(records: Sequence[MetricRecord]) -> list[tuple[float, float]]:
     """(step, job samples/s): the ranks' samples/s summed at each reporting step."""
     total: dict[int, float] = defaultdict(float)
     for record in _latest(records):
-        if record.get("samples_per_sec") is not None:
-            total[int(record["step"])] += record["samples_per_sec"]
+        if record.samples_per_sec is not None:
+            total[record.step] += record.samples_per_sec
     return sorted(total.items())
 
 
-def loss_series(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def loss_series(records: Sequence[MetricRecord]) -> list[tuple[float, float]]:
     """(step, loss averaged over the ranks that reported one)."""
     losses: dict[int, list[float]] = defaultdict(list)
     for record in _latest(records):
-        if record.get("loss") is not None:
-            losses[int(record["step"])].append(record["loss"])
+        if record.loss is not None:
+            losses[record.step].append(record.loss)
     return sorted((step, sum(v) / len(v)) for step, v in losses.items())
 
 
@@ -178,14 +192,15 @@ def _series_label(job: dict[str, Any]) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    left = {"JOB", "STRATEGY", "PRECISION"}
-    head = "".join(f'<th class="{"l" if h in left else ""}">{h}</th>' for _, h in COMPARE_COLUMNS)
+    left = set(TEXT_HEADERS)
+    headers = table_headers()
+    head = "".join(f'<th class="{"l" if h in left else ""}">{html.escape(h)}</th>' for h in headers)
     body = []
     for row in rows:
         cells = row_cells(row)
         klass = "failed" if row["state"] == "FAILED" else "base" if row.get("baseline") else ""
         tds = "".join(
-            f'<td class="{"l" if h in left else ""}">{html.escape(str(c))}</td>' for c, (_, h) in zip(cells, COMPARE_COLUMNS)
+            f'<td class="{"l" if h in left else ""}">{html.escape(str(c))}</td>' for c, h in zip(cells, headers)
         )
         body.append(f'<tr class="{klass}">{tds}</tr>')
     return f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
@@ -194,10 +209,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def _notes(rows: list[dict[str, Any]], metrics: dict[str, dict[str, Any]]) -> str:
     notes = []
     for row in rows:
-        name = html.escape(row["job"] or row["strategy"] or "?")
+        name = html.escape(str(row["job"] or row["strategy"] or "?"))
         if row["state"] in ("FAILED", "CANCELLED"):
-            reason = html.escape(row["reason"] or "no reason recorded")
-            notes.append(f'<li class="note">{name}: {row["state"].lower()}: {reason}</li>')
+            reason = html.escape(str(row["reason"] or "no reason recorded"))
+            notes.append(f'<li class="note">{name}: {html.escape(str(row["state"]).lower())}: {reason}</li>')
         for rank in (metrics.get(row["job"]) or {}).get("per_rank", []):
             if rank["straggler"]:
                 notes.append(
@@ -207,10 +222,14 @@ def _notes(rows: list[dict[str, Any]], metrics: dict[str, dict[str, Any]]) -> st
     return f"<ul>{''.join(notes)}</ul>" if notes else "<p>No failures or stragglers.</p>"
 
 
-def build_report(entries: list[tuple[dict[str, Any], list[dict[str, Any]]]], rows: list[dict[str, Any]] | None = None,
-                 title: str = "launch report") -> str:
-    """The HTML report for (job row, raw records) pairs; ``rows`` overrides the comparison rows."""
-    metrics = {job["id"]: job_metrics(job, records) for job, records in entries}
+def build_report(entries: Sequence[tuple[dict[str, Any], Sequence[MetricRecord]]], rows: list[dict[str, Any]] | None = None,
+                 title: str = "launch report", usage: Mapping[str, Sequence[RankUsage]] | None = None) -> str:
+    """The HTML report for (job row, records) pairs; ``rows`` overrides the comparison rows.
+
+    ``usage`` (by job id) adds the node agents' process samples: peak memory of ranks without the Reporter.
+    """
+    usage = usage or {}
+    metrics = {job["id"]: job_metrics(job, records, usage=usage.get(job["id"], ())) for job, records in entries}
     if rows is None:
         rows = comparison([(job, metrics[job["id"]]) for job, _ in entries])
     throughput = [(_series_label(job), throughput_series(records)) for job, records in entries]

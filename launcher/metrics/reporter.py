@@ -5,14 +5,18 @@ integers. On a reporting step (every ``every`` steps) it synchronises the
 device once, reads the loss, and writes one JSON record as a marked stdout
 line (``@@launch {...}``) that the supervisor picks out of the rank's output.
 That channel works unchanged through every backend (local pipes, SSH
-channels, Ray actors).
+channels, Ray actors). Each record is a ``MetricRecord`` (record.py), the
+model the supervisor validates the line against.
 
-Imports only the standard library; torch is used when it is already loaded.
+Imports only the standard library on ordinary runs; torch is used when it is
+already loaded. Program-added ``extra`` keys are validated once, when the
+Reporter is made (that imports pydantic, ~0.1 s, only then).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import socket
@@ -20,8 +24,13 @@ import sys
 import time
 from typing import Any
 
-MARKER = "@@launch "
-RECORD_VERSION = 1
+from launcher.metrics.record import (
+    MARKER,
+    MAX_MAGNITUDE,
+    MAX_TEXT_CHARS,
+    MetricRecord,
+    check_extra,
+)
 
 
 def _torch():
@@ -41,11 +50,13 @@ def peak_memory_bytes() -> int:
 
 
 def _scalar(value: Any) -> float | None:
+    """A loss as a float; None when unknown or not finite (a diverged loss cannot be carried as JSON)."""
     if value is None:
         return None
     if hasattr(value, "detach"):
         value = value.detach().float().item()
-    return float(value)
+    value = float(value)
+    return value if math.isfinite(value) and abs(value) <= MAX_MAGNITUDE else None
 
 
 class Reporter:
@@ -67,8 +78,10 @@ class Reporter:
         self.enabled = os.environ.get("LAUNCH_METRICS", "1") != "0"
         self.every = max(1, int(os.environ.get("LAUNCH_METRICS_EVERY", every)))
         self.warmup = self.every if warmup is None else warmup
+        if flops_per_sample is not None and not (0 < flops_per_sample <= 1e21):
+            raise ValueError(f"flops_per_sample must be a positive number up to 1e21, not {flops_per_sample!r}")
         self.flops_per_sample = flops_per_sample
-        self.extra = dict(extra or {})
+        self.extra = check_extra(extra) if extra else {}
         self._stream = stream or sys.stdout
         self._job = os.environ.get("LAUNCH_JOB_ID", "")
         self._node = int(os.environ.get("LAUNCH_NODE", "0"))
@@ -82,7 +95,7 @@ class Reporter:
         self._interval_start = time.perf_counter()
         self._gpu_util = _GpuUtilSampler.start(self._local_rank) if self.enabled else None
         torch = _torch()
-        self._gpu_name = torch.cuda.get_device_name() if _is_cuda_available(torch) else None
+        self._gpu_name = torch.cuda.get_device_name()[:MAX_TEXT_CHARS] if _is_cuda_available(torch) else None
 
     @property
     def steps_done(self) -> int:
@@ -116,34 +129,30 @@ class Reporter:
         now = time.perf_counter()
         elapsed = max(now - self._interval_start, 1e-9)
         steps = self._interval_steps
-        record: dict[str, Any] = {
-            "v": RECORD_VERSION,
-            "job": self._job,
-            "node": self._node,
-            "rank": self._rank,
-            "local_rank": self._local_rank,
-            "host": self._host,
-            "step": self._step,
-            "t": time.time(),
-            "steps": steps,
-            "interval_s": elapsed,
-            "step_time_s": elapsed / steps,
-            "samples": self._interval_samples,
-            "tokens": self._interval_tokens,
-            "samples_per_sec": self._interval_samples / elapsed,
-            "tokens_per_sec": self._interval_tokens / elapsed,
-            "loss": _scalar(loss),
-            "mem_peak_bytes": peak_memory_bytes(),
-            "warmup": self._step <= self.warmup,
-        }
-        if self.flops_per_sample:
-            record["flops_per_sample"] = self.flops_per_sample
-        if self._gpu_name:
-            record["gpu_name"] = self._gpu_name
-        if self._gpu_util is not None:
-            record["gpu_util"] = self._gpu_util.mean_and_reset()
-        record.update(self.extra)
-        self._stream.write(MARKER + json.dumps(record, separators=(",", ":")) + "\n")
+        record = MetricRecord(
+            job=self._job,
+            node=self._node,
+            rank=self._rank,
+            local_rank=self._local_rank,
+            host=self._host,
+            step=self._step,
+            t=time.time(),
+            steps=steps,
+            interval_s=elapsed,
+            step_time_s=elapsed / steps,
+            samples=self._interval_samples,
+            tokens=self._interval_tokens,
+            samples_per_sec=self._interval_samples / elapsed,
+            tokens_per_sec=self._interval_tokens / elapsed,
+            loss=_scalar(loss),
+            mem_peak_bytes=peak_memory_bytes(),
+            warmup=self._step <= self.warmup,
+            flops_per_sample=self.flops_per_sample,
+            gpu_name=self._gpu_name,
+            gpu_util=self._gpu_util.mean_and_reset() if self._gpu_util is not None else None,
+            extra=self.extra,
+        )
+        self._stream.write(MARKER + json.dumps(record.to_wire(), separators=(",", ":"), allow_nan=False) + "\n")
         self._stream.flush()
         self._interval_steps = 0
         self._interval_samples = 0
@@ -192,15 +201,3 @@ class _GpuUtilSampler:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def parse_record(line: str) -> dict[str, Any] | None:
-    """The metric record carried by an output line, or None for ordinary output."""
-    at = line.find(MARKER)
-    if at < 0:
-        return None
-    try:
-        record = json.loads(line[at + len(MARKER):])
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and record.get("v") == RECORD_VERSION else None

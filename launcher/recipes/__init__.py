@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RECIPES: tuple[str, ...] = ("convnet", "resnet50", "bert", "gpt2")
+# The transformers recipes: AdamW with weight decay, built partitioned under ZeRO-3 (HfDeepSpeedConfig).
+LANGUAGE_MODELS: tuple[str, ...] = ("bert", "gpt2")
 
 # Transformer shapes: (hidden, layers, heads, intermediate).
 BERT_SIZES: dict[str, tuple[int, int, int, int]] = {

@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.recipes import BERT_MAX_POSITIONS, BERT_TYPE_VOCAB, BERT_VOCAB, transformer_shape
+from launcher.recipes import (
+    BERT_MAX_POSITIONS,
+    BERT_TYPE_VOCAB,
+    BERT_VOCAB,
+    transformer_shape,
+)
 
 
 def make_config(size: str | None = None, num_layers: int | None = None):

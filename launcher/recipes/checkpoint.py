@@ -4,10 +4,11 @@ Layout in ``--checkpoint-dir``: one folder per saved step (``step_00000500``)
 and a ``latest`` file naming the newest complete one (written last, by rank 0,
 atomically), the convention DeepSpeed uses for its own checkpoints.
 
-ZeRO strategies use DeepSpeed's ``save_checkpoint``/``load_checkpoint`` (the
-step travels in ``client_state``). DDP and FSDP2 use
-``torch.distributed.checkpoint`` with ``get_state_dict``/``set_state_dict``,
-so every rank writes its own shard and FSDP2 never gathers a full model.
+The format is the strategy's (``launcher.strategies``): DeepSpeed's
+``save_checkpoint``/``load_checkpoint`` (the step travels in ``client_state``),
+or ``torch.distributed.checkpoint`` with ``get_state_dict``/``set_state_dict`` of
+the bare module, so every rank writes its own shard, FSDP2 never gathers a full
+model, and DDP, DataParallel and FSDP2 checkpoints resume under one another.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from launcher.recipes.strategies import DeepSpeedTrainer, TorchTrainer, Trainer
+from launcher.recipes.strategies import TorchTrainer, Trainer
+from launcher.strategies import CheckpointFormat, names
 
 LATEST = "latest"
 DEEPSPEED_MARKER = "*model_states.pt"
@@ -48,7 +50,7 @@ def save(trainer: Trainer, directory: str | os.PathLike, step: int) -> None:
     """Save model, optimizer (and loss scaler) state with ``step``; every rank calls this."""
     directory = Path(directory)
     tag = tag_for(step)
-    if isinstance(trainer, DeepSpeedTrainer):
+    if trainer.checkpoint_format is CheckpointFormat.DEEPSPEED:
         trainer.engine.save_checkpoint(str(directory), tag=tag, client_state={"step": step})
         return
     model_state, optim_state = get_state_dict(trainer.module, trainer.optimizer)
@@ -68,15 +70,17 @@ def load_latest(trainer: Trainer, directory: str | os.PathLike) -> int | None:
         return None
     path = directory / tag
     is_deepspeed = any(path.glob(DEEPSPEED_MARKER))
-    if isinstance(trainer, DeepSpeedTrainer):
+    if trainer.checkpoint_format is CheckpointFormat.DEEPSPEED:
         if not is_deepspeed:
-            raise CheckpointError(f"{path}: not a DeepSpeed checkpoint; resume it with ddp/fsdp2 or use a new dir")
+            raise CheckpointError(f"{path}: not a DeepSpeed checkpoint; resume it with {_able(CheckpointFormat.DCP)} "
+                                  "or use a new dir")
         loaded, client_state = trainer.engine.load_checkpoint(str(directory), tag=tag)
         if loaded is None or "step" not in (client_state or {}):
             raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
         return int(client_state["step"])
     if is_deepspeed or not (path / DCP_MARKER).exists():
-        raise CheckpointError(f"{path}: not a torch.distributed.checkpoint folder; resume it with a zero strategy")
+        raise CheckpointError(f"{path}: not a torch.distributed.checkpoint folder; resume it with "
+                              f"{_able(CheckpointFormat.DEEPSPEED)}")
     model_state, optim_state = get_state_dict(trainer.module, trainer.optimizer)
     state = {"model": model_state, "optim": optim_state, "meta": _meta(trainer, 0)}
     dcp.load(state, checkpoint_id=str(path))
@@ -85,6 +89,11 @@ def load_latest(trainer: Trainer, directory: str | os.PathLike) -> int | None:
     if trainer.scaler is not None and meta.get("scaler"):
         trainer.scaler.load_state_dict(meta["scaler"])
     return int(meta["step"])
+
+
+def _able(checkpoint: CheckpointFormat) -> str:
+    """The strategies that read ``checkpoint``, for a message."""
+    return "/".join(names(lambda s: s.checkpoint is checkpoint))
 
 
 def _meta(trainer: TorchTrainer, step: int) -> dict:

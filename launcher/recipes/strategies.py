@@ -1,22 +1,26 @@
 """Wrap a recipe's model and optimizer for a strategy and run one optimizer step.
 
-Torch strategies (``ddp``, ``ddp_compile``, ``fsdp2``) share ``TorchTrainer``:
-micro-batches accumulate with gradient sync suppressed on all but the last
-(DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``), the loss is divided
-by the accumulation count, fp16/bf16 use autocast (FSDP2: its
-``MixedPrecisionPolicy``) and fp16 a GradScaler, and gradients are clipped by
-global norm before the optimizer step.
+Which trainer runs a strategy is its ``Family`` in ``launcher.strategies``; ``TRAINERS``
+maps each family to its class here.
 
-``ddp_compile`` compiles the DDP-wrapped model (``torch.compile(DDP(model))``),
-the order PyTorch documents: dynamo's DDPOptimizer splits the graph at bucket
-boundaries so gradient all-reduce still overlaps the backward pass.
+``TorchTrainer`` (DDP, FSDP2): micro-batches accumulate with gradient sync suppressed on
+all but the last (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``), the loss is
+divided by the accumulation count, fp16/bf16 use autocast (FSDP2: its
+``MixedPrecisionPolicy``) and fp16 a GradScaler, and gradients are clipped by global norm
+before the optimizer step. A compiling strategy compiles the wrapped model
+(``torch.compile(DDP(model))``), the order PyTorch documents: dynamo's DDPOptimizer splits
+the graph at bucket boundaries so gradient all-reduce still overlaps the backward pass.
 
-ZeRO strategies (``zero2``, ``zero3``, ``zero3_offload``) go through
-``deepspeed.initialize``; the engine accumulates, scales, clips and steps.
+``DataParallelTrainer``: the same loop around ``torch.nn.DataParallel``, one process driving
+every GPU of its node (on CPU the module runs on the CPU). Autocast is entered inside each
+replica, whose thread does not inherit the caller's autocast dtype.
 
-Every strategy uses the same optimizer for a recipe (Adam for the CNNs,
-AdamW for the language models; DeepSpeedCPUAdam with the same update when
-the optimizer is offloaded), so their losses are comparable.
+``DeepSpeedTrainer`` goes through ``deepspeed.initialize``; the engine accumulates, scales,
+clips and steps.
+
+Every strategy uses the same optimizer for a recipe (Adam for the CNNs, AdamW for the
+language models; DeepSpeedCPUAdam with the same update when the optimizer is offloaded),
+so their losses are comparable.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.recipes import LANGUAGE_MODELS
+from launcher.strategies import CheckpointFormat, Family, Strategy, get_strategy
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TORCH_STRATEGIES = ("ddp", "ddp_compile", "fsdp2")
-DEEPSPEED_STRATEGIES = ("zero2", "zero3", "zero3_offload")
-LANGUAGE_MODELS = ("bert", "gpt2")
 WEIGHT_DECAY = 0.01  # AdamW decay for the language models; the CNNs use plain Adam
 # DeepSpeed calls collectives torch 2.13 renamed; the warning repeats every step and is not the user's to fix.
 DEEPSPEED_DEPRECATION = r"`torch\.distributed\.\w+` is deprecated"
@@ -68,12 +72,7 @@ def build_trainer(opts: TrainOptions, recipe: ModuleType, device: torch.device, 
 
     Afterwards the torch RNG is reseeded per rank, so dropout masks differ between ranks.
     """
-    if opts.strategy in DEEPSPEED_STRATEGIES:
-        trainer: Trainer = DeepSpeedTrainer(opts, recipe, device, seed)
-    elif opts.strategy in TORCH_STRATEGIES:
-        trainer = TorchTrainer(opts, recipe, device, seed)
-    else:
-        raise ValueError(f"unknown strategy {opts.strategy!r}")
+    trainer = TRAINERS[get_strategy(opts.strategy).family](opts, recipe, device, seed)
     torch.manual_seed(seed + 1 + dist.get_rank())
     return trainer
 
@@ -101,6 +100,7 @@ class Trainer:
     """One optimizer step over a list of micro-batches; subclasses per strategy family."""
 
     device: torch.device
+    strategy: Strategy
 
     def step(self, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         """Run forward/backward on every micro-batch and one optimizer update.
@@ -108,6 +108,10 @@ class Trainer:
         Returns the mean micro-batch loss as a detached tensor (no host sync).
         """
         raise NotImplementedError
+
+    @property
+    def checkpoint_format(self) -> CheckpointFormat:
+        return self.strategy.checkpoint
 
     def close(self) -> None:
         """Release what the strategy holds beyond Python objects (before the process group goes)."""
@@ -118,27 +122,30 @@ class Trainer:
 
 
 class TorchTrainer(Trainer):
-    """DDP, DDP + torch.compile, or FSDP2, with autocast/GradScaler and accumulation."""
+    """DDP or FSDP2 (compiled when the strategy compiles), with autocast/GradScaler and accumulation."""
 
     def __init__(self, opts: TrainOptions, recipe: ModuleType, device: torch.device, seed: int) -> None:
         self.opts = opts
+        self.strategy = get_strategy(opts.strategy)
         self.device = device
         self._compute_loss = recipe.compute_loss
         self.module = _build_model(opts, recipe, seed).to(device)
         self._ddp: nn.parallel.DistributedDataParallel | None = None
-        self._fsdp = opts.strategy == "fsdp2"
+        self._fsdp = self.strategy.family is Family.FSDP2
         dtype = DTYPES[opts.precision]
         self._autocast_dtype = None if self._fsdp or dtype == torch.float32 else dtype
-        if self._fsdp:
-            self.model = self._fully_shard(recipe, dtype)
-        else:
-            ids = [device.index] if device.type == "cuda" else None
-            self._ddp = nn.parallel.DistributedDataParallel(self.module, device_ids=ids)
-            self.model = self._ddp
-            if opts.strategy == "ddp_compile":
-                self.model = torch.compile(self._ddp, mode=opts.compile_mode)
+        self.model = self._wrap(recipe, dtype)
+        if self.strategy.compiles:
+            self.model = torch.compile(self.model, mode=opts.compile_mode)
         self.optimizer = _make_optimizer(opts, self.model.parameters())
         self.scaler = torch.amp.GradScaler(device.type) if opts.precision == "fp16" else None
+
+    def _wrap(self, recipe: ModuleType, dtype: torch.dtype) -> nn.Module:
+        if self._fsdp:
+            return self._fully_shard(recipe, dtype)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self._ddp = nn.parallel.DistributedDataParallel(self.module, device_ids=ids)
+        return self._ddp
 
     def _fully_shard(self, recipe: ModuleType, dtype: torch.dtype) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -150,7 +157,7 @@ class TorchTrainer(Trainer):
 
     def _sync_context(self, last: bool):
         if self._fsdp:
-            self.model.set_requires_gradient_sync(last)
+            self.module.set_requires_gradient_sync(last)
             return contextlib.nullcontext()
         return contextlib.nullcontext() if last else self._ddp.no_sync()
 
@@ -182,6 +189,47 @@ class TorchTrainer(Trainer):
         return total / count
 
 
+class _AutocastForward(nn.Module):
+    """Runs the wrapped module's forward under autocast in whichever thread calls it.
+
+    DataParallel runs each replica in a thread of its own and only passes on whether
+    autocast is on, not its dtype (bf16 would become fp16 there).
+    """
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module = module
+        self.device_type = device_type
+        self.dtype = dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
+class DataParallelTrainer(TorchTrainer):
+    """``torch.nn.DataParallel`` over every GPU of the node: each micro batch is split between them.
+
+    Gradients reach the module on GPU 0 through DataParallel's own backward, so there is
+    no sync to suppress while accumulating. A model returning its own loss (the language
+    models) yields one loss per replica; their mean is the micro batch's loss.
+    """
+
+    def __init__(self, opts: TrainOptions, recipe: ModuleType, device: torch.device, seed: int) -> None:
+        super().__init__(opts, recipe, device, seed)
+        self._compute_loss = lambda model, batch: recipe.compute_loss(model, batch).mean()
+
+    def _wrap(self, recipe: ModuleType, dtype: torch.dtype) -> nn.Module:
+        inner = self.module
+        if self._autocast_dtype is not None:
+            inner = _AutocastForward(self.module, self.device.type, self._autocast_dtype)
+        gpus = list(range(torch.cuda.device_count())) if self.device.type == "cuda" else None
+        return nn.DataParallel(inner, device_ids=gpus)
+
+    def _sync_context(self, last: bool):
+        return contextlib.nullcontext()
+
+
 class DeepSpeedTrainer(Trainer):
     """A DeepSpeed ZeRO engine: it accumulates over micro-batches and steps at the boundary."""
 
@@ -189,6 +237,7 @@ class DeepSpeedTrainer(Trainer):
         import deepspeed
 
         self.opts = opts
+        self.strategy = get_strategy(opts.strategy)
         self.device = device
         self._compute_loss = recipe.compute_loss
         config = opts.ds_config
@@ -238,15 +287,28 @@ class DeepSpeedTrainer(Trainer):
         return total / len(micro_batches)
 
 
-def init_distributed(strategy: str) -> None:
-    """Join the job's process group: nccl on GPUs, gloo on CPUs (DeepSpeed's own init for ZeRO)."""
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
+def init_distributed(strategy: Strategy) -> None:
+    """Join the job's process group: nccl on GPUs, gloo on CPUs (DeepSpeed's own init for ZeRO).
+
+    DataParallel moves tensors between its node's GPUs itself; its one process still joins a
+    one-member gloo group (from torchrun's environment, no traffic), so the training loop's
+    rank, barrier and checkpoint code is the same for every strategy.
+    """
+    cuda = torch.cuda.is_available()
+    if cuda:
         torch.set_float32_matmul_precision("high")
-    if strategy in DEEPSPEED_STRATEGIES:
+    if strategy.uses_deepspeed:
         import deepspeed
 
         warnings.filterwarnings("ignore", message=DEEPSPEED_DEPRECATION, category=FutureWarning)
-        deepspeed.init_distributed(dist_backend=backend)
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     elif not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend="nccl" if cuda and strategy.family is not Family.DATA_PARALLEL else "gloo")
+
+
+TRAINERS: dict[Family, type[Trainer]] = {
+    Family.DDP: TorchTrainer,
+    Family.FSDP2: TorchTrainer,
+    Family.DEEPSPEED: DeepSpeedTrainer,
+    Family.DATA_PARALLEL: DataParallelTrainer,
+}

@@ -17,10 +17,15 @@ import json
 import os
 import sys
 
-from launcher.recipes import DEFAULT_SEQ_LEN, RECIPES, recipe_info
+from launcher.recipes import DEFAULT_SEQ_LEN, LANGUAGE_MODELS, RECIPES, recipe_info
+from launcher.strategies import (
+    DEFAULT_STRATEGY,
+    PRECISIONS,
+    STRATEGIES,
+    get_strategy,
+    names,
+)
 
-STRATEGIES = ("ddp", "ddp_compile", "zero2", "zero3", "zero3_offload", "fsdp2")
-PRECISIONS = ("fp32", "fp16", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RECIPE_MODULES = {"convnet": "convnet", "resnet50": "resnet", "bert": "bert", "gpt2": "gpt2"}
 DEFAULT_LR = {"convnet": 1e-3, "resnet50": 1e-3, "bert": 1e-4, "gpt2": 3e-4}
@@ -55,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The rank's command line (the flags the launcher's planner emits)."""
     p = _Parser(prog="train", description=__doc__.splitlines()[0])
     p.add_argument("--recipe", required=True, choices=RECIPES)
-    p.add_argument("--strategy", default="ddp", choices=STRATEGIES)
+    p.add_argument("--strategy", default=DEFAULT_STRATEGY, choices=STRATEGIES)
     p.add_argument("--precision", default="fp32", choices=PRECISIONS)
     p.add_argument("--micro-batch", type=_positive, default=32)
     p.add_argument("--grad-accum", type=_positive, default=1)
@@ -67,20 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=_non_negative, default=0, help="0: only at the end")
     p.add_argument("--compile-mode", default=None, choices=COMPILE_MODES)
-    p.add_argument("--ds-config-json", default=None, help="the full DeepSpeed config (zero strategies)")
+    p.add_argument("--ds-config-json", default=None, help="the full DeepSpeed config (DeepSpeed strategies)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=None, help="default: per recipe")
     p.add_argument("--grad-clip", type=float, default=1.0,
-                   help="max global grad norm for ddp/fsdp2 (0: off); ZeRO takes gradient_clipping from its config")
+                   help="max global grad norm for the torch strategies (0: off); "
+                        "DeepSpeed takes gradient_clipping from its config")
     p.add_argument("--metrics-every", type=_positive, default=10)
     # The deepspeed launcher appends --local_rank=N unless told --no_local_rank; LOCAL_RANK is read instead.
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
-def check_args(args: argparse.Namespace, world_size: int, cuda: bool) -> dict | None:
-    """Reject contradictory arguments; return the DeepSpeed config for ZeRO strategies."""
-    if args.recipe in ("convnet", "resnet50"):
+def check_args(args: argparse.Namespace, world_size: int, local_world_size: int, cuda: bool) -> dict | None:
+    """Reject contradictory arguments; return the DeepSpeed config for DeepSpeed strategies."""
+    strategy = get_strategy(args.strategy)
+    problems = strategy.resource_problems(world_size // local_world_size, local_world_size)
+    problems += strategy.device_problems(args.precision, cuda)
+    if problems:
+        raise UsageError(problems[0])
+    if args.recipe not in LANGUAGE_MODELS:
         for flag, value in (("--model-size", args.model_size), ("--seq-len", args.seq_len),
                             ("--num-layers", args.num_layers)):
             if value is not None:
@@ -89,20 +100,19 @@ def check_args(args: argparse.Namespace, world_size: int, cuda: bool) -> dict | 
         recipe_info(args.recipe, args.model_size, args.seq_len, args.num_layers)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.compile_mode is not None and args.strategy != "ddp_compile":
-        raise UsageError(f"--compile-mode applies to strategy ddp_compile, not {args.strategy}")
+    if args.compile_mode is not None and not strategy.compiles:
+        raise UsageError(f"--compile-mode applies to {', '.join(names(lambda s: s.compiles))}, not {args.strategy}")
     if args.checkpoint_every and not args.checkpoint_dir:
         raise UsageError("--checkpoint-every needs --checkpoint-dir")
     if args.data_path is not None and not os.path.exists(args.data_path):
         raise UsageError(f"--data-path {args.data_path}: no such file or directory")
     if args.grad_clip < 0:
         raise UsageError(f"--grad-clip must be >= 0, got {args.grad_clip}")
-    if not args.strategy.startswith("zero"):
+    if not strategy.uses_deepspeed:
         if args.ds_config_json is not None:
-            raise UsageError(f"--ds-config-json applies to zero strategies, not {args.strategy}")
+            raise UsageError(f"--ds-config-json applies to {', '.join(names(lambda s: s.uses_deepspeed))}, "
+                             f"not {args.strategy}")
         return None
-    if args.precision == "fp16" and not cuda:
-        raise UsageError("DeepSpeed fp16 needs a GPU (its CPU accelerator has no fp16 support); use bf16 or fp32")
     return _ds_config(args, world_size)
 
 
@@ -128,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, check, then train; returns the process exit status."""
     args = build_parser().parse_args(argv)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     try:
         import torch
 
-        ds_config = check_args(args, world_size, torch.cuda.is_available())
+        ds_config = check_args(args, world_size, local_world_size, torch.cuda.is_available())
     except UsageError as exc:
         sys.stderr.write(f"train: error: {exc}\n")
         return EXIT_USAGE
@@ -152,9 +163,14 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
     from launcher.metrics.reporter import Reporter
     from launcher.recipes import checkpoint
     from launcher.recipes.data import DataSpec, split_micro_batches, step_batches
-    from launcher.recipes.strategies import TrainOptions, build_trainer, device_for, init_distributed
+    from launcher.recipes.strategies import (
+        TrainOptions,
+        build_trainer,
+        device_for,
+        init_distributed,
+    )
 
-    init_distributed(args.strategy)
+    init_distributed(get_strategy(args.strategy))
     rank, world = dist.get_rank(), dist.get_world_size()
     info = recipe_info(args.recipe, args.model_size, args.seq_len, args.num_layers)
     opts = TrainOptions(

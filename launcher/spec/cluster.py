@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from launcher.spec.job import Strict
+from launcher.spec.base import Strict
+from launcher.spec.container import ContainerSpec
 
 
 class NodeSpec(Strict):
@@ -40,8 +41,8 @@ class RaySpec(Strict):
 
 
 class LocalSpec(Strict):
-    gpus: int = Field(0, ge=0, description="GPUs on this machine; 0 runs gloo on CPU slots.")
-    slots: int = Field(8, ge=1, description="Processes one local node takes without GPUs.")
+    gpus: int | None = Field(None, ge=0, description="GPUs on this machine (default: those nvidia-smi lists); 0 runs gloo on CPU slots.")
+    slots: int | None = Field(None, ge=1, description="Processes the machine takes without GPUs (default: the CPUs launch may use).")
 
 
 class GPUSpec(Strict):
@@ -73,6 +74,9 @@ class ClusterSpec(Strict):
     workdir: str | None = Field(None, description="Working directory on the nodes (default: current directory).")
     sync_workdir: str | None = Field(None, description="Local directory copied to workdir on each node (ssh).")
     setup: list[str] = Field(default_factory=list, description="Shell commands run on every node before launch.")
+    container: ContainerSpec | None = Field(
+        None, description="The default container of this cluster's jobs (docs/CONTAINERS.md); a job's own section wins.",
+    )
 
     @model_validator(mode="after")
     def _nodes_for_backend(self) -> "ClusterSpec":

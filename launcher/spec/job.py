@@ -5,20 +5,15 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-RECIPES = ("convnet", "resnet50", "bert", "gpt2")
-STRATEGIES = ("ddp", "ddp_compile", "zero2", "zero3", "zero3_offload", "fsdp2")
-DEEPSPEED_STRATEGIES = ("zero2", "zero3", "zero3_offload")
+from launcher.recipes import RECIPES
+from launcher.spec.base import Strict
+from launcher.spec.container import ContainerSpec
+from launcher.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class Strict(BaseModel):
-    """Base for spec sections: unknown keys are errors, values are frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelSpec(Strict):
@@ -59,6 +54,9 @@ class CheckpointSpec(Strict):
 class DeepSpeedSpec(Strict):
     config: str | None = Field(None, description="A DeepSpeed JSON config merged over the generated one.")
     gradient_clipping: float = Field(1.0, ge=0)
+    no_local_rank: bool = Field(
+        False, description="Do not pass --local_rank=N to the ranks (the deepspeed command passes it by default).",
+    )
 
 
 class WatchSpec(Strict):
@@ -74,14 +72,17 @@ class JobSpec(Strict):
     """A training job. Exactly one of ``recipe`` and ``entrypoint``."""
 
     name: str
-    recipe: Literal["convnet", "resnet50", "bert", "gpt2"] | None = None
+    recipe: Literal[RECIPES] | None = None
     entrypoint: list[str] | None = Field(None, min_length=1)
     model: ModelSpec = ModelSpec()
-    launcher: Literal["torchrun", "deepspeed"] = "torchrun"
-    strategy: str = "ddp"
+    launcher: Literal[LAUNCHERS] = "torchrun"
+    strategy: str = DEFAULT_STRATEGY
     compile_mode: str | None = None
-    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
-    batch: BatchSpec
+    precision: Literal[PRECISIONS] = "fp32"
+    batch: BatchSpec | None = Field(
+        None, description="Batch arithmetic; required for recipes. For an entrypoint, its values reach the program "
+        "as LAUNCH_GLOBAL_BATCH, LAUNCH_MICRO_BATCH and LAUNCH_GRAD_ACCUM.",
+    )
     resources: ResourcesSpec = ResourcesSpec()
     max_steps: int = Field(100, ge=1)
     seed: int = 0
@@ -89,12 +90,20 @@ class JobSpec(Strict):
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     restarts: int = Field(0, ge=0, description="Relaunch the whole job this many times after a failure, resuming.")
+    restart_on: Literal["transient", "any"] = Field(
+        "transient", description="Which failures a restart follows: 'transient' (a lost node, a network or NCCL error, "
+        "a signal from outside, a hang after progress) or 'any' (also the OOM killer and errors raised before the first step).",
+    )
     leave_out_failed_nodes: bool = Field(
         False, description="On a restart, replace a node that failed first in two attempts with a spare node (ssh).",
     )
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     watch: WatchSpec = WatchSpec()
     metrics: MetricsSpec = MetricsSpec()
+    container: ContainerSpec | None = Field(
+        None, description="Run every node's command in a container of one image (docs/CONTAINERS.md); "
+        "the cluster's container section is the default, the job's keys win.",
+    )
     env: dict[str, str] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list)
 
@@ -108,14 +117,7 @@ class JobSpec(Strict):
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        if v in ("dp", "data_parallel"):
-            raise ValueError(
-                "nn.DataParallel is not offered: it is slower than DDP (one process, GIL-bound, "
-                "scatter/gather on GPU 0) and does not work with torch.compile; use 'ddp'"
-            )
-        if v not in STRATEGIES:
-            raise ValueError(f"must be one of {', '.join(STRATEGIES)}")
-        return v
+        return get_strategy(v).name
 
     @field_validator("env")
     @classmethod
@@ -146,15 +148,16 @@ class JobSpec(Strict):
     def _program(self) -> "JobSpec":
         if (self.recipe is None) == (self.entrypoint is None):
             raise ValueError("give exactly one of 'recipe' (a built-in recipe) or 'entrypoint' (your program's argv)")
-        if self.entrypoint is not None and self.strategy != "ddp":
+        if self.recipe is not None and self.batch is None:
+            raise ValueError("a recipe needs 'batch': any two of global_batch, micro_batch, grad_accum (or micro_batch alone)")
+        if self.entrypoint is not None and self.strategy != DEFAULT_STRATEGY:
             raise ValueError("'strategy' applies to built-in recipes; your entrypoint chooses its own")
-        if self.launcher == "deepspeed" and self.recipe is not None and self.strategy not in DEEPSPEED_STRATEGIES:
-            raise ValueError(
-                f"launcher 'deepspeed' runs the DeepSpeed strategies ({', '.join(DEEPSPEED_STRATEGIES)}); "
-                f"strategy '{self.strategy}' runs under 'torchrun'"
-            )
+        problem = get_strategy(self.strategy).launcher_problem(self.launcher) if self.recipe is not None else None
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
     def uses_deepspeed(self) -> bool:
-        return self.launcher == "deepspeed" or self.strategy in DEEPSPEED_STRATEGIES
+        return self.launcher == "deepspeed" or get_strategy(self.strategy).uses_deepspeed
+

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import proctree
+from launcher.node import proctree
 from tests.helpers import run_cli, write_yaml
 from tests.testbed_fixture import needs_root, sshd_stopped
 
@@ -82,14 +82,14 @@ def test_check_flags_differences_and_unreachable_hosts(tmp_path, home, testbed):
 def test_submit_refuses_nodes_whose_versions_differ(tmp_path, home, testbed):
     # The hosts share one filesystem: an interpreter wrapper gives lt-h2 another python (Debian's, with our
     # site-packages on its path), as a node whose image drifted has. Preflight passes; the comparison does not.
-    import site
+    import torch
 
     if _python_version(SYSTEM_PYTHON) == sys.version.split()[0]:
         pytest.skip("Debian's python3 is the same version as this one: nothing differs")
     wrapper = tmp_path / "python"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'[ "$(hostname)" = lt-h2 ] && PYTHONPATH={site.getsitepackages()[0]} exec {SYSTEM_PYTHON} "$@"\n'
+        f'[ "$(hostname)" = lt-h2 ] && PYTHONPATH={Path(torch.__file__).parent.parent} exec {SYSTEM_PYTHON} "$@"\n'
         f'exec {sys.executable} "$@"\n'
     )
     wrapper.chmod(0o755)
@@ -98,7 +98,7 @@ def test_submit_refuses_nodes_whose_versions_differ(tmp_path, home, testbed):
                                              "batch": {"micro_batch": 1}, "resources": {"nodes": 2}})
     result = run_cli(home, "submit", str(job), "--cluster", str(cluster))
     assert result.returncode == 3, result.stderr
-    assert "launch check found" in result.stderr
+    assert "preflight failed" in result.stderr and "nothing was started" in result.stderr
     assert "python differs between nodes" in result.stderr
     assert f"lt-h2={_python_version(SYSTEM_PYTHON)}" in result.stderr
     assert json.loads(run_cli(home, "status", "--json").stdout) == []

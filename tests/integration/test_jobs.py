@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import proctree
+from launcher.node import proctree
 from tests.helpers import ROOT, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json
 
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))

@@ -195,17 +195,21 @@ def test_bench_refuses_an_entrypoint_job(jobs) -> None:
 @pytest.mark.skipif(not (REPO / "launcher/recipes/train.py").exists(), reason="needs the recipes (launcher/recipes/train.py)")
 def test_bench_runs_each_strategy_and_shows_failures_with_reasons(tmp_path) -> None:
     done = run_launch(
-        tmp_path, "bench", str(REPO / "jobs/cifar10_convnet.yaml"), "--strategies", "nonsense,ddp", "--steps", "4",
-        "--set", "resources.nproc_per_node=2", "--json", "--out", "bench.json", timeout=180,
+        tmp_path, "bench", str(REPO / "jobs/cifar10_convnet.yaml"), "--strategies", "nonsense,dp,ddp", "--steps", "4",
+        "--set", "resources.nproc_per_node=2", "--json", "--out", "bench.json", timeout=240,
     )
     assert done.returncode == 1, done.stderr  # one strategy failed
     rows = json.loads(done.stdout)
-    assert [r["strategy"] for r in rows] == ["nonsense", "ddp"]
-    assert rows[0]["state"] == "FAILED" and "must be one of" in rows[0]["reason"] and rows[0]["job"] is None
-    assert rows[1]["state"] == "SUCCEEDED" and rows[1]["samples_per_sec"] > 0 and rows[1]["baseline"]
-    assert "bench 2/2: ddp" in done.stderr
+    assert [r["strategy"] for r in rows] == ["nonsense", "dp", "ddp"]
+    assert rows[0]["state"] == "FAILED" and rows[0]["job"] is None
+    assert "unknown strategy 'nonsense'; choose one of" in rows[0]["reason"] and ", dp" in rows[0]["reason"]
+    # dp needs one process: bench sets it from the registry, over the --set for every run.
+    assert rows[1]["state"] == "SUCCEEDED" and rows[1]["world_size"] == 1 and rows[1]["baseline"]
+    assert rows[2]["state"] == "SUCCEEDED" and rows[2]["world_size"] == 2 and rows[2]["samples_per_sec"] > 0
+    assert "bench 3/3: ddp" in done.stderr
     saved = list((tmp_path / "store" / "runs").glob("bench-*/comparison.json"))
     assert len(saved) == 1 and (saved[0].parent / "report.html").exists()
     assert json.loads((tmp_path / "bench.json").read_text())["comparison"] == rows
     listed = json.loads(run_launch(tmp_path, "status", "--json").stdout)
-    assert [(j["strategy"], j["state"], j["max_steps"]) for j in listed] == [("ddp", "SUCCEEDED", 4)]
+    assert sorted((j["strategy"], j["state"], j["max_steps"]) for j in listed) == [
+        ("ddp", "SUCCEEDED", 4), ("dp", "SUCCEEDED", 4)]

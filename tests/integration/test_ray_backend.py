@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import proctree
+from launcher.node import proctree
 from tools import testbed as tb
-from launcher.backends.local import free_port
+from launcher.ports import free_port
 from launcher.backends.ray import NAMESPACE
 from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
 

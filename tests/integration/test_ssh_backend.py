@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import proctree
+from launcher.node import proctree
 from tools import testbed as tb
 from launcher.backends.ssh import SSHBackend
 from launcher.plan import Plan
@@ -154,7 +154,7 @@ def _wait_running(home: Path, steps: int = 1) -> dict:
         jobs = store.jobs(limit=1)
         if jobs and jobs[0]["state"] == "RUNNING":
             records = store.metrics(jobs[0]["id"])
-            return jobs[0] if max((r["step"] for r in records), default=0) >= steps else None
+            return jobs[0] if max((r.step for r in records), default=0) >= steps else None
         return None
 
     return _wait_for(running, 45, "a RUNNING job with metrics")

@@ -1,10 +1,11 @@
-"""Every strategy trains for real: 2 ranks under torchrun, gloo, CPU.
+"""Every strategy trains for real: 2 ranks under torchrun, gloo, CPU (dp: 1 process).
 
 Loss tolerance: at fp32 with the same seed and data, each strategy's per-rank
 loss at every step must be within LOSS_TOLERANCE (absolute, 1e-3 on losses
 around 2) of DDP's. ZeRO flattens and partitions the same fp32 Adam update
 and FSDP2 reduce-scatters the same gradients, so only reduction order differs;
-observed differences are below 1e-6.
+observed differences are below 1e-6. dp (DataParallel) is one process per node,
+so it is compared with a 1-process DDP run on the same seed and data.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from launcher.metrics.reporter import parse_record
+from launcher.metrics.record import MetricRecord, parse_line
 from tests.helpers import TORCH_EXTENSIONS_DIR
 
 pytestmark = pytest.mark.slow
@@ -46,10 +47,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_ranks(args: list[str], timeout: float = 180) -> tuple[int, str, list[dict]]:
-    """Run 2 ranks of the train entry point; returns (exit status, output, metric records)."""
+def run_ranks(args: list[str], timeout: float = 180, nproc: int = 2) -> tuple[int, str, list[dict]]:
+    """Run ``nproc`` ranks of the train entry point; returns (exit status, output, metric records)."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
         "--local-addr", "127.0.0.1", "--monitor-interval", "0.5", "-m", "launcher.recipes.train", *args,
     ]
     proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -61,7 +62,8 @@ def run_ranks(args: list[str], timeout: float = 180) -> tuple[int, str, list[dic
         _kill_tree(proc.pid)
         output, _ = proc.communicate(timeout=30)
         pytest.fail(f"ranks did not finish in {timeout}s:\n{output[-6000:]}\n{stacks}")
-    records = [r for r in map(parse_record, output.splitlines()) if r is not None]
+    parsed = (parse_line(line, world_size=1024, node=None, host=None) for line in output.splitlines())
+    records = [r for r in parsed if isinstance(r, MetricRecord)]
     return proc.returncode, output, records
 
 
@@ -88,9 +90,9 @@ def _kill_tree(pid: int) -> None:
             continue
 
 
-def losses(records: list[dict]) -> dict[tuple[int, int], float]:
+def losses(records: list[MetricRecord]) -> dict[tuple[int, int], float]:
     """{(rank, step): loss} from metric records."""
-    return {(r["rank"], r["step"]): r["loss"] for r in records}
+    return {(r.rank, r.step): r.loss for r in records}
 
 
 def assert_ok(rc: int, output: str) -> None:
@@ -123,14 +125,14 @@ def test_checkpoint_resume_ends_at_max_steps(strategy, ddp_baseline, tmp_path):
     common = [*CONVNET, "--strategy", strategy, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
     rc, output, records = run_ranks([*common, "--max-steps", "4"])
     assert_ok(rc, output)
-    assert max(r["step"] for r in records) == 4
+    assert max(r.step for r in records) == 4
     assert (tmp_path / "latest").read_text().strip() == "step_00000004"
 
     rc, output, records = run_ranks([*common, "--max-steps", "6"])
     assert_ok(rc, output)
     assert "resumed from step 4" in output.splitlines()
-    assert sorted({r["step"] for r in records}) == [5, 6]
-    assert records[-1]["step"] == 6
+    assert sorted({r.step for r in records}) == [5, 6]
+    assert records[-1].step == 6
     for key, value in losses(records).items():  # the same trajectory as an uninterrupted run
         assert abs(value - ddp_baseline[key]) <= LOSS_TOLERANCE
 
@@ -145,6 +147,44 @@ def test_final_checkpoint_makes_a_restart_a_no_op(tmp_path):
     assert "resumed from step 3" in output.splitlines() and records == []
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_data_parallel_losses_follow_one_process_ddp(precision):
+    common = [*CONVNET, "--precision", precision, "--max-steps", str(BASELINE_STEPS)]
+    runs = {}
+    for strategy in ("ddp", "dp"):
+        rc, output, records = run_ranks([*common, "--strategy", strategy], nproc=1)
+        assert_ok(rc, output)
+        runs[strategy] = losses(records)
+    assert set(runs["dp"]) == set(runs["ddp"]) == {(0, step) for step in range(1, BASELINE_STEPS + 1)}
+    assert all(math.isfinite(v) for v in runs["dp"].values())
+    worst = max(abs(runs["dp"][key] - runs["ddp"][key]) for key in runs["dp"])
+    print(f"dp vs 1-process ddp at {precision}: max |loss difference| = {worst:.3g}; "
+          f"losses dp {[round(runs['dp'][(0, s)], 5) for s in range(1, BASELINE_STEPS + 1)]}")
+    assert worst <= LOSS_TOLERANCE
+
+
+def test_data_parallel_checkpoint_resumes_under_ddp(tmp_path):
+    common = [*CONVNET, "--checkpoint-dir", str(tmp_path)]
+    rc, output, first = run_ranks([*common, "--strategy", "dp", "--max-steps", "3"], nproc=1)
+    assert_ok(rc, output)
+    rc, output, resumed = run_ranks([*common, "--strategy", "ddp", "--max-steps", "5"], nproc=1)
+    assert_ok(rc, output)
+    assert "resumed from step 3" in output.splitlines()
+    assert sorted(losses(resumed)) == [(0, 4), (0, 5)]
+    rc, output, straight = run_ranks([*CONVNET, "--strategy", "ddp", "--max-steps", "5"], nproc=1)
+    assert_ok(rc, output)
+    for key, value in losses(resumed).items():  # the same trajectory as an uninterrupted run
+        assert abs(value - losses(straight)[key]) <= LOSS_TOLERANCE
+
+
+def test_data_parallel_refuses_two_processes_a_node():
+    rc, output, records = run_ranks([*CONVNET, "--strategy", "dp", "--max-steps", "2"], nproc=2)
+    assert rc != 0 and records == []
+    refusals = [line for line in output.splitlines() if "train: error:" in line]
+    assert len(refusals) == 2, output[-4000:]
+    assert all("strategy 'dp'" in line and "set resources.nproc_per_node: 1" in line for line in refusals)
+
+
 def test_zero3_two_layer_bert_large():
     rc, output, records = run_ranks([
         "--recipe", "bert", "--model-size", "large", "--num-layers", "2", "--seq-len", "32",
@@ -152,11 +192,11 @@ def test_zero3_two_layer_bert_large():
         "--max-steps", "2", "--metrics-every", "1",
     ])
     assert_ok(rc, output)
-    assert {(r["rank"], r["step"]) for r in records} == {(0, 1), (1, 1), (0, 2), (1, 2)}
+    assert {(r.rank, r.step) for r in records} == {(0, 1), (1, 1), (0, 2), (1, 2)}
     for record in records:
-        assert math.isfinite(record["loss"]) and record["loss"] > 0
-        assert record["tokens"] == 2 * 2 * 32
-        assert record["flops_per_sample"] > 0
+        assert math.isfinite(record.loss) and record.loss > 0
+        assert record.tokens == 2 * 2 * 32
+        assert record.flops_per_sample > 0
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -187,7 +227,7 @@ def single_rank_group(tmp_path, monkeypatch):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+@pytest.mark.parametrize("strategy", ["ddp", "dp", "zero2"])
 def test_accumulation_matches_one_big_batch(strategy, single_rank_group):
     from launcher.dsconfig import make_ds_config
     from launcher.recipes import convnet
@@ -206,7 +246,7 @@ def test_accumulation_matches_one_big_batch(strategy, single_rank_group):
         before = _flat(module)
         trainer.step(split_micro_batches(batch, this_accum))
         params.append(_flat(module))
-        if strategy == "ddp":  # gradients stay in .grad until the next step
+        if strategy != "zero2":  # gradients stay in .grad until the next step
             grads.append(torch.cat([p.grad.flatten() for p in module.parameters()]))
         moved.append((params[-1] - before).abs().max().item())
     assert min(moved) > 1e-4  # the step really updated the parameters

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.backends import backend_class
 from launcher.errors import PreflightError
+from launcher.failures import Failure, FailureKind
 from launcher.orchestrate import stored_spec
 from launcher.plan import make_plan
 from launcher.spec import ClusterSpec, JobSpec
@@ -36,7 +38,7 @@ class Backend:
 
 @pytest.fixture
 def supervisor(tmp_path: Path) -> Supervisor:
-    plan = make_plan(JOB, CLUSTER, "flaky-00000001", rdzv_port=29500)
+    plan = make_plan(JOB, CLUSTER, "flaky-00000001", backend=backend_class("ssh"), rdzv_port=29500)
     store = Store(tmp_path / "home")
     store.create_job(plan, stored_spec(JOB, CLUSTER, run_check=True))
     replans = []
@@ -45,15 +47,15 @@ def supervisor(tmp_path: Path) -> Supervisor:
         replans.append(hosts)
         smaller = CLUSTER.model_copy(update={"nodes": [n for n in CLUSTER.nodes if n.host not in hosts]})
         job = JOB.model_copy(update={"leave_out_failed_nodes": False})
-        return make_plan(job, smaller, current.job_id, rdzv_port=29500), Backend()
+        return make_plan(job, smaller, current.job_id, backend=backend_class("ssh"), rdzv_port=29500), Backend()
 
     sup = Supervisor(store, plan, Backend(), restarts=3, replan=replan)
     sup.replans = replans
     return sup
 
 
-def _exit_on(host_index: int) -> dict:
-    return {"node": host_index, "host": f"h{host_index + 1}", "rank": host_index, "exit_code": 1}
+def _exit_on(host_index: int) -> Failure:
+    return Failure(node=host_index, host=f"h{host_index + 1}", rank=host_index, exit_code=1)
 
 
 def test_the_second_failure_of_a_host_re_plans_without_it(supervisor: Supervisor) -> None:
@@ -73,11 +75,11 @@ def test_failures_of_different_hosts_do_not_add_up(supervisor: Supervisor) -> No
 
 
 @pytest.mark.parametrize("failure", [
-    {"reason": "stalled before the first step: no rank reported progress in 300 s", "stalled_s": 300.0},
-    {"node": 1, "rank": 1, "step": 4, "stalled_s": 300.0, "reason": "stalled at step 4 on node 1/rank 1"},
-    {"node": 0, "host": "h1", "reason": "could not start: preparing the nodes failed"},
-], ids=["stall-before-first-step", "stall", "start-failure"])
-def test_stalls_and_start_failures_do_not_count(supervisor: Supervisor, failure: dict) -> None:
+    Failure(kind=FailureKind.HANG, reason="hung before the first step", stalled_s=300.0),
+    Failure(kind=FailureKind.STALL, node=1, rank=1, step=4, stalled_s=300.0, reason="stalled at step 4 on node 1/rank 1"),
+    Failure(kind=FailureKind.START, node=0, host="h1", reason="could not start: preparing the nodes failed"),
+], ids=["hang-before-first-step", "stall", "start-failure"])
+def test_stalls_and_start_failures_do_not_count(supervisor: Supervisor, failure: Failure) -> None:
     for _ in range(3):
         assert supervisor._leave_out_twice_failed(failure) is None
     assert supervisor.replans == []

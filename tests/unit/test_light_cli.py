@@ -37,3 +37,22 @@ def test_every_command_help_shows_an_example(capsys):
         except SystemExit as exc:
             assert exc.code == 0
         assert "Example" in capsys.readouterr().out, f"`launch {name} --help` has no example"
+
+
+def test_status_of_a_running_job_reads_records_without_pydantic(tmp_path):
+    """Live summaries read stored records with the standard library: pydantic (~0.1 s) stays out of `status`."""
+    from launcher.metrics.record import MetricRecord, ProcessSample
+    from launcher.store import Store
+
+    store = Store(tmp_path)
+    store._execute("INSERT INTO jobs (id, name, state, created_at, attempt) VALUES ('live-1', 'live', 'RUNNING', 1.0, 0)")
+    store.add_metrics("live-1", 0, [MetricRecord(rank=0, node=0, host="h", step=10, samples=8, interval_s=1.0)])
+    store.add_samples("live-1", 0, [ProcessSample(node=0, rank=1, t=1.0, pid=9, cpu_s=1.0, rss_bytes=5, rss_peak_bytes=5)])
+    store.close()
+    check = CHECK.replace('("torch", ', '("pydantic", "torch", ')
+    for argv in (["status"], ["status", "--json"], ["status", "live-1"], ["status", "live-1", "--json"]):
+        result = subprocess.run(
+            [sys.executable, "-c", check.format(argv=argv)], capture_output=True, text=True,
+            env={"LAUNCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True,
+        )
+        assert "live-1" in result.stdout and result.stdout.strip().endswith("HEAVY:"), result.stdout

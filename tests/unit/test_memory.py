@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import memory
+from launcher import memory, strategies
 from launcher.recipes import RecipeInfo, recipe_info
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,11 +32,11 @@ def test_formulas_equal_deepspeed_estimators(params, largest, nodes, gpus):
     stage2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
     stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
     for offload in (True, False):
-        assert memory.zero2_model_states(params, gpus, nodes, offload) == stage2.estimate_zero2_model_states_mem_needs(
+        assert strategies.zero2_model_states(params, gpus, nodes, offload) == stage2.estimate_zero2_model_states_mem_needs(
             total_params=params, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload)
     for offload, offload_params in ((True, True), (True, False), (False, False)):
         for zero_init in (True, False):
-            ours = memory.zero3_model_states(params, largest, gpus, nodes, offload, offload_params, zero_init)
+            ours = strategies.zero3_model_states(params, largest, gpus, nodes, offload, offload_params, zero_init)
             theirs = stage3.estimate_zero3_model_states_mem_needs(
                 total_params=params, largest_layer_params=largest, num_gpus_per_node=gpus, num_nodes=nodes,
                 cpu_offload=offload, cpu_offload_params=offload_params, zero_init=zero_init)
@@ -58,9 +58,9 @@ def test_estimate_uses_deepspeed_numbers(params, largest, nodes, gpus):
         assert (est.model_states_bytes, est.cpu_bytes_per_node) == (gpu, cpu)
 
 
-def test_ddp_is_sixteen_bytes_a_parameter_at_any_precision():
+def test_ddp_and_dp_are_sixteen_bytes_a_parameter_at_any_precision():
     info = _info(1_000_000, 10_000)
-    for strategy in ("ddp", "ddp_compile"):
+    for strategy in ("ddp", "ddp_compile", "dp"):
         for precision in ("fp32", "bf16", "fp16"):
             assert memory.estimate(info, strategy, precision, 4, 2, 8, 80).model_states_bytes == 16_000_000
 
@@ -86,8 +86,8 @@ def test_fits_and_headroom():
 
 def test_estimate_rejects_unknown_names():
     info = recipe_info("convnet")
-    with pytest.raises(ValueError, match="dp"):
-        memory.estimate(info, "dp", "bf16", 1, 1, 1, 80)
+    with pytest.raises(ValueError, match="unknown strategy 'ddp2'; choose one of .*zero3_offload, fsdp2, dp"):
+        memory.estimate(info, "ddp2", "bf16", 1, 1, 1, 80)
     with pytest.raises(ValueError, match="fp8"):
         memory.estimate(info, "ddp", "fp8", 1, 1, 1, 80)
 
@@ -117,6 +117,11 @@ def test_recommend_says_when_nothing_fits():
     assert rec.strategy is None and "nothing fits" in rec.reason
 
 
+def test_recommendation_order_is_the_documented_one():
+    assert memory.RECOMMEND_ORDER == ("ddp_compile", "ddp", "zero2", "zero3", "zero3_offload")
+
+
 def test_memory_module_does_not_import_torch():
-    code = "import sys, launcher.memory; sys.exit('torch' in sys.modules or 'deepspeed' in sys.modules)"
+    code = ("import sys, launcher.memory, launcher.strategies; "
+            "sys.exit('torch' in sys.modules or 'deepspeed' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.metrics import mfu
+from launcher.metrics.record import MetricRecord
+from launcher.metrics.summary import JobSummary, RankSummary
 
 
 def _job(gpu: dict | None = None, world_size: int = 8) -> dict:
@@ -38,7 +40,7 @@ def test_cluster_peak_tflops_wins_over_the_table() -> None:
 
 def test_peak_from_cluster_gpu_name_then_from_records() -> None:
     assert mfu.peak_tflops(_job({"name": "A800-SXM4-80GB"})) == 312.0
-    records = [{"rank": 0, "gpu_name": "NVIDIA H100 80GB HBM3"}]
+    records = [MetricRecord(rank=0, step=10, gpu_name="NVIDIA H100 80GB HBM3")]
     assert mfu.peak_tflops(_job(), records) == 989.0
     assert mfu.gpu_name(_job({"name": "A800"}), records) == "A800"
     assert mfu.peak_tflops(_job()) is None
@@ -60,16 +62,17 @@ def test_mfu_is_none_when_anything_is_unknown(args) -> None:
 
 def test_job_mfu_uses_the_whole_job_throughput_over_all_gpus() -> None:
     job = _job({"name": "NVIDIA H100 80GB HBM3"}, world_size=4)
-    summary = {"samples_per_sec": 2000.0, "flops_per_sample": 5e11, "per_rank": [{}] * 4}
+    summary = JobSummary(samples_per_sec=2000.0, flops_per_sample=5e11, per_rank=tuple(RankSummary(rank=r) for r in range(4)))
     assert mfu.job_mfu(job, summary) == pytest.approx(2000.0 * 5e11 / (4 * 989e12))
 
 
 def test_job_mfu_falls_back_to_the_rank_count_for_the_world_size() -> None:
     job = {"id": "j", "spec": {"cluster": {"gpu": {"peak_tflops": 100.0}}}}
-    summary = {"samples_per_sec": 100.0, "flops_per_sample": 1e12, "per_rank": [{}, {}]}
+    summary = JobSummary(samples_per_sec=100.0, flops_per_sample=1e12, per_rank=(RankSummary(rank=0), RankSummary(rank=1)))
     assert mfu.job_mfu(job, summary) == pytest.approx(0.5)
 
 
 def test_rank_mfu_is_one_rank_on_one_gpu() -> None:
-    assert mfu.rank_mfu({"samples_per_sec": 50.0}, 2e12, 100.0) == pytest.approx(1.0)
-    assert mfu.rank_mfu({"samples_per_sec": 50.0}, None, 100.0) is None
+    assert mfu.rank_mfu(50.0, 2e12, 100.0) == pytest.approx(1.0)
+    assert mfu.rank_mfu(50.0, None, 100.0) is None
+    assert mfu.rank_mfu(None, 2e12, 100.0) is None

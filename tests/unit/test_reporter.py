@@ -1,10 +1,26 @@
-"""The in-rank reporter: one marked record every N steps, nothing in between."""
+"""The in-rank reporter: one marked record every N steps, nothing in between, each a valid MetricRecord."""
 
 from __future__ import annotations
 
 import io
+import json
+import math
 
-from launcher.metrics.reporter import MARKER, Reporter, parse_record
+import pytest
+
+from launcher.metrics.record import MARKER, MetricRecord, parse_line
+from launcher.metrics.reporter import Reporter
+
+# The keys of a version 1 record as the Reporter has always written them (the wire format).
+V1_KEYS = {
+    "v", "job", "node", "rank", "local_rank", "host", "step", "t", "steps", "interval_s", "step_time_s", "samples",
+    "tokens", "samples_per_sec", "tokens_per_sec", "loss", "mem_peak_bytes", "warmup", "flops_per_sample", "gpu_name",
+    "gpu_util",
+}
+
+
+def _lines(out: io.StringIO) -> list[str]:
+    return out.getvalue().splitlines()
 
 
 def test_records_every_n_steps_with_interval_figures(monkeypatch):
@@ -18,16 +34,19 @@ def test_records_every_n_steps_with_interval_figures(monkeypatch):
         if step == 2:
             assert out.getvalue() == "", "no output before a reporting step"
     reporter.close(loss=0.1)
-    records = [parse_record(line) for line in out.getvalue().splitlines()]
-    assert all(line.startswith(MARKER) for line in out.getvalue().splitlines())
-    assert [r["step"] for r in records] == [4, 8, 10]
-    assert [r["steps"] for r in records] == [4, 4, 2]
-    assert [r["warmup"] for r in records] == [True, False, False]
-    first = records[0]
-    assert first["rank"] == 3 and first["node"] == 1 and first["job"] == "j-1"
-    assert first["samples"] == 32 and first["tokens"] == 32 * 128 and first["loss"] == 0.25
-    assert first["samples_per_sec"] > 0 and first["step_time_s"] > 0 and first["mem_peak_bytes"] > 0
-    assert first["flops_per_sample"] == 1e6
+    assert all(line.startswith(MARKER) for line in _lines(out))
+    wire = [json.loads(line[len(MARKER):]) for line in _lines(out)]
+    assert all(set(record) == V1_KEYS for record in wire), "version 1 keeps today's keys exactly"
+    first = wire[0]
+    assert first["v"] == 1 and first["rank"] == 3 and first["node"] == 1 and first["job"] == "j-1"
+    records = [parse_line(line, world_size=4, node=1, host="h1") for line in _lines(out)]
+    assert all(isinstance(r, MetricRecord) for r in records), records
+    assert [r.step for r in records] == [4, 8, 10]
+    assert [r.steps for r in records] == [4, 4, 2]
+    assert [r.warmup for r in records] == [True, False, False]
+    assert records[0].samples == 32 and records[0].tokens == 32 * 128 and records[0].loss == 0.25
+    assert records[0].samples_per_sec > 0 and records[0].step_time_s > 0 and records[0].mem_peak_bytes > 0
+    assert records[0].flops_per_sample == 1e6
 
 
 def test_resume_counts_from_the_checkpoint_step():
@@ -36,7 +55,7 @@ def test_resume_counts_from_the_checkpoint_step():
     reporter.resume_at(6)
     reporter.step(samples=1)
     reporter.step(samples=1)
-    assert parse_record(out.getvalue())["step"] == 8
+    assert parse_line(out.getvalue(), world_size=1, node=0, host="h").step == 8
 
 
 def test_metrics_off_writes_nothing(monkeypatch):
@@ -48,8 +67,26 @@ def test_metrics_off_writes_nothing(monkeypatch):
     assert out.getvalue() == ""
 
 
-def test_ordinary_lines_are_not_records():
-    assert parse_record("step 10 loss 0.5") is None
-    assert parse_record(MARKER + "{not json") is None
-    assert parse_record(MARKER + '{"v": 99}') is None
-    assert parse_record("rank 2 partial line" + MARKER + '{"v": 1, "step": 3}') == {"v": 1, "step": 3}
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), -float("inf")])
+def test_a_diverged_loss_is_written_as_unknown_not_as_invalid_json(loss):
+    out = io.StringIO()
+    reporter = Reporter(every=1, stream=out)
+    reporter.step(samples=4, loss=loss)
+    line = out.getvalue().strip()
+    assert "NaN" not in line and "Infinity" not in line
+    record = parse_line(line, world_size=1, node=0, host="h")
+    assert isinstance(record, MetricRecord) and record.loss is None and record.samples == 4
+
+
+def test_extra_keys_travel_with_the_record_and_bad_ones_fail_in_the_program():
+    out = io.StringIO()
+    reporter = Reporter(every=1, stream=out, extra={"allreduce_busbw_gbps": 12.5, "allreduce_mb": 16})
+    reporter.step(samples=0)
+    record = parse_line(out.getvalue(), world_size=1, node=0, host="h")
+    assert record.extra == {"allreduce_busbw_gbps": 12.5, "allreduce_mb": 16}
+    with pytest.raises(ValueError, match="'nested': a program-added value must be"):
+        Reporter(extra={"nested": {"a": 1}})
+    with pytest.raises(ValueError, match="record fields"):
+        Reporter(extra={"loss": 1.0})
+    with pytest.raises(ValueError, match="flops_per_sample"):
+        Reporter(flops_per_sample=math.inf)

@@ -1,142 +1,21 @@
-"""Pure parts of the ssh backend: remote commands, host resolution, host-key checks, fan-out.
-
-The remote scripts (agent wrapper, probe, group kill) run here, locally, through
-``bash -c`` exactly as sshd would run them: no network, no sshd.
-"""
+"""Pure parts of the ssh backend: host resolution, host-key checks, fan-out (the node side it runs
+is tested in test_node_agent.py)."""
 
 from __future__ import annotations
 
 import getpass
-import json
-import os
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
-import uuid
+import subprocess
 from pathlib import Path
 
 import paramiko
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from launcher.backends import ssh
 from launcher.errors import LaunchError
-from launcher.plan import NodePlan
 from launcher.spec.cluster import SSHSpec
 from launcher.sshconn import HostKeyError, SSHSettings, Target, check_host_key, error_text, fan_out, fingerprint
 from launcher.trust import record_key
-
-ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('V'), os.environ.get('SECRET'), os.getcwd()]))"
-HOSTILE = ["a;b", "$(id)", "`id`", "it's", 'say "hi"', "two  words", "line\nbreak", "naïve ☃ 漢字", "", "-rf", "*", "\\"]
-text_without_nul = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
-JOB_PREFIX = f"unit-{os.getpid()}-"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _remove_run_dirs():
-    """The wrapper writes under RUN_ROOT; remove what this module's jobs left there."""
-    yield
-    for path in Path(ssh.RUN_ROOT).glob(JOB_PREFIX + "*"):
-        shutil.rmtree(path)
-
-
-def _node(argv: list[str], env: dict[str, str], cwd: str) -> NodePlan:
-    return NodePlan(index=1, host="h", address="a", nproc=1, gpus=0, argv=tuple(argv), env=env, env_sources={}, cwd=cwd)
-
-
-def _run_agent(argv: list[str], env: dict[str, str], cwd: str, secrets: dict[str, str]) -> tuple[int, list[str], str]:
-    """Run the agent command through bash as sshd would; (exit status, output lines, job id)."""
-    job_id = JOB_PREFIX + uuid.uuid4().hex[:8]
-    command = ssh.agent_command(job_id, _node(argv, env, cwd))
-    done = subprocess.run(["bash", "-c", command], input=ssh.secrets_script(secrets), capture_output=True)
-    return done.returncode, (done.stdout + done.stderr).decode().splitlines(), job_id
-
-
-def test_agent_command_delivers_hostile_values_and_secrets_verbatim(tmp_path: Path) -> None:
-    cwd = tmp_path / "dir with 'quotes' and $(x)"
-    cwd.mkdir()
-    for value in HOSTILE:
-        secret = f"tok-{value}"
-        command = ssh.agent_command("job", _node([sys.executable, "-c", ECHO, value], {"V": value}, str(cwd)))
-        assert secret not in command
-        status, lines, job_id = _run_agent([sys.executable, "-c", ECHO, value], {"V": value}, str(cwd), {"SECRET": secret})
-        assert status == 0 and lines[0].startswith(ssh.AGENT_MARK)
-        assert json.loads(lines[1]) == [[value], value, secret, str(cwd)]
-        run_dir = Path(ssh.RUN_ROOT) / job_id
-        assert (run_dir / "node1.pid").read_text().strip() == lines[0].split()[1]
-        assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
-
-
-@settings(max_examples=25, deadline=None)
-@given(st.lists(text_without_nul, min_size=1, max_size=3), text_without_nul)
-def test_any_text_round_trips_through_the_agent_command(args: list[str], value: str) -> None:
-    status, lines, _ = _run_agent([sys.executable, "-c", ECHO, *args], {"V": value}, "/", {})
-    assert status == 0 and json.loads(lines[1])[:2] == [args, value]
-
-
-def test_agent_exit_codes_and_signals_come_back() -> None:
-    assert _run_agent([sys.executable, "-c", "raise SystemExit(3)"], {}, "/", {})[0] == 3
-    status = _run_agent([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}, "/", {})[0]
-    assert (status, ssh.exit_code(status)) == (137, -9)
-    status, lines, _ = _run_agent(["/no/such/program"], {}, "/", {})
-    assert status in (126, 127) and "/no/such/program" in lines[-1]
-    assert [ssh.exit_code(code) for code in (0, 1, 128, 143, 255)] == [0, 1, 128, -15, 255]
-
-
-def test_agent_runs_in_its_own_session_and_the_group_kill_ends_it() -> None:
-    job_id = JOB_PREFIX + uuid.uuid4().hex[:8]
-    script = "import os, time; print(os.getsid(0) == os.getpid(), flush=True); time.sleep(60)"
-    command = ssh.agent_command(job_id, _node([sys.executable, "-c", script], {}, "/"))
-    proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    agent = int(proc.stdout.readline().split()[1])
-    assert proc.stdout.readline().strip() == "True"
-    pid_file = f"{ssh.RUN_ROOT}/{job_id}/node1.pid"
-    subprocess.run(["sh", "-c", ssh.KILL_GROUP, "sh", pid_file, "20"], check=True, timeout=10)
-    assert proc.wait(5) == 128 + signal.SIGTERM
-    with pytest.raises(ProcessLookupError):
-        os.kill(agent, 0)
-
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    command = ssh.agent_command(job_id, _node([sys.executable, "-c", stubborn], {}, "/"))
-    proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    proc.stdout.readline()
-    assert proc.stdout.readline().strip() == "ready"
-    started = time.monotonic()
-    subprocess.run(["sh", "-c", ssh.KILL_GROUP, "sh", pid_file, "3"], check=True, timeout=10)
-    assert proc.wait(5) == 128 + signal.SIGKILL and 0.3 <= time.monotonic() - started < 3
-
-
-def _probe(request: dict) -> dict:
-    base = {"modules": [], "workdir": None, "ifaces": [], "port": None, "gpus": 0, "master": None}
-    done = subprocess.run([sys.executable, "-c", ssh.PROBE, json.dumps({**base, **request})], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
-
-
-def test_probe_reports_modules_workdir_port_interfaces_and_route(tmp_path: Path) -> None:
-    with socket.socket() as busy:
-        busy.bind(("0.0.0.0", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        found = _probe({"modules": ["json", "no_such_module_xyz"], "workdir": str(tmp_path / "missing"),
-                        "ifaces": ["lo", "nosuch0"], "port": port, "master": "127.0.0.1"})
-    assert found["missing"] == ["no_such_module_xyz"] and found["workdir_ok"] is False
-    assert found["missing_ifaces"] == ["nosuch0"] and found["port_free"] is False
-    assert found["dev"] == "lo" and found["route_error"] is None
-    node = _node(["python"], {}, str(tmp_path / "missing"))
-    request = {"port": port, "gpus": 2, "master": "127.0.0.1"}
-    problems = ssh._problems("h1", "/py", True, node, request, {**found, "gpus": 1})
-    assert problems == [
-        "h1: /py cannot import no_such_module_xyz (install it on the node, or point cluster.yaml python at an interpreter that has it)",
-        f"h1: workdir '{tmp_path / 'missing'}' does not exist (cluster.yaml workdir, or set sync_workdir)",
-        "h1: network interface 'nosuch0' (cluster.yaml network.interface) does not exist",
-        f"h1: rendezvous port {port} is in use on node 0 (a stale job may hold it: `launch status`; or choose another rendezvous.port)",
-        "h1: cluster.yaml says 2 GPUs, nvidia-smi lists 1",
-    ]
-
 
 def _key(tmp_path: Path, name: str) -> paramiko.PKey:
     path = tmp_path / name

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 
 import pytest
 
 from launcher.errors import JobNotFound
+from launcher.backends import backend_class
+from launcher.metrics.record import MetricRecord
 from launcher.plan import make_plan
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
@@ -14,7 +17,7 @@ from launcher.store import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCE
 
 def _plan(job_id: str):
     job = JobSpec(name="s", entrypoint=["python", "t.py"], batch={"micro_batch": 2})
-    return make_plan(job, ClusterSpec(name="local"), job_id, rdzv_port=29500)
+    return make_plan(job, ClusterSpec(name="local"), job_id, backend=backend_class("local"), rdzv_port=29500)
 
 
 @pytest.fixture
@@ -52,9 +55,10 @@ def test_jobs_are_found_by_unique_prefix(store):
 
 def test_metrics_and_events_round_trip(store):
     store.create_job(_plan("s-000002"), {})
-    store.add_metrics("s-000002", 0, [{"rank": 1, "node": 0, "step": 10, "samples": 8}])
+    record = MetricRecord(job="claimed", rank=1, node=0, host="h0", step=10, samples=8, extra={"busbw": 1.5})
+    store.add_metrics("s-000002", 1, [record])
     store.add_event("s-000002", "note", "hello", {"k": 1})
-    assert store.metrics("s-000002") == [{"rank": 1, "node": 0, "step": 10, "samples": 8, "attempt": 0}]
+    assert store.metrics("s-000002") == [dataclasses.replace(record, job="s-000002", attempt=1)]
     assert store.events("s-000002")[0]["data"] == {"k": 1}
 
 

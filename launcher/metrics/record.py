@@ -1,0 +1,416 @@
+"""The records launch keeps about a job's ranks, each one typed and bounded value.
+
+``MetricRecord``: what a rank reports through the Reporter, one marked stdout line
+(``@@launch {json}``, version 1). It is rank output, so untrusted: ``parse_line``
+turns a line into a record only if every value is of its type and within its
+bounds (finite numbers, counts within SQLite's integers and below sane caps,
+short strings, a rank inside the job, a few program-added extra keys), else into
+a ``Rejected`` with a one-line reason. The rank's claims about where it runs
+(``node``, ``host``, ``job``) are ignored: the caller passes the node and host of
+the channel the line came on, and the store sets the job and attempt.
+
+``ProcessSample``: what the node agent measures of a rank's process tree from
+outside (CPU time, RSS, GPU memory and utilisation); ``RankUsage`` is what the
+store keeps of them per rank and attempt (the latest sample, the peaks, the
+mean utilisation).
+
+This module imports only the standard library: `launch status` reads stored
+records with ``MetricRecord.from_stored``, which never raises: a row that would
+not validate is left out and a NaN (as older launches stored) reads as unknown,
+so any stored row renders. Validation of untrusted
+input (``parse_line``, ``parse_samples``, ``check_extra``) uses pydantic,
+imported on first use; the bounds it enforces are the ``Bound`` marks below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+MARKER = "@@launch "
+RECORD_VERSION = 1
+
+MAX_RECORD_CHARS = 16 * 1024  # the JSON text of one record; a valid record is far smaller
+MAX_EXTRA_KEYS = 16
+MAX_KEY_CHARS = 64
+MAX_TEXT_CHARS = 256
+MAX_RANKS = 1 << 20
+MAX_COUNT = 10**15  # steps, samples, tokens: far beyond any run, far inside SQLite's 64-bit integers
+MAX_BYTES = 1 << 60
+MAX_SECONDS = 1e9
+MAX_TIMESTAMP = 1e11
+MAX_MAGNITUDE = 1e100  # losses and program-added numbers: sums of many stay finite
+INT64_MAX = (1 << 63) - 1
+KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """Limits of a value: pydantic enforces them on untrusted input, ``from_stored`` applies them on read."""
+
+    low: float | None = None
+    high: float | None = None
+    max_len: int | None = None
+    pattern: str | None = None
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        schema = handler(source)
+        for key, value in (("ge", self.low), ("le", self.high), ("max_length", self.max_len), ("pattern", self.pattern)):
+            if value is not None:
+                schema[key] = value
+        return schema
+
+
+Index = Annotated[int, Bound(0, MAX_RANKS)]
+Count = Annotated[int, Bound(0, MAX_COUNT)]
+Bytes = Annotated[int, Bound(0, MAX_BYTES)]
+Seconds = Annotated[float, Bound(0, MAX_SECONDS)]
+Timestamp = Annotated[float, Bound(0, MAX_TIMESTAMP)]
+Rate = Annotated[float, Bound(0, 1e18)]
+Fraction = Annotated[float, Bound(0, 1)]
+Number = Annotated[float, Bound(-MAX_MAGNITUDE, MAX_MAGNITUDE)]
+Flops = Annotated[float, Bound(0, 1e21)]
+Text = Annotated[str, Bound(max_len=MAX_TEXT_CHARS)]
+ExtraKey = Annotated[str, Bound(max_len=MAX_KEY_CHARS, pattern=KEY_PATTERN)]
+ExtraValue = bool | Annotated[int, Bound(-INT64_MAX, INT64_MAX)] | Number | Text
+Extras = Annotated[dict[ExtraKey, ExtraValue], Bound(max_len=MAX_EXTRA_KEYS)]
+
+FINITE_ONLY = {"allow_inf_nan": False}  # pydantic's config, as a plain dict: no import needed here
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class MetricRecord:
+    """One reporting interval of one rank (fields in the order `launch metrics --csv` shows them)."""
+
+    __pydantic_config__ = FINITE_ONLY
+
+    job: Text = ""  # set by the store (the job the channel belongs to)
+    attempt: Count = 0  # set by the store
+    node: Index | None = None  # from the channel, never from the line
+    rank: Index
+    local_rank: Index | None = None
+    host: Text | None = None  # from the channel, never from the line
+    step: Count
+    t: Timestamp | None = None
+    warmup: bool = False
+    steps: Count = 0
+    interval_s: Seconds = 0.0
+    step_time_s: Seconds | None = None
+    samples: Count = 0
+    tokens: Count = 0
+    samples_per_sec: Rate | None = None
+    tokens_per_sec: Rate | None = None
+    loss: Number | None = None
+    mem_peak_bytes: Bytes | None = None
+    gpu_util: Fraction | None = None
+    flops_per_sample: Flops | None = None
+    gpu_name: Text | None = None
+    extra: Extras = dataclasses.field(default_factory=dict)  # program-added keys (Reporter(extra=...))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The record as the Reporter writes it (and the store keeps it): version 1 keys, extras at the top level."""
+        data: dict[str, Any] = {"v": RECORD_VERSION}
+        for name in WIRE_FIELDS:
+            data[name] = getattr(self, name)
+        data.update(self.extra)
+        return data
+
+    def number(self, name: str) -> float | None:
+        """The value of a field or extra key when it is a number (not a flag or a text), else None."""
+        value = getattr(self, name) if name in RECORD_FIELDS else self.extra.get(name)
+        return None if isinstance(value, bool) or not isinstance(value, (int, float)) else value
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any], attempt: int | None = None) -> MetricRecord | None:
+        """A stored record; None if one of its values is of the wrong type or out of bounds.
+
+        NaN and infinities (which launches before the record model stored) read as unknown;
+        program-added keys that would not validate are left out.
+        """
+        values = _read_fields(cls, data)
+        if values is None:
+            return None
+        if attempt is not None:
+            values["attempt"] = attempt
+        values["extra"] = _read_extras(data)
+        return cls(**values)
+
+
+RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(MetricRecord)) - {"extra"}
+ORIGIN_FIELDS = frozenset({"job", "attempt", "node", "host"})  # never taken from a rank's line
+WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRecord) if f.name not in ("attempt", "extra"))
+CSV_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRecord) if f.name != "extra")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ProcessSample:
+    """One look by the node agent at one rank's process tree (GPU figures None on CPU nodes)."""
+
+    __pydantic_config__ = FINITE_ONLY
+
+    node: Index
+    rank: Index
+    host: Text | None = None
+    t: Timestamp
+    pid: Annotated[int, Bound(1, INT64_MAX)]
+    cpu_s: Annotated[float, Bound(0, MAX_SECONDS * 1e3)]  # cumulative CPU seconds of the whole tree
+    rss_bytes: Bytes
+    rss_peak_bytes: Bytes
+    gpu_mem_bytes: Bytes | None = None
+    gpu_util: Fraction | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RankUsage:
+    """What the store keeps of one rank's samples in one attempt: the latest, the peaks, the mean utilisation."""
+
+    attempt: Count = 0
+    node: Index | None = None
+    rank: Index
+    host: Text | None = None
+    t: Timestamp | None = None
+    pid: Annotated[int, Bound(1, INT64_MAX)] | None = None
+    cpu_s: Annotated[float, Bound(0, MAX_SECONDS * 1e3)] | None = None
+    rss_bytes: Bytes | None = None
+    rss_peak_bytes: Bytes | None = None
+    gpu_mem_bytes: Bytes | None = None
+    gpu_mem_peak_bytes: Bytes | None = None
+    gpu_util_mean: Fraction | None = None
+    samples: Count = 0
+
+    @property
+    def peak_mem_bytes(self) -> int | None:
+        """The sampled peak: GPU memory in use on GPU nodes, the tree's RSS on CPU nodes."""
+        return self.gpu_mem_peak_bytes if self.gpu_mem_peak_bytes is not None else self.rss_peak_bytes
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> RankUsage | None:
+        """A stored row; None if one of its values is of the wrong type or out of bounds."""
+        values = _read_fields(cls, data)
+        return None if values is None else cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """A marked line that is not a valid record: dropped, counted, and its reason shown once."""
+
+    reason: str
+
+
+@dataclasses.dataclass
+class RejectedCount:
+    """Rejected lines of one attempt: how many, and the first reason (the one warning worth showing)."""
+
+    count: int = 0
+    first: str | None = None
+
+    def add(self, rejected: Rejected) -> str | None:
+        """Count one; the warning line to show for the first, None afterwards."""
+        self.count += 1
+        if self.first is not None:
+            return None
+        self.first = rejected.reason
+        return f"metric record dropped: {rejected.reason} (later drops are counted, not shown)"
+
+
+def parse_line(text: str, *, world_size: int, node: int | None, host: str | None) -> MetricRecord | Rejected | None:
+    """The metric record a line of rank output carries; None for ordinary output.
+
+    ``world_size`` bounds the rank; ``node`` and ``host`` are those of the channel the
+    line came on (the line's own ``node``, ``host`` and ``job`` are ignored). Never raises.
+    """
+    at = text.find(MARKER)
+    if at < 0:
+        return None
+    payload = text[at + len(MARKER):]
+    if len(payload) > MAX_RECORD_CHARS:
+        return Rejected(f"record of {len(payload)} characters (limit {MAX_RECORD_CHARS})")
+    from pydantic_core import from_json
+
+    try:
+        data = from_json(payload)
+    except ValueError as exc:
+        return Rejected(f"not JSON ({_short(str(exc))})")
+    if not isinstance(data, dict):
+        return Rejected(f"not a JSON object ({type(data).__name__})")
+    if data.get("v") != RECORD_VERSION:
+        return Rejected(f"record version {_short(repr(data.get('v')))}; this launch reads version {RECORD_VERSION}")
+    fields = {k: v for k, v in data.items() if k in RECORD_FIELDS and k not in ORIGIN_FIELDS}
+    extra = {k: v for k, v in data.items() if k not in RECORD_FIELDS and k != "v"}
+    result = _validate(MetricRecord, {**fields, "extra": extra, "node": node, "host": host})
+    if isinstance(result, MetricRecord) and result.rank >= world_size:
+        return Rejected(f"rank {result.rank} is not in this job (world size {world_size})")
+    return result
+
+
+def parse_samples(data: Any, *, world_size: int, node: int, host: str | None) -> list[ProcessSample | Rejected]:
+    """The node agent's sample event (``{"t": T, "ranks": [{rank, pid, cpu_s, rss_bytes, ...}]}``) as typed samples."""
+    if not isinstance(data, dict) or not isinstance(data.get("ranks"), list):
+        return [Rejected("a sample event needs a list 'ranks'")]
+    names = {f.name for f in dataclasses.fields(ProcessSample)} - {"node", "host"}
+    out: list[ProcessSample | Rejected] = []
+    for entry in data["ranks"][:MAX_RANKS]:
+        if not isinstance(entry, dict):
+            out.append(Rejected("a sampled rank is not a JSON object"))
+            continue
+        values = {k: v for k, v in entry.items() if k in names}
+        values.setdefault("t", data.get("t"))
+        sample = _validate(ProcessSample, {**values, "node": node, "host": host})
+        if isinstance(sample, ProcessSample) and sample.rank >= world_size:
+            sample = Rejected(f"sampled rank {sample.rank} is not in this job (world size {world_size})")
+        out.append(sample)
+    return out
+
+
+def check_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Program-added record keys, validated as a record would validate them; ValueError with the reason if not."""
+    clash = sorted(set(extra) & (RECORD_FIELDS | {"v"}))
+    if clash:
+        raise ValueError(f"extra keys {clash} are record fields; choose other names")
+    result = _validate(MetricRecord, {"rank": 0, "step": 0, "extra": dict(extra)})
+    if isinstance(result, Rejected):
+        raise ValueError(result.reason)
+    return result.extra
+
+
+@functools.cache
+def _adapter(kind: type) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(kind)
+
+
+def _validate(kind: type, values: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        return _adapter(kind).validate_python(values)
+    except ValidationError as exc:
+        return Rejected(_reason(exc))
+
+
+def _reason(exc: Any) -> str:
+    """One line from pydantic's first error: which key, what was wrong, what was given."""
+    error = exc.errors(include_url=False)[0]
+    loc = [str(part) for part in error["loc"]]
+    got = f" (got {_short(repr(error.get('input')))})"
+    if loc[:1] == ["extra"]:
+        if len(loc) == 1:
+            return f"more than {MAX_EXTRA_KEYS} program-added keys"
+        if loc[2:3] == ["[key]"]:
+            return f"key {_short(repr(loc[1]))}: names are letters, digits and _, at most {MAX_KEY_CHARS} characters"
+        return (f"{_short(repr(loc[1]))}: a program-added value must be a boolean, a number within +-{MAX_MAGNITUDE:g} "
+                f"or a text of at most {MAX_TEXT_CHARS} characters{got}")
+    where = ".".join(loc)
+    if error["type"] == "missing":
+        return f"'{where}' is missing"
+    message = error["msg"]
+    ctx = error.get("ctx") or {}
+    for key, text in (("le", "at most"), ("ge", "at least")):
+        if isinstance(ctx.get(key), (int, float)):
+            message = f"must be {text} {ctx[key]:.6g}"
+    return f"'{where}': {message}{got}"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Reading stored rows without pydantic: the same fields and bounds; a row that would not validate
+# is left out, and a NaN or infinity (as launches before the record model stored) reads as unknown.
+
+_REQUIRED = object()
+
+
+@functools.cache
+def _field_kinds(kind: type) -> tuple[tuple[str, type, Bound | None, Any], ...]:
+    """(name, base type, bound, default) of each plain field of a record class."""
+    hints = typing.get_type_hints(kind, include_extras=True)
+    out = []
+    for field in dataclasses.fields(kind):
+        if field.name == "extra":
+            continue
+        hint = hints[field.name]
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is not Annotated and type(None) in args:
+            hint = next(a for a in args if a is not type(None))
+        base, bound = hint, None
+        if typing.get_origin(hint) is Annotated:
+            base, *meta = typing.get_args(hint)
+            bound = next((m for m in meta if isinstance(m, Bound)), None)
+        default = field.default if field.default is not dataclasses.MISSING else _REQUIRED
+        out.append((field.name, base, bound, default))
+    return tuple(out)
+
+
+def _read_fields(kind: type, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The fields of a stored row; None if a value is of the wrong type or out of bounds (NaN reads as unknown)."""
+    values = {}
+    for name, base, bound, default in _field_kinds(kind):
+        raw = data.get(name)
+        value = clean_value(raw, base, bound)
+        if value is None and raw is not None and not _non_finite(raw):
+            return None
+        if value is None and default is not None:
+            if default is _REQUIRED:
+                return None
+            value = default
+        values[name] = value
+    return values
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _read_extras(data: Mapping[str, Any]) -> dict[str, Any]:
+    extras: dict[str, Any] = {}
+    for key, value in data.items():
+        if len(extras) >= MAX_EXTRA_KEYS:
+            break
+        if key in RECORD_FIELDS or key == "v" or not isinstance(key, str) or len(key) > MAX_KEY_CHARS or not key.isidentifier():
+            continue
+        if isinstance(value, bool):
+            extras[key] = value
+        elif isinstance(value, int) and abs(value) <= INT64_MAX:
+            extras[key] = value
+        elif isinstance(value, (int, float)):
+            number = clean_value(value, float, Bound(-MAX_MAGNITUDE, MAX_MAGNITUDE))
+            if number is not None:
+                extras[key] = number
+        elif isinstance(value, str):
+            extras[key] = value[:MAX_TEXT_CHARS]
+    return extras
+
+
+def clean_value(value: Any, base: type, bound: Bound | None = None) -> Any:
+    """``value`` as a ``base`` (int, float, str or bool) within ``bound``, or None if it is not one."""
+    if base is bool:
+        return value if isinstance(value, bool) else None
+    if base is str:
+        if not isinstance(value, str):
+            return None
+        return value[: bound.max_len] if bound is not None and bound.max_len is not None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if bound is not None and ((bound.low is not None and value < bound.low) or (bound.high is not None and value > bound.high)):
+        return None
+    if base is int:
+        if isinstance(value, float):
+            if not value.is_integer():
+                return None
+            value = int(value)
+    elif base is float:
+        try:
+            value = float(value)
+        except OverflowError:
+            return None
+    else:
+        return None
+    return value

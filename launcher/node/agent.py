@@ -1,0 +1,328 @@
+"""The node agent: runs one node's command of a job and reports what it sees, on every backend.
+
+It makes the job's private run directory, writes the files the plan gives (a DeepSpeed config),
+starts the node's command (torchrun, the DeepSpeed launcher, or a container runtime running one)
+in a session of its own, and writes one framed line per event to its stdout, which the backend
+carries to the supervisor:
+
+    |TEXT            a line of the command's output (untrusted: ranks wrote it), cut at LINE_LIMIT
+    @started JSON    the agent's and the command's PIDs, the host, the run directory
+    @sample JSON     every SAMPLE_S: each rank's process tree (CPU seconds, RSS, GPU memory/util)
+    @exit JSON       the command's exit code, once its output is drained
+
+Ranks cannot forge the agent's lines: everything they print starts with ``|``. On SIGTERM,
+SIGINT or SIGHUP, or when its stdout breaks (the supervisor or its connection is gone), the
+agent ends the command: TERM to its process group, KILL after the grace period, then every
+process still tagged with the job, then the job's containers; it exits with the command's status.
+Standard library only: it runs on nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+from . import proctree
+
+LINE_LIMIT = 64 * 1024
+SAMPLE_S = 2.0
+FIRST_SAMPLE_S = 0.25
+READ_CHUNK = 64 * 1024
+PR_SET_PDEATHSIG = 1
+EXIT_SIGNAL_BASE = 128
+ORPHAN_WAIT_S = 5.0
+RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
+TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
+
+
+class RunDirError(Exception):
+    """The run directory cannot be used safely (another user's, a symlink, too open)."""
+
+
+def run_root() -> str:
+    """This user's private root for run directories: $XDG_RUNTIME_DIR/launch, else /tmp/launch-UID."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime) and _owned_private(os.lstat(runtime)):
+        return os.path.join(runtime, "launch")
+    return f"/tmp/launch-{os.getuid()}"
+
+
+def _owned_private(info: os.stat_result) -> bool:
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def private_dir(path: str) -> str:
+    """Create ``path`` (mode 0700) if missing and check it: a directory, not a symlink, this user's,
+    closed to others; and its parent is this user's or root's and, if others may write it, sticky."""
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    info = os.lstat(parent)
+    if info.st_uid not in (0, os.getuid()) or (info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX):
+        raise RunDirError(f"{parent} may be changed by other users (owner uid {info.st_uid}, mode {oct(info.st_mode & 0o7777)})")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise RunDirError(f"{path} is not a directory (a symlink or a file): refusing to use it")
+    if info.st_uid != os.getuid():
+        raise RunDirError(f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): refusing to use it")
+    if info.st_mode & 0o077:
+        raise RunDirError(f"{path} is open to other users (mode {oct(info.st_mode & 0o777)}): refusing to use it")
+    return path
+
+
+def job_run_dir(job_id: str, root: str | None = None) -> str:
+    """The job's run directory on this node, created and checked component by component."""
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        raise RunDirError(f"bad job id {job_id!r}")
+    root = private_dir(root or run_root())
+    return private_dir(os.path.join(root, job_id))
+
+
+class Output:
+    """The agent's stdout: whole framed lines under a lock; ``broken`` once the reader is gone."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self.broken = threading.Event()
+
+    def write(self, line: bytes) -> None:
+        with self._lock:
+            if self.broken.is_set():
+                return
+            try:
+                self._stream.write(line + b"\n")
+                self._stream.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self.broken.set()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def event(self, kind: str, data: dict) -> None:
+        self.write(f"@{kind} ".encode() + json.dumps(data, separators=(",", ":")).encode())
+
+
+def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
+    """Copy the command's output to ``out`` as ``|`` lines, each cut at ``limit`` bytes (linear time)."""
+    pending = bytearray()
+    dropped = 0
+
+    def add(piece: bytes) -> None:
+        nonlocal dropped
+        room = max(0, limit - len(pending))
+        pending.extend(piece[:room])
+        dropped += len(piece) - min(room, len(piece))
+
+    def emit() -> None:
+        nonlocal dropped
+        note = f" [launch: line cut at {limit} bytes; {dropped} more dropped]".encode() if dropped else b""
+        out.write(b"|" + bytes(pending) + note)
+        pending.clear()
+        dropped = 0
+
+    while chunk := os.read(fd, READ_CHUNK):
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            add(chunk[start:end])
+            emit()
+            start = end + 1
+        add(chunk[start:])
+    if pending or dropped:
+        emit()
+
+
+class Sampler:
+    """Measures the job's ranks from outside every SAMPLE_S seconds and reports them as ``@sample``."""
+
+    def __init__(self, job_id: str, out: Output, gpus: int, every: float = SAMPLE_S) -> None:
+        self.job_id, self.out, self.gpus, self.every = job_id, out, gpus, every
+        self.peaks: dict[int, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        """Sample soon after the start (ranks that die young are still seen), then every ``every`` seconds."""
+        wait = min(self.every, FIRST_SAMPLE_S)
+        while not self.stop.wait(wait):
+            self.sample()
+            wait = min(self.every, wait * 2)
+
+    def sample(self) -> None:
+        trees = proctree.rank_trees(proctree.job_procs(self.job_id))
+        if not trees:
+            return
+        gpu_mem, gpu_util = _gpu_usage() if self.gpus else ({}, {})
+        ranks = []
+        for tree in trees:
+            self.peaks[tree.rank] = max(self.peaks.get(tree.rank, 0), tree.rss_bytes)
+            device = _device(tree)
+            ranks.append({
+                "rank": tree.rank, "local_rank": tree.local_rank, "pid": tree.pid, "pids": tree.pids[:64],
+                "cpu_s": round(tree.cpu_s, 3), "rss_bytes": tree.rss_bytes, "rss_peak_bytes": self.peaks[tree.rank],
+                "gpu_mem_bytes": sum(gpu_mem.get(pid, 0) for pid in tree.pids) if self.gpus else None,
+                "gpu_util": gpu_util.get(device) if self.gpus and device is not None else None,
+            })
+        self.out.event("sample", {"t": time.time(), "ranks": ranks})
+
+
+def _device(tree: proctree.RankTree) -> int | None:
+    """The GPU index a rank uses: its local rank, counted within CUDA_VISIBLE_DEVICES when that is set."""
+    local = tree.local_rank or 0
+    if not tree.cuda_visible:
+        return tree.local_rank
+    visible = [item.strip() for item in tree.cuda_visible.split(",")]
+    chosen = visible[local] if local < len(visible) else visible[0]
+    return int(chosen) if chosen.isdigit() else None
+
+
+def _gpu_usage() -> tuple[dict[int, int], dict[int, float]]:
+    """(bytes of GPU memory per PID, utilisation 0-1 per GPU index) from nvidia-smi; empty if it fails."""
+    memory: dict[int, int] = {}
+    util: dict[int, float] = {}
+    try:
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=5).stdout
+        devices = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return memory, util
+    for line in apps.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            memory[int(parts[0])] = memory.get(int(parts[0]), 0) + int(parts[1]) * 2**20
+    for line in devices.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            util[int(parts[0])] = int(parts[1]) / 100.0
+    return memory, util
+
+
+class Agent:
+    """One node's run (see the module docstring). ``req`` is the request the backend sent."""
+
+    def __init__(self, req: dict, out: Output) -> None:
+        self.req = req
+        self.out = out
+        self.job_id = req["job_id"]
+        self.grace = float(req.get("grace", 5.0))
+        self.proc: subprocess.Popen | None = None
+        self._ending = threading.Lock()
+        self._ended = False
+
+    def start(self, secrets: dict[str, str]) -> None:
+        run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
+        planned = {key: value.replace(RUN_DIR_TOKEN, run_dir) for key, value in self.req.get("env", {}).items()}
+        given = {**planned, **secrets, "LAUNCH_RUN_DIR": run_dir}
+        for name, (filename, text) in self.req.get("files", {}).items():
+            path = os.path.join(run_dir, os.path.basename(filename))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+            given[name] = path
+        prefix = self.req.get("env_prefix", "")
+        tag = {key: given[key] for key in TAG_NAMES if key in given}
+        env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
+        argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]]
+        prctl = _prctl()
+        self.proc = subprocess.Popen(
+            argv, cwd=run_dir if self.req.get("cleanup") else (self.req.get("cwd") or None), env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)) if prctl else None,
+        )
+        with open(os.path.join(run_dir, f"node{self.req['node']}.pid"), "w") as handle:
+            handle.write(f"{os.getpid()} {self.proc.pid}\n")
+        self.out.event("started", {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
+                                   "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid())})
+
+    def end(self, why: str) -> None:
+        """End the command and everything of the job on this node (once, from any thread). A container
+        runtime's command starts in the run directory (podman's conmon leaves files where it is started)
+        and its container is stopped and removed by the request's ``cleanup`` commands."""
+        with self._ending:
+            if self._ended:
+                return
+            self._ended = True
+        if self.proc is not None and self.proc.poll() is None:
+            proctree.end_group(self.proc.pid, self.grace, alive=lambda: self.proc.poll() is None)
+        run_cleanup(self.req.get("cleanup", []), self.grace)
+        proctree.end_job(self.job_id, self.grace)
+
+    def watch_output(self) -> None:
+        """End the job if the supervisor stops reading (its process or its connection is gone): a write
+        failed, or the reading end of stdout was closed (POLLERR/POLLHUP on it)."""
+        poller = select.poll()
+        poller.register(self.out.fileno(), select.POLLERR | select.POLLHUP)
+        while not self.out.broken.is_set():
+            if poller.poll(1000):
+                self.out.broken.set()
+        self.end("the supervisor stopped reading")
+
+    def run(self) -> int:
+        """Relay and sample until the command exits and its output is drained; the agent's exit status."""
+        assert self.proc is not None and self.proc.stdout is not None
+        sampler = Sampler(self.job_id, self.out, int(self.req.get("gpus", 0)), float(self.req.get("sample_s", SAMPLE_S)))
+        relayed = threading.Event()
+        for target in (sampler.run, self.watch_output, lambda: self._end_orphans(relayed)):
+            threading.Thread(target=target, daemon=True).start()
+        relay(self.proc.stdout.fileno(), self.out, int(self.req.get("line_limit", LINE_LIMIT)))
+        relayed.set()
+        code = self.proc.wait()
+        sampler.stop.set()
+        self.out.event("exit", {"code": code})
+        return EXIT_SIGNAL_BASE - code if code < 0 else code
+
+    def _end_orphans(self, relayed: threading.Event) -> None:
+        """Once the command has exited, end what it left behind holding its output open (``ORPHAN_WAIT_S``)."""
+        self.proc.wait()
+        if not relayed.wait(ORPHAN_WAIT_S):
+            proctree.end_job(self.job_id, self.grace)
+
+
+def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
+    """Run each clean-up command (stop and remove a container); the ones that failed, with why."""
+    failed = []
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30 + grace, cwd="/")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failed.append(f"{' '.join(argv[:3])}: {exc}")
+            continue
+        if done.returncode != 0:
+            failed.append(f"{' '.join(argv[:3])}: {(done.stderr or done.stdout).strip()[-200:]}")
+    return failed
+
+
+def _prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def main(argv: list[str]) -> int:
+    """``agent REQUEST_JSON``; with ``secrets_on_stdin`` the first stdin line is a JSON object of secrets."""
+    req = json.loads(argv[0])
+    out = Output(sys.stdout.buffer)
+    secrets = json.loads(sys.stdin.readline() or "{}") if req.get("secrets_on_stdin") else {}
+    agent = Agent(req, out)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: threading.Thread(target=agent.end, args=("signalled",), daemon=True).start())
+    try:
+        agent.start(secrets)
+    except (RunDirError, OSError) as exc:
+        out.write(f"|launch: node {req.get('node')}: cannot start: {exc}".encode())
+        out.event("exit", {"code": 126, "error": str(exc)})
+        return 126
+    return agent.run()

@@ -1,0 +1,232 @@
+"""What a node says about itself, for preflight, `launch check` and `launch init`.
+
+One request, one JSON answer, the same on every backend. The request names what to look at:
+modules the job's interpreter must import, the workdir, pinned interfaces, the rendezvous port
+(free here? listen on it for the reachability test, or connect to node 0's), node 0's address (the
+interface and source address that route to it), GPUs, the kernel log. Package versions are read
+from metadata, so nothing heavy is imported. Standard library only: it runs on nodes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+IB_CLASS_DIR = "/sys/class/infiniband"
+NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+KERNEL_LOG_LINES = 500
+PULL_TIMEOUT_S = 1800.0
+INSIDE_TIMEOUT_S = 300.0
+
+
+def run(argv: list[str], timeout: float = 10.0) -> tuple[str | None, str | None]:
+    """(stdout, None) of a successful command, else (None, why)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    if done.returncode:
+        return None, (done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"
+    return done.stdout, None
+
+
+def version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gpus() -> tuple[list[dict], str | None]:
+    """The node's GPUs from nvidia-smi (name, driver, memory), or ([], why not)."""
+    text, error = run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used",
+                       "--format=csv,noheader,nounits"])
+    if text is None:
+        return [], error
+    found = []
+    for line in text.strip().splitlines():
+        name, driver, total, used = (part.strip() for part in line.split(","))
+        found.append({"name": name, "driver": driver, "total_mb": float(total), "used_mb": float(used)})
+    return found, None
+
+
+def gpu_processes() -> int:
+    text, _ = run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"])
+    return len((text or "").split())
+
+
+def route_to(address: str) -> tuple[str | None, str | None, str | None]:
+    """(interface, source address, problem) this node uses to reach ``address``.
+
+    For an address of this node: the interface that holds it (not ``lo``, which the kernel
+    reports for local routes).
+    """
+    try:
+        resolved = socket.gethostbyname(address)
+    except OSError as exc:
+        return None, None, f"cannot resolve {address}: {exc}"
+    text, error = run(["ip", "-o", "route", "get", resolved])
+    words = (text or "").split()
+    if not words:
+        return None, None, error or "no route"
+    source = words[words.index("src") + 1] if "src" in words else None
+    if words[0] == "local":
+        owners, _ = run(["ip", "-o", "-4", "addr", "show", "to", resolved])
+        if owners:
+            return owners.split()[1].split("@")[0], resolved, None
+    if "dev" not in words:
+        return None, source, "no route"
+    return words[words.index("dev") + 1], source, None
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def listen(port: int, seconds: float, expect: int) -> int | None:
+    """Listen on ``port`` for ``seconds`` or ``expect`` connections; how many came (None: port busy)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return None
+        sock.listen(64)
+        print(json.dumps({"listening": True}), flush=True)
+        deadline = time.time() + seconds
+        accepted = 0
+        while accepted < expect and time.time() < deadline:
+            sock.settimeout(max(0.01, deadline - time.time()))
+            try:
+                sock.accept()[0].close()
+                accepted += 1
+            except OSError:
+                break
+        return accepted
+
+
+def reach(address: str, port: int, wait: float) -> bool | str:
+    """True once a TCP connection to node 0's port succeeds (retried for ``wait`` s), else why not."""
+    deadline = time.time() + wait
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=5).close()
+            return True
+        except OSError as exc:
+            if time.time() >= deadline:
+                return str(exc)
+            time.sleep(0.2)
+
+
+def memory_bytes() -> tuple[int | None, int | None]:
+    """(MemTotal, MemAvailable) of this node in bytes."""
+    values = {}
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                key, _, rest = line.partition(":")
+                values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None, None
+    return values.get("MemTotal"), values.get("MemAvailable")
+
+
+def kernel_log(since: float | None = None) -> list[str]:
+    """The last kernel log lines with ISO times (for OOM-killer and Xid lines); [] if unreadable."""
+    text, _ = run(["dmesg", "--time-format", "iso"])
+    if text is None:
+        text, _ = run(["dmesg"])
+    return (text or "").splitlines()[-KERNEL_LOG_LINES:]
+
+
+def container_facts(req: dict) -> dict:
+    """The container runtime's state on this node, the image (pulled as the request says), and the facts
+    of the interpreter inside the image (``inside``: a facts command run in a container of it)."""
+    out: dict = {}
+    _, error = run(req["probe"], timeout=30)
+    if error:
+        return {"runtime_error": error}
+    present = subprocess.run(req["present"], capture_output=True, timeout=60).returncode == 0
+    if req["pull"] == "always" or (not present and req["pull"] == "missing"):
+        _, error = run(req["pull_argv"], timeout=PULL_TIMEOUT_S)
+        if error:
+            return {"image_error": f"pulling the image failed: {error}"}
+    elif not present:
+        return {"image_error": "the image is not on this node (pull: never)"}
+    text, error = run(req["inside"], timeout=INSIDE_TIMEOUT_S)
+    lines = [line for line in (text or "").splitlines() if line.startswith("{")]
+    if error or not lines:
+        return {"inside_error": f"the interpreter inside the image could not run: {error or 'no answer'}"}
+    out["inside"] = json.loads(lines[-1])
+    return out
+
+
+def collect(req: dict) -> dict:
+    """The answer to a facts request (see the module docstring)."""
+    out: dict = {
+        "hostname": socket.gethostname(), "python": sys.version.split()[0], "executable": sys.executable,
+        "torch": version("torch"), "deepspeed": version("deepspeed"), "nccl": version(*NCCL_PACKAGES),
+        "launch": version("launch"), "cpus": len(os.sched_getaffinity(0)),
+    }
+    out["mem_total_bytes"], out["mem_available_bytes"] = memory_bytes()
+    out["missing"] = [m for m in req.get("modules", []) if not importable(m)]
+    workdir = req.get("workdir")
+    out["workdir_ok"] = workdir is None or os.path.isdir(workdir)
+    out["disk_free_gb"] = shutil.disk_usage(workdir if workdir and out["workdir_ok"] else os.path.expanduser("~")).free / 1e9
+    out["missing_ifaces"] = [n for n in req.get("ifaces", []) if not os.path.exists("/sys/class/net/" + n)]
+    out["hcas"] = sorted(os.listdir(IB_CLASS_DIR)) if os.path.isdir(IB_CLASS_DIR) else []
+    if req.get("resolve_self"):
+        try:
+            socket.getaddrinfo(socket.gethostname(), None)
+            out["hostname_resolves"] = True
+        except OSError as exc:
+            out["hostname_resolves"] = str(exc)
+    if req.get("gpus"):
+        out["gpus"], out["gpu_error"] = gpus()
+        out["gpu_processes"] = gpu_processes() if out["gpus"] else 0
+    if req.get("master"):
+        out["dev"], out["source"], out["route_error"] = route_to(req["master"])
+    port = req.get("port")
+    if port and req.get("listen_s"):
+        accepted = listen(port, req["listen_s"], req.get("expect", 0))
+        out["port_free"], out["accepted"] = accepted is not None, accepted
+    elif port and req.get("connect"):
+        out["reached"] = reach(req["connect"], port, req.get("wait_s", 5.0))
+    elif port:
+        out["port_free"] = port_free(port)
+    if req.get("kernel_log"):
+        out["kernel_log"] = kernel_log()
+    if req.get("container"):
+        out["container"] = container_facts(req["container"])
+        inside = out["container"].get("inside")
+        if inside:  # what the job will run with is the image's, not this host's
+            out.update({key: inside.get(key) for key in ("python", "executable", "torch", "deepspeed", "nccl", "missing")})
+    out["time"] = time.time()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(collect(json.loads(argv[0]))), flush=True)
+    return 0

@@ -1,0 +1,39 @@
+"""The node side's commands: ``facts``, ``agent``, ``list``, ``end``, ``signal``, ``stacks`` (see ``launcher.node.ship``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(argv: list[str]) -> int:
+    command, rest = argv[0], argv[1:]
+    if command == "facts":
+        from . import facts
+
+        return facts.main(rest)
+    if command == "agent":
+        from . import agent
+
+        return agent.main(rest)
+    if command == "stacks":
+        from . import stacks
+
+        return stacks.main(rest)
+    if command in ("list", "end"):
+        from . import agent, proctree
+
+        req = json.loads(rest[0])
+        failed = agent.run_cleanup(req.get("cleanup", []), req["grace"]) if command == "end" else []
+        pids = proctree.job_pids(req["job_id"]) if command == "list" else proctree.end_job(req["job_id"], req["grace"])
+        print(json.dumps({"pids": pids, "cleanup_failed": failed}), flush=True)
+        return 0
+    if command == "signal":
+        from . import proctree
+
+        req = json.loads(rest[0])
+        sent = proctree.signal_if(req["pid"], req["start_ticks"], req["signal"])
+        print(json.dumps({"sent": sent}), flush=True)
+        return 0
+    print(f"launch node side: unknown command {command!r}", file=sys.stderr)
+    return 2

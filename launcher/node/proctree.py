@@ -1,0 +1,202 @@
+"""Find, measure and end exactly one job's processes on a node, by the tag in their environment.
+
+Every process a job starts carries ``LAUNCH_JOB_ID=<id>`` in its environment (torchrun and the
+DeepSpeed launcher pass it down to every rank, even to ranks in sessions of their own). Scanning
+``/proc/*/environ`` of this user's processes for that exact tag finds the whole job and nothing
+else: never ``pkill -f``. A rank is a tagged process with ``RANK`` in its environment whose parent
+is not the same rank (its data-loader workers inherit ``RANK`` too); its tree is the rank and
+those descendants.
+
+Standard library only: it runs on nodes (see ``launcher.node``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+TAG = "LAUNCH_JOB_ID"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Proc:
+    """One process of the job as /proc shows it now."""
+
+    pid: int
+    ppid: int
+    state: str
+    cpu_s: float  # user + system, including reaped children
+    rss_bytes: int
+    start_ticks: int
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _stat(pid: int) -> tuple[int, str, float, int, int] | None:
+    """(ppid, state, cpu seconds incl. reaped children, rss bytes, start time in ticks) of ``pid``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return int(fields[1]), fields[0].decode(), ticks / CLOCK_TICKS, int(fields[21]) * PAGE_SIZE, int(fields[19])
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def job_procs(job_id: str) -> list[Proc]:
+    """This user's live processes tagged with ``job_id`` (zombies left out)."""
+    needle = f"{TAG}={job_id}".encode()
+    uid, me = os.getuid(), os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if needle not in handle.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        stat = _stat(pid)
+        env = _environ(pid)
+        if stat is None or env is None or stat[1] == "Z":
+            continue
+        found.append(Proc(pid, stat[0], stat[1], stat[2], stat[3], stat[4], env))
+    return found
+
+
+def job_pids(job_id: str) -> list[int]:
+    """PIDs of this user's live processes tagged with ``job_id``."""
+    return [proc.pid for proc in job_procs(job_id)]
+
+
+@dataclass
+class RankTree:
+    """A rank's process and its descendants (data-loader workers...), measured together."""
+
+    rank: int
+    local_rank: int | None
+    pid: int
+    pids: list[int]
+    cpu_s: float
+    rss_bytes: int
+    cuda_visible: str | None
+
+
+def rank_trees(procs: list[Proc]) -> list[RankTree]:
+    """The job's ranks among ``procs`` (from ``job_procs``), each with its tree's CPU time and RSS."""
+    by_pid = {proc.pid: proc for proc in procs}
+    children: dict[int, list[Proc]] = {}
+    for proc in procs:
+        children.setdefault(proc.ppid, []).append(proc)
+    trees = []
+    for proc in procs:
+        rank = _int(proc.env.get("RANK"))
+        parent = by_pid.get(proc.ppid)
+        if rank is None or (parent is not None and parent.env.get("RANK") == proc.env.get("RANK")):
+            continue
+        members, todo = [], [proc]
+        while todo:
+            member = todo.pop()
+            members.append(member)
+            todo.extend(children.get(member.pid, ()))
+        trees.append(RankTree(
+            rank=rank, local_rank=_int(proc.env.get("LOCAL_RANK")), pid=proc.pid,
+            pids=sorted(m.pid for m in members), cpu_s=sum(m.cpu_s for m in members),
+            rss_bytes=sum(m.rss_bytes for m in members), cuda_visible=proc.env.get("CUDA_VISIBLE_DEVICES"),
+        ))
+    return sorted(trees, key=lambda tree: tree.rank)
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def signal_job(job_id: str, sig: int) -> list[int]:
+    """Send ``sig`` to every process of the job; the PIDs signalled."""
+    pids = job_pids(job_id)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def end_job(job_id: str, grace: float = 5.0) -> list[int]:
+    """TERM the job's processes, KILL what is left after ``grace`` seconds; the PIDs still alive after."""
+    if not signal_job(job_id, signal.SIGTERM):
+        return []
+    _wait(lambda: not job_pids(job_id), grace)
+    signal_job(job_id, signal.SIGKILL)
+    _wait(lambda: not job_pids(job_id), 5.0)
+    return job_pids(job_id)
+
+
+def end_group(pgid: int, grace: float, alive=None) -> None:
+    """TERM the process group ``pgid``, KILL it after ``grace`` seconds unless ``alive()`` says it is gone."""
+    alive = alive or (lambda: _group_alive(pgid))
+    _signal_group(pgid, signal.SIGTERM)
+    _wait(lambda: not alive(), grace)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait(done, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (with the PID, an identity that survives PID reuse)."""
+    stat = _stat(pid)
+    return stat[4] if stat is not None else None
+
+
+def signal_if(pid: int, ticks: int | None, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only if it is still the process that started at ``ticks`` (not a reused PID)."""
+    if ticks is None or start_ticks(pid) != ticks:
+        return False
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

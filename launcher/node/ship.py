@@ -1,0 +1,45 @@
+"""Send the node side (``launcher.node``) to a node as an argv: ``python -c BOOT PAYLOAD COMMAND REQUEST``.
+
+PAYLOAD is the package's module sources, zlib-compressed and base64-encoded; BOOT, a few lines
+of Python, makes them importable as the package ``launch_node`` in that one process (the modules
+import each other relatively) and runs COMMAND. No file is written and nothing needs installing on
+the node but a Python 3.10+; a ``launcher`` the node may have installed is left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import zlib
+from pathlib import Path
+
+NODE_MODULES = ("proctree", "facts", "agent", "stacks", "main")  # in import order
+
+PACKAGE = "launch_node"
+BOOT = """\
+import base64, json, sys, types, zlib
+sys.modules["launch_node"] = package = types.ModuleType("launch_node")
+package.__path__ = []
+for name, source in json.loads(zlib.decompress(base64.b64decode(sys.argv[1]))):
+    module = types.ModuleType("launch_node." + name)
+    module.__file__ = "<launch node side: " + name + ">"
+    module.__package__ = "launch_node"
+    sys.modules[module.__name__] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    setattr(package, name, module)
+sys.exit(sys.modules["launch_node.main"].main(sys.argv[2:]))
+"""
+
+
+@functools.cache
+def payload() -> str:
+    """The node modules' sources, packed for BOOT (computed once a process)."""
+    folder = Path(__file__).parent
+    sources = [(name, (folder / f"{name}.py").read_text(encoding="utf-8")) for name in NODE_MODULES]
+    return base64.b64encode(zlib.compress(json.dumps(sources).encode(), 9)).decode()
+
+
+def node_argv(python: str, command: str, request: dict) -> list[str]:
+    """The argv that runs ``command`` (facts, agent, list, end, stacks) with ``request`` under ``python`` on a node."""
+    return [python, "-c", BOOT, payload(), command, json.dumps(request, separators=(",", ":"))]

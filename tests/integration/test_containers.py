@@ -1,0 +1,145 @@
+"""Jobs inside containers on two namespaced SSH hosts: real podman (runc), real sshd, real torchrun.
+
+The test image (tests/container_fixture.py) runs the suite's interpreter from read-only mounts, so the
+ranks run this checkout's code inside the container. Each host runs its own containers; a host can
+have an image store of its own (tools/container_image.own_image_store) to miss or differ in the image.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.container_fixture import needs_podman
+from tests.helpers import ROOT, TORCH_EXTENSIONS_DIR, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.testbed_fixture import needs_root
+from tools import container_image as ci
+from tools import testbed as tb
+
+pytestmark = [needs_root, needs_podman, pytest.mark.testbed, pytest.mark.slow]
+PROGRAMS = ROOT / "tests" / "programs"
+
+RANK = """\
+import json, os, socket, time
+import torch.distributed as dist
+from launcher.metrics import Reporter
+
+dist.init_process_group("gloo")
+print("INSIDE " + json.dumps({"rank": dist.get_rank(), "host": socket.gethostname(),
+                               "container": os.environ.get("container")}), flush=True)
+reporter = Reporter(every=1, warmup=0)
+for _ in range(int(os.environ.get("STEPS", "3"))):
+    time.sleep(float(os.environ.get("STEP_S", "0.1")))
+    reporter.step(samples=4)
+reporter.close()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def hosts(testbed, container_image):
+    """The first two test hosts, able to run containers (cgroup hierarchies mounted in each)."""
+    for host in testbed.hosts[:2]:
+        ci.mount_cgroups(host)
+    return testbed.hosts[:2]
+
+
+def _cluster(tmp_path: Path, bed) -> Path:
+    return write_yaml(tmp_path / "cluster.yaml", {
+        "name": "testbed", "backend": "ssh",
+        "ssh": {"user": "root", "key_file": str(bed.key_file), "known_hosts": str(bed.known_hosts),
+                "config_file": str(bed.ssh_config)},
+        "nodes": [{"host": h.name, "gpus": 0, "slots": 2} for h in bed.hosts[:2]],
+        "python": sys.executable, "workdir": str(tmp_path),
+    })
+
+
+def _job(tmp_path: Path, image, name: str = "ctr", steps: int = 3, step_s: float = 0.1, **extra) -> Path:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    return write_yaml(tmp_path / "job.yaml", {
+        "name": name, "entrypoint": ["python", str(script)], "resources": {"nodes": 2, "nproc_per_node": 1},
+        "container": image.spec(python=sys.executable).model_dump(mode="json"),
+        "env": {"STEPS": str(steps), "STEP_S": str(step_s)}, **extra,
+    })
+
+
+def _containers(host: tb.Host, job_id: str) -> list[str]:
+    """The containers of ``job_id`` on ``host``, running or stopped."""
+    done = ci.in_host(host, ["podman", "ps", "-a", "--filter", f"label=launch.job={job_id}", "--format", "{{.Names}}"])
+    return done.stdout.split()
+
+
+def test_a_two_host_job_runs_every_rank_inside_the_container(tmp_path, home, hosts, container_image, testbed):
+    result = run_cli(home, "submit", str(_job(tmp_path, container_image)), "--cluster", str(_cluster(tmp_path, testbed)),
+                     timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    inside = [json.loads(line.split("INSIDE ", 1)[1]) for line in result.stdout.splitlines() if "INSIDE " in line]
+    assert sorted((r["rank"], r["host"], r["container"]) for r in inside) == [(0, "lt-h1", "podman"), (1, "lt-h2", "podman")]
+    job_id = result.stderr.split()[1].rstrip(":")
+    obj = status_json(home, job_id)
+    assert sorted(r["rank"] for r in obj["metrics"]["per_rank"]) == [0, 1] and obj["metrics"]["samples_per_sec"] > 0
+    assert all(_containers(host, job_id) == [] for host in hosts), "no container is left, running or stopped"
+    dry = run_cli(home, "submit", str(tmp_path / "job.yaml"), "--cluster", str(tmp_path / "cluster.yaml"), "--dry-run")
+    assert "podman run --rm --name launch-" in dry.stdout and "--network host --ipc host" in dry.stdout
+
+
+def test_a_deepspeed_job_runs_inside_the_container(tmp_path, home, hosts, container_image, testbed):
+    config = write_yaml(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                                               "optimizer": {"type": "SGD", "params": {"lr": 0.01}}})
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = container_image.spec(python=sys.executable, mounts=[*container_image.mounts, f"{TORCH_EXTENSIONS_DIR}:{TORCH_EXTENSIONS_DIR}"])
+    job = write_yaml(tmp_path / "job.yaml", {
+        "name": "ctr-ds", "launcher": "deepspeed", "resources": {"nodes": 2, "nproc_per_node": 1},
+        "entrypoint": ["python", str(PROGRAMS / "user_deepspeed.py"), "--out", str(out), "--steps", "2",
+                       "--deepspeed", "--deepspeed_config", str(config)],
+        "container": spec.model_dump(mode="json"), "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},
+    })
+    result = run_cli(home, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    seen = sorted(json.loads(p.read_text())["host"] for p in out.glob("rank*.json"))
+    assert seen == ["lt-h1", "lt-h2"]
+
+
+def test_cancel_mid_run_leaves_no_container_on_either_host(tmp_path, home, hosts, container_image, testbed):
+    job = _job(tmp_path, container_image, name="ctr-cancel", steps=2000, step_s=0.1)
+    job_id = run_cli(home, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)), "--detach").stdout.strip()
+    assert wait_for_state(home, job_id, ("RUNNING",), timeout=120)["state"] == "RUNNING"
+    assert wait_for(lambda: all(_containers(host, job_id) for host in hosts), timeout=60), "containers started"
+    assert wait_for(lambda: (status_json(home, job_id)["metrics"]["steps"] or 0) >= 2, timeout=120)
+    result = run_cli(home, "cancel", job_id, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert status_json(home, job_id)["state"] == "CANCELLED"
+    assert all(_containers(host, job_id) == [] for host in hosts)
+    assert all(not tb.pids(host) for host in hosts)
+
+
+def test_an_image_missing_on_one_host_with_pull_never_is_refused_before_anything_starts(
+        tmp_path, home, hosts, container_image, testbed):
+    with ci.own_image_store(hosts[1]):
+        result = run_cli(home, "submit", str(_job(tmp_path, container_image)), "--cluster",
+                         str(_cluster(tmp_path, testbed)), timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert "lt-h2: image localhost/launch-test:1: the image is not on this node (pull: never)" in result.stderr
+    assert "lt-h1:" not in result.stderr and "nothing was started" in result.stderr
+    assert json.loads(run_cli(home, "status", "--json").stdout) == []
+
+
+def test_different_torch_versions_inside_the_image_are_flagged(tmp_path, home, hosts, container_image, testbed):
+    import torch
+
+    with ci.own_image_store(hosts[1]):
+        ci.build_image(container_image.name, host=hosts[1], claims={"torch": "1.0.0"})
+        result = run_cli(home, "submit", str(_job(tmp_path, container_image)), "--cluster",
+                         str(_cluster(tmp_path, testbed)), timeout=180)
+    assert result.returncode == 3, result.stderr
+    assert f"torch differs between nodes: lt-h1={torch.__version__}, lt-h2=1.0.0" in result.stderr
+    assert json.loads(run_cli(home, "status", "--json").stdout) == []
+    assert subprocess.run(["podman", "ps", "-a", "--filter", "label=launch.job", "--format", "{{.Names}}"],
+                          capture_output=True, text=True).stdout.strip() == ""

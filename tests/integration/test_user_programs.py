@@ -1,0 +1,197 @@
+"""Users' own programs on users' own machines: real torchrun, DeepSpeed, namespaced SSH hosts.
+
+The programs in tests/programs/ are written in other people's conventions (their argparse with
+``--local_rank``, their ``init_process_group``, ``deepspeed.initialize`` with a config flag, their
+own checkpoints) and never import ``launcher``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.node import proctree
+from tests.helpers import ROOT, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.testbed_fixture import needs_root
+
+pytestmark = pytest.mark.slow
+PROGRAMS = ROOT / "tests" / "programs"
+LOCAL4 = ROOT / "tests" / "clusters" / "local4.yaml"
+PYTHON = sys.executable
+
+
+def _job(path: Path, program: str, *args: str, nodes: int = 1, nproc: int = 2, **extra) -> Path:
+    return write_yaml(path, {"name": "user", "entrypoint": ["python", str(PROGRAMS / program), *args],
+                             "resources": {"nodes": nodes, "nproc_per_node": nproc}, **extra})
+
+
+def _job_id(result) -> str:
+    return result.stderr.split()[1].rstrip(":")
+
+
+def _seen(out: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+def test_a_quiet_program_without_the_reporter_is_not_killed_while_it_works(tmp_path, home):
+    job = _job(tmp_path / "job.yaml", "quiet.py", watch={"stall_timeout": 20},
+               env={"QUIET_PRINTS": "3", "QUIET_EVERY": "5", "QUIET_COMPUTE": "25"})
+    result = run_cli(home, "submit", str(job), timeout=180)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "SignalException" not in result.stdout + result.stderr
+    assert status_json(home, _job_id(result))["state"] == "SUCCEEDED"
+
+
+def test_a_collective_one_rank_never_joins_is_called_hung_with_every_ranks_stack(tmp_path, home):
+    job = _job(tmp_path / "job.yaml", "hang.py", nproc=3, watch={"stall_timeout": 8, "grace_period": 2},
+               env={"HANG_ODD_RANK": "2"})
+    result = run_cli(home, "submit", str(job), "--cluster", str(LOCAL4), timeout=120)
+    assert result.returncode == 1
+    obj = status_json(home, _job_id(result))
+    assert obj["state"] == "FAILED" and obj["first_failure"]["kind"] == "hang"
+    assert "hung before the first step" in obj["reason"]
+    assert "rank 2 on node 0 (localhost) stands apart" in obj["reason"]
+    stacks = {entry["rank"]: entry["stack"] for entry in obj["stacks"]}
+    assert sorted(stacks) == [0, 1, 2]
+    assert all("barrier" in stacks[rank] for rank in (0, 1)) and "barrier" not in stacks[2]
+    text = run_cli(home, "status", _job_id(result)).stdout
+    assert "1 rank(s): rank 2" in text and "2 rank(s): rank 0" in text
+    assert "Traceback" not in result.stdout, "the agents' teardown tracebacks stay in the node logs"
+    assert proctree.job_pids(_job_id(result)) == []
+
+
+def test_launch_stacks_shows_a_running_jobs_ranks(tmp_path, home):
+    job = _job(tmp_path / "job.yaml", "hang.py", nproc=2, watch={"stall_timeout": 300}, env={"HANG_ODD_RANK": "1"})
+    job_id = run_cli(home, "submit", str(job), "--detach").stdout.strip()
+    try:
+        assert wait_for_state(home, job_id, ("RUNNING",))["state"] == "RUNNING"
+        assert wait_for(lambda: "rank 1 ready" in run_cli(home, "logs", job_id).stdout, timeout=60)
+        shown = run_cli(home, "stacks", job_id, timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        assert "rank 0 (node 0 localhost)" in shown.stdout and "rank 1 (node 0 localhost)" in shown.stdout
+        assert "barrier" in shown.stdout
+        assert [e["rank"] for e in status_json(home, job_id)["stacks"]] == [0, 1]
+    finally:
+        assert run_cli(home, "cancel", job_id).returncode == 0
+    assert proctree.job_pids(job_id) == []
+
+
+def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_rank(tmp_path, home):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = _job(tmp_path / "job.yaml", "user_deepspeed.py", "--out", str(out), "--steps", "2",
+               launcher="deepspeed", batch={"global_batch": 16, "micro_batch": 4}, precision="fp32")
+    result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
+    assert result.returncode == 0, result.stderr + result.stdout
+    seen = _seen(out)
+    assert sorted(seen) == [0, 1]
+    for rank, entry in seen.items():
+        assert entry["local_rank_arg"] == int(entry["LOCAL_RANK"]) == rank, "the deepspeed command's --local_rank"
+        assert (entry["train_batch_size"], entry["micro_batch"]) == (16, 4)
+        config = entry["launch_ds_config"]
+        assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (16, 4, 2)
+
+    torchrun_out = tmp_path / "out-ddp"
+    torchrun_out.mkdir()
+    job = _job(tmp_path / "ddp.yaml", "user_ddp.py", "--out", str(torchrun_out), "--epochs", "20", "--hold-mb", "300",
+               "--save-dir", str(tmp_path / "ckpt"), batch={"micro_batch": 8, "grad_accum": 2})
+    result = run_cli(home, "submit", str(job), timeout=120)
+    assert result.returncode == 0, result.stderr + result.stdout
+    for rank, entry in _seen(torchrun_out).items():
+        assert entry["batch_env"] == {"LAUNCH_GLOBAL_BATCH": "32", "LAUNCH_MICRO_BATCH": "8", "LAUNCH_GRAD_ACCUM": "2"}
+        assert entry["local_rank_arg"] == rank and entry["launcher_imported"] is False
+    assert (tmp_path / "ckpt" / "checkpoint.pth").exists()
+    metrics = status_json(home, _job_id(result))["metrics"]
+    assert sorted(r["rank"] for r in metrics["per_rank"]) == [0, 1], "ranks measured from outside, without the Reporter"
+    assert all(r["peak_mem_mb"] >= 300 for r in metrics["per_rank"]) and metrics["peak_mem_mb"] >= 300
+    assert metrics["samples_per_sec"] is None, "throughput needs the Reporter"
+
+
+def test_no_local_rank_is_honoured(tmp_path, home):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = _job(tmp_path / "job.yaml", "user_deepspeed.py", "--out", str(out), "--steps", "1", nproc=1,
+               launcher="deepspeed", batch={"micro_batch": 2}, deepspeed={"no_local_rank": True})
+    result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert _seen(out)[0]["local_rank_arg"] == -1
+
+
+def test_the_readmes_bert_large_job_is_refused_on_this_machine_with_a_command_that_fits(home):
+    result = run_cli(home, "submit", "jobs/bert_large_zero3.yaml")
+    assert result.returncode == 2, result.stderr
+    err = result.stderr
+    assert "does not fit this machine" in err and "16 processes on this machine" in err
+    assert "GiB of host memory needed" in err and "nothing was started" in err
+    assert "Traceback" not in err and not (home / "jobs.db").exists() or "bert" not in run_cli(home, "status").stdout
+    fix = err.split("this fits: ", 1)[1].strip().split()
+    planned = run_cli(home, "submit", "jobs/bert_large_zero3.yaml", *fix, "--dry-run")
+    assert planned.returncode == 0, planned.stderr
+
+
+MEMORY_CGROUPS = "/sys/fs/cgroup/memory"
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A cgroup-v1 memory group limited to 64 MB (needs root and the v1 memory controller)."""
+    if os.geteuid() != 0 or not os.path.isdir(MEMORY_CGROUPS):
+        pytest.skip("needs root and the cgroup v1 memory controller to provoke a real OOM kill")
+    path = os.path.join(MEMORY_CGROUPS, f"launch-test-ds-{os.getpid()}")
+    os.mkdir(path)
+    with open(os.path.join(path, "memory.limit_in_bytes"), "w") as handle:
+        handle.write(str(64 * 1024 * 1024))
+    yield path
+    wait_for(lambda: not open(os.path.join(path, "cgroup.procs")).read().strip(), timeout=10)
+    os.rmdir(path)
+
+
+def test_an_oom_kill_under_the_deepspeed_launcher_is_named_and_not_restarted(tmp_path, home, memory_cgroup):
+    job = write_yaml(tmp_path / "job.yaml", {
+        "name": "oom", "entrypoint": ["python", str(PROGRAMS / "rank_probe.py")], "launcher": "deepspeed",
+        "resources": {"nodes": 1, "nproc_per_node": 2}, "restarts": 1,
+        "env": {"PROBE_FAIL_RANK": "1", "PROBE_FAIL_AT_STEP": "1", "PROBE_OOM_CGROUP": memory_cgroup,
+                "PROBE_STEPS": "50", "PROBE_STEP_S": "1"},
+    })
+    result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
+    assert result.returncode == 1
+    obj = status_json(home, _job_id(result))
+    failure = obj["first_failure"]
+    assert failure["kind"] == "oom" and failure["reason"].startswith("killed by the kernel's OOM killer"), failure
+    assert failure["rank"] == 1
+    assert obj["attempt"] == 0 and "not restarted: this failure would repeat" in obj["reason"]
+    assert [e["kind"] for e in obj["events"]].count("restarting") == 0
+
+
+@needs_root
+@pytest.mark.testbed
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_users_programs_run_on_two_ssh_hosts(tmp_path, home, testbed, launcher):
+    cluster = write_yaml(tmp_path / "cluster.yaml", {
+        "name": "testbed", "backend": "ssh",
+        "ssh": {"user": "root", "key_file": str(testbed.key_file), "known_hosts": str(testbed.known_hosts),
+                "config_file": str(testbed.ssh_config)},
+        "nodes": [{"host": h.name, "gpus": 0, "slots": 2} for h in testbed.hosts[:2]],
+        "python": PYTHON, "workdir": str(tmp_path),
+    })
+    out = tmp_path / "out"
+    out.mkdir()
+    if launcher == "torchrun":
+        spec = {"entrypoint": ["python", str(PROGRAMS / "user_ddp.py"), "--out", str(out), "--epochs", "2"]}
+    else:
+        config = write_yaml(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                                                   "optimizer": {"type": "SGD", "params": {"lr": 0.01}}})
+        spec = {"entrypoint": ["python", str(PROGRAMS / "user_deepspeed.py"), "--out", str(out), "--steps", "2",
+                               "--deepspeed", "--deepspeed_config", str(config)], "launcher": "deepspeed",
+                "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR}}
+    job = write_yaml(tmp_path / "job.yaml", {"name": f"user-{launcher}", "resources": {"nodes": 2, "nproc_per_node": 1},
+                                             **spec})
+    result = run_cli(home, "submit", str(job), "--cluster", str(cluster), timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    seen = _seen(out)
+    assert sorted(seen) == [0, 1] and {entry["host"] for entry in seen.values()} == {"lt-h1", "lt-h2"}
+    assert all(entry["local_rank_arg"] == 0 for entry in seen.values()), "one rank a node: --local_rank 0 on each"

@@ -1,0 +1,118 @@
+"""An in-memory backend for unit tests of the supervisor's decisions (restarts, verdicts, attribution).
+
+Each attempt is scripted: per node, the framed lines its agent prints, then either an exit code or
+a wait until terminated. Nothing runs; a test of the supervisor takes milliseconds. The real
+backends are tested with real processes in tests/integration.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from launcher.backends.base import Backend, CommandResult, Preflight, StartContext
+from launcher.errors import NodeStartError
+from launcher.plan import Plan
+from launcher.spec.cluster import ClusterSpec
+
+
+@dataclass
+class NodeScript:
+    """What one node does in one attempt: print ``lines``, then exit ``code`` (None: run until terminated)."""
+
+    lines: list[str] = field(default_factory=list)
+    code: int | None = 0
+    lost: str | None = None
+    fail_start: str | None = None
+
+
+def output(text: str) -> str:
+    return "|" + text
+
+
+def sample(t: float, *ranks: dict) -> str:
+    return "@sample " + json.dumps({"t": t, "ranks": list(ranks)})
+
+
+def record(rank: int, step: int) -> str:
+    return output("@@launch " + json.dumps({"v": 1, "rank": rank, "step": step, "samples": 8, "interval_s": 0.1,
+                                            "step_time_s": 0.1, "mem_peak_bytes": 1}))
+
+
+class FakeNode:
+    def __init__(self, index: int, script: NodeScript) -> None:
+        self.index = index
+        self.pid: int | None = 1000 + index
+        self.lost_reason: str | None = None
+        self._script = script
+        self._code: int | None = None
+        self._done = threading.Event()
+        self._stopped = threading.Event()
+        self.terminated = False
+
+    def lines(self) -> Iterator[str]:
+        yield from self._script.lines
+        if self._script.code is None and self._script.lost is None:
+            self._stopped.wait()
+        if self._script.lost is not None:
+            self.lost_reason = self._script.lost
+            self._code = 255
+        else:
+            self._code = -15 if self._stopped.is_set() else self._script.code
+            yield "@exit " + json.dumps({"code": self._code})
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self._code if self._done.is_set() else None
+
+    def terminate(self, grace: float) -> None:
+        self.terminated = True
+        self._stopped.set()
+        self._done.wait(5)
+
+
+class FakeBackend(Backend):
+    """Plays ``attempts[i]`` (one NodeScript per node) at the i-th start; remembers what it was asked."""
+
+    name = "fake"
+
+    def __init__(self, cluster: ClusterSpec, attempts: list[list[NodeScript]], kernel_log: list[str] | None = None,
+                 stacks: dict[int, dict] | None = None) -> None:
+        super().__init__(cluster)
+        self.attempts = attempts
+        self.started: list[list[FakeNode]] = []
+        self.kernel = kernel_log or []
+        self.stack_answers = stacks or {}
+        self.swept_nodes = 0
+        self.closed = False
+
+    def preflight(self, plan: Plan) -> Preflight:
+        return Preflight()
+
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[FakeNode]]:
+        scripts = self.attempts[len(self.started)]
+        for index, script in enumerate(scripts):
+            if script.fail_start:
+                self.started.append([])
+                raise NodeStartError(script.fail_start, index)
+        nodes = [FakeNode(index, script) for index, script in enumerate(scripts)]
+        self.started.append(nodes)
+        return plan, nodes
+
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        raise AssertionError("the fake backend answers node commands in node_command")
+
+    def node_command(self, plan, index, command, request, timeout=60.0):
+        if command in ("end", "list"):
+            self.swept_nodes += command == "end"
+            return {"pids": []}, None
+        if command == "facts":
+            return {"kernel_log": self.kernel}, None
+        if command == "stacks":
+            return self.stack_answers.get(index, {"ranks": []}), None
+        raise AssertionError(f"unexpected node command {command}")
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,90 @@
+"""Rules of the code's shape that a reviewer would otherwise check by hand (docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "launcher"
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _imports(path: Path) -> set[str]:
+    """The launcher modules ``path`` imports (at any depth, except under ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("launcher"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            if base.startswith("launcher"):
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {dep for dep in _imports(path) if dep in modules and dep != name} for name, path in modules.items()}
+
+
+def test_no_import_cycles_among_launcher_modules() -> None:
+    graph = _graph()
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                walk(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            walk(node)
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_base_backend_imports_no_concrete_backend() -> None:
+    concrete = {"launcher.backends.local", "launcher.backends.ssh", "launcher.backends.ray"}
+    assert not _imports(PACKAGE / "backends" / "base.py") & concrete
+
+
+def test_no_backend_branches_outside_the_backends_and_the_spec_models() -> None:
+    found = subprocess.run(["grep", "-rn", "backend ==", str(PACKAGE)], capture_output=True, text=True).stdout
+    outside = [line for line in found.splitlines() if "/backends/" not in line and "/spec/" not in line]
+    assert outside == []
+
+
+def test_the_node_side_imports_nothing_outside_itself() -> None:
+    for path in (PACKAGE / "node").glob("*.py"):
+        if path.name == "ship.py":
+            continue
+        assert not {m for m in _imports(path) if not m.startswith("launcher.node")}, path.name
+
+
+def test_the_test_harness_is_not_shipped_in_the_package() -> None:
+    assert not (PACKAGE / "testbed.py").exists()

@@ -1,0 +1,65 @@
+"""Hang and stall verdicts from what launch observes, with the clock passed in."""
+
+from __future__ import annotations
+
+from launcher.failures import FailureKind
+from launcher.liveness import HangDetector, Liveness
+
+TIMEOUT = 300.0
+
+
+def test_a_program_without_reports_is_alive_while_it_prints_or_computes() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=100)
+    for t in range(0, 1000, 5):
+        live.output(float(t))
+        assert detector.check(live, t + 1.0) is None, "printing every 5 s is alive"
+    quiet = Liveness(started=0.0)
+    for t in range(0, 1000, 2):
+        quiet.sample(0, 0, cpu_s=t * 0.5, gpu_util=None, t=float(t))
+        assert detector.check(quiet, t + 1.0) is None, "gaining CPU time is alive"
+
+
+def test_silent_and_idle_for_the_stall_timeout_is_hung_before_the_first_step() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=100)
+    for t in range(0, 400, 2):
+        live.sample(0, 0, cpu_s=10.0, gpu_util=0.0, t=float(t))
+    assert detector.check(live, 299.0) is None
+    verdict = detector.check(live, 301.0)
+    assert verdict.kind == FailureKind.HANG and not verdict.transient and "before the first step" in verdict.reason
+
+
+def test_a_busy_gpu_is_alive() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=100)
+    for t in range(0, 1000, 2):
+        live.sample(0, 0, cpu_s=1.0, gpu_util=0.9, t=float(t))
+    assert detector.check(live, 999.0) is None
+
+
+def test_reporting_ranks_that_go_idle_are_hung_at_the_adaptive_limit() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=1000)
+    for step in range(1, 11):
+        live.progress(0, 0, step, t=float(step))
+        live.progress(1, 1, step, t=float(step) + 0.5)
+    assert detector.limit(live) == HangDetector.FLOOR_S
+    assert detector.check(live, 10.5 + 29.0) is None
+    verdict = detector.check(live, 10.5 + 31.0)
+    assert verdict.kind == FailureKind.HANG and verdict.transient and verdict.rank == 0 and verdict.step == 10
+
+
+def test_reporting_ranks_that_stay_busy_without_progress_are_stalled_at_the_stall_timeout() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=1000)
+    for step in range(1, 6):
+        live.progress(0, 0, step, t=float(step))
+    for t in range(6, 400, 2):
+        live.output(float(t))  # an evaluation loop that prints but reports no steps
+    assert detector.check(live, 5.0 + 299.0) is None
+    verdict = detector.check(live, 5.0 + 301.0)
+    assert verdict.kind == FailureKind.STALL and verdict.transient and "alive" in verdict.reason
+
+
+def test_ranks_that_finished_their_steps_get_the_whole_timeout_to_exit() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=10)
+    for step in range(1, 11):
+        live.progress(0, 0, step, t=float(step))
+    assert detector.limit(live) == TIMEOUT
+    assert detector.check(live, 10.0 + 200.0) is None

@@ -1,0 +1,214 @@
+"""The node side as every backend runs it, here on this machine through ``bash -c`` exactly as sshd
+would run the command ``render_command`` builds: the node agent, the facts probe, the PID-checked signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.node import agent, proctree
+from launcher.node.ship import node_argv
+from launcher.shell import render_command
+
+ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('V'), os.environ.get('SECRET'), os.getcwd()]))"
+HOSTILE = ["a;b", "$(id)", "`id`", "it's", 'say "hi"', "two  words", "line\nbreak", "naïve ☃ 漢字", "", "-rf", "*", "\\"]
+text_without_nul = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
+JOB_PREFIX = f"unit-{os.getpid()}-"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_run_dirs():
+    """The agent writes under this user's run root; remove what this module's jobs left there."""
+    yield
+    for path in Path(agent.run_root()).glob(JOB_PREFIX + "*"):
+        shutil.rmtree(path)
+
+
+def _job_id() -> str:
+    return JOB_PREFIX + uuid.uuid4().hex[:8]
+
+
+def _command(job_id: str, argv: list[str], env: dict[str, str], cwd: str, **extra) -> str:
+    request = {"job_id": job_id, "node": 1, "argv": argv, "env": {**env, "LAUNCH_JOB_ID": job_id}, "cwd": cwd,
+               "secrets_on_stdin": True, "grace": 1.0, **extra}
+    return render_command(node_argv(sys.executable, "agent", request), {"LAUNCH_JOB_ID": job_id}, cwd)
+
+
+def _run_agent(argv: list[str], env: dict[str, str], cwd: str, secrets: dict[str, str], **extra) -> tuple[int, list[str], str]:
+    """Run the agent command through bash as sshd would; (exit status, framed output lines, job id)."""
+    job_id = _job_id()
+    command = _command(job_id, argv, env, cwd, **extra)
+    done = subprocess.run(["bash", "-c", command], input=json.dumps(secrets).encode() + b"\n", capture_output=True)
+    return done.returncode, (done.stdout + done.stderr).decode().splitlines(), job_id
+
+
+def _eventually(condition, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _output(lines: list[str]) -> list[str]:
+    return [line[1:] for line in lines if line.startswith("|")]
+
+
+def test_hostile_values_and_secrets_arrive_verbatim_and_secrets_never_on_a_command_line(tmp_path: Path) -> None:
+    cwd = tmp_path / "dir with 'quotes' and $(x)"
+    cwd.mkdir()
+    for value in HOSTILE:
+        secret = f"tok-{value}"
+        job_id = _job_id()
+        assert secret not in _command(job_id, [sys.executable, "-c", ECHO, value], {"V": value}, str(cwd))
+        status, lines, job_id = _run_agent([sys.executable, "-c", ECHO, value], {"V": value}, str(cwd), {"SECRET": secret})
+        assert status == 0 and lines[0].startswith("@started ")
+        assert json.loads(_output(lines)[0]) == [[value], value, secret, str(cwd)]
+        started = json.loads(lines[0].partition(" ")[2])
+        run_dir = Path(started["run_dir"])
+        assert run_dir == Path(agent.run_root()) / job_id
+        assert (run_dir / "node1.pid").read_text().split()[0] == str(started["pid"])
+        assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+        assert json.loads(lines[-1].partition(" ")[2]) == {"code": 0}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(text_without_nul, min_size=1, max_size=3), text_without_nul)
+def test_any_text_round_trips_through_the_agent_command(args: list[str], value: str) -> None:
+    status, lines, _ = _run_agent([sys.executable, "-c", ECHO, *args], {"V": value}, "/", {})
+    assert status == 0 and json.loads(_output(lines)[0])[:2] == [args, value]
+
+
+def test_exit_codes_and_signals_come_back() -> None:
+    assert _run_agent([sys.executable, "-c", "raise SystemExit(3)"], {}, "/", {})[0] == 3
+    status, lines, _ = _run_agent([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}, "/", {})
+    assert status == 128 + 9 and json.loads(lines[-1].partition(" ")[2]) == {"code": -9}
+    status, lines, _ = _run_agent(["/no/such/program"], {}, "/", {})
+    assert status == 126 and "/no/such/program" in "\n".join(lines)
+
+
+def test_a_rank_cannot_forge_the_agents_own_lines() -> None:
+    forged = 'print("@exit {\\"code\\": 0}"); print("@sample {}"); raise SystemExit(5)'
+    status, lines, _ = _run_agent([sys.executable, "-c", forged], {}, "/", {})
+    assert status == 5
+    assert [line for line in lines if line.startswith("@exit")] == ['@exit {"code":5}']
+    assert '|@exit {"code": 0}' in lines
+
+
+def test_long_lines_are_cut_with_a_marker_and_nothing_else_is_lost() -> None:
+    program = "import sys; sys.stdout.write('a' * 300000 + '\\n' + 'short\\n' + 'b' * 5000)"
+    status, lines, _ = _run_agent([sys.executable, "-c", program], {}, "/", {}, line_limit=1000)
+    out = _output(lines)
+    assert status == 0 and len(out) == 3
+    assert out[0].startswith("a" * 1000) and out[0].endswith("[launch: line cut at 1000 bytes; 299000 more dropped]")
+    assert out[1] == "short" and out[2].startswith("b" * 1000) and "4000 more dropped" in out[2]
+
+
+def test_the_agent_samples_each_rank_from_outside() -> None:
+    busy = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\nbuf = bytearray(50 * 2**20)\ntime.sleep(1)"
+    status, lines, _ = _run_agent([sys.executable, "-c", busy], {"RANK": "3", "LOCAL_RANK": "1"}, "/", {}, sample_s=0.3)
+    samples = [json.loads(line.partition(" ")[2]) for line in lines if line.startswith("@sample ")]
+    assert status == 0 and len(samples) >= 3
+    ranks = [entry for sample in samples for entry in sample["ranks"]]
+    assert {entry["rank"] for entry in ranks} == {3} and {entry["local_rank"] for entry in ranks} == {1}
+    assert max(entry["cpu_s"] for entry in ranks) >= 1.0
+    assert max(entry["rss_peak_bytes"] for entry in ranks) >= 50 * 2**20
+
+
+def test_signalled_agent_ends_its_command_group_and_every_tagged_process() -> None:
+    job_id = _job_id()
+    script = ("import os, subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(60)']); "
+              "print(os.getsid(0) == os.getpid(), flush=True); time.sleep(60)")
+    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", script], {}, "/")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write("{}\n")
+    proc.stdin.close()
+    started = json.loads(proc.stdout.readline().partition(" ")[2])
+    assert proc.stdout.readline().strip() == "|True", "the command runs in a session of its own"
+    assert _eventually(lambda: len(proctree.job_pids(job_id)) >= 3), "agent, command and its setsid child are tagged"
+    signalled = subprocess.run(node_argv(sys.executable, "signal", {"pid": started["pid"], "start_ticks": started["start_ticks"],
+                                                                    "signal": int(signal.SIGTERM)}), capture_output=True, text=True)
+    assert json.loads(signalled.stdout) == {"sent": True}
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert _eventually(lambda: proctree.job_pids(job_id) == []), "the setsid child escaped the group but not the job tag"
+
+
+def test_a_signal_is_refused_for_a_reused_pid() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        wrong_ticks = proctree.start_ticks(sleeper.pid) + 1
+        done = subprocess.run(node_argv(sys.executable, "signal", {"pid": sleeper.pid, "start_ticks": wrong_ticks,
+                                                                   "signal": int(signal.SIGTERM)}), capture_output=True, text=True)
+        assert json.loads(done.stdout) == {"sent": False} and sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_broken_output_pipe_ends_the_job() -> None:
+    job_id = _job_id()
+    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", "import time; time.sleep(60)"], {}, "/",
+                                                    sample_s=0.2)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write("{}\n")
+    proc.stdin.close()
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert _eventually(lambda: proctree.job_pids(job_id) == [])
+
+
+def test_another_users_or_an_open_run_root_is_refused(tmp_path: Path) -> None:
+    open_root = tmp_path / "open"
+    open_root.mkdir(mode=0o777)
+    open_root.chmod(0o777)
+    with pytest.raises(agent.RunDirError, match="open to other users"):
+        agent.job_run_dir("job-1", str(open_root))
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    with pytest.raises(agent.RunDirError, match="not a directory"):
+        agent.job_run_dir("job-1", str(link))
+    world = tmp_path / "world"
+    world.mkdir()
+    world.chmod(0o777)
+    with pytest.raises(agent.RunDirError, match="may be changed by other users"):
+        agent.job_run_dir("job-1", str(world / "root"))
+    with pytest.raises(agent.RunDirError, match="bad job id"):
+        agent.job_run_dir("../x")
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 12345, 12345)
+        with pytest.raises(agent.RunDirError, match="belongs to uid 12345"):
+            agent.job_run_dir("job-1", str(theirs))
+
+
+def test_facts_report_modules_workdir_port_interfaces_and_route(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        request = {"modules": ["json", "no_such_module_xyz"], "workdir": str(tmp_path / "missing"),
+                   "ifaces": ["lo", "nosuch0"], "port": port, "master": "127.0.0.1"}
+        done = subprocess.run(node_argv(sys.executable, "facts", request), capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout)
+    assert found["missing"] == ["no_such_module_xyz"] and found["workdir_ok"] is False
+    assert found["missing_ifaces"] == ["nosuch0"] and found["port_free"] is False
+    assert found["dev"] == "lo" and found["route_error"] is None
+    assert found["cpus"] == len(os.sched_getaffinity(0)) and found["executable"] == sys.executable

@@ -1,0 +1,153 @@
+"""The supervisor's decisions on a scripted in-memory backend: success, first failure, restarts,
+hang verdicts with stacks, untrusted records, its own errors. Real processes: tests/integration."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from launcher import supervisor as supervisor_module
+from launcher.backends import backend_class
+from launcher.orchestrate import stored_spec
+from launcher.plan import make_plan
+from launcher.spec import ClusterSpec, JobSpec
+from launcher.states import JobState
+from launcher.store import Store
+from launcher.supervisor import Supervisor
+from tests.unit.fakes import FakeBackend, NodeScript, output, record, sample
+
+CLUSTER = ClusterSpec(
+    name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
+    nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 2} for i in (1, 2)],
+)
+
+
+def kernel_oom() -> list[str]:
+    """A kernel log whose OOM-killer line (for PID 4242) is from now, as dmesg --time-format iso prints it."""
+    return [f"{datetime.now().isoformat(timespec='seconds')},1+00:00 Out of memory: Killed process 4242 (python) "
+            "total-vm:9GB, anon-rss:8GB"]
+TORCHRUN_FAILED = [
+    output("E1130 11:55:21.093000 14062 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 4243) of binary: python"),
+    output("Root Cause (first observed failure):"),
+    output("  rank      : 3 (local_rank: 1)"),
+    output("  exitcode  : 1 (pid: 4243)"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor_module, "SETTLE_S", 0.2)
+    monkeypatch.setattr(supervisor_module, "REPORT_WAIT_S", 0.5)
+    monkeypatch.setattr(supervisor_module, "POLL_S", 0.01)
+
+
+def _run(tmp_path: Path, attempts: list[list[NodeScript]], job: dict | None = None, **backend_options):
+    spec = JobSpec(name="unit", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 2},
+                   max_steps=4, **(job or {}))
+    plan = make_plan(spec, CLUSTER, "unit-00000001", backend=backend_class("ssh"), rdzv_port=29500)
+    store = Store(tmp_path / "home")
+    store.create_job(plan, stored_spec(spec, CLUSTER, run_check=True))
+    backend = FakeBackend(CLUSTER, attempts, **backend_options)
+    warnings: list[str] = []
+    sup = Supervisor(store, plan, backend, grace=0.1, restarts=spec.restarts, restart_on=spec.restart_on,
+                     stall_timeout=spec.watch.stall_timeout, warn=warnings.append)
+    state = sup.run()
+    return state, store.job(plan.job_id), store, backend, warnings
+
+
+def test_a_job_whose_nodes_exit_zero_succeeds_and_is_swept(tmp_path: Path) -> None:
+    state, row, store, backend, _ = _run(tmp_path, [[NodeScript([record(0, 4)]), NodeScript([record(2, 4)])]])
+    assert state == JobState.SUCCEEDED and row["state"] == "SUCCEEDED"
+    assert backend.swept_nodes == 2 and backend.closed, "each node swept once"
+    assert {(m.rank, m.node, m.host) for m in store.metrics(row["id"])} == {(0, 0, "h1"), (2, 1, "h2")}
+
+
+def test_the_rank_that_failed_is_named_not_the_peer_that_saw_it_go(tmp_path: Path) -> None:
+    echo = NodeScript([output("[0]:RuntimeError: [pair.cc:534] Connection closed by peer [10.0.0.2]:4321"),
+                       output("Root Cause (first observed failure):"), output("  rank      : 0 (local_rank: 0)"),
+                       output("  exitcode  : 1 (pid: 99)")], code=1)
+    state, row, *_ = _run(tmp_path, [[echo, NodeScript(TORCHRUN_FAILED, code=1)]])
+    failure = row["first_failure"]
+    assert state == JobState.FAILED and (failure["node"], failure["rank"], failure["host"]) == (1, 3, "h2")
+
+
+def test_a_lost_node_is_restarted_and_the_job_succeeds(tmp_path: Path) -> None:
+    attempts = [[NodeScript(code=None), NodeScript(lost="connection to h2 lost: keepalive timed out")],
+                [NodeScript(), NodeScript()]]
+    state, row, store, backend, _ = _run(tmp_path, attempts, {"restarts": 1})
+    assert state == JobState.SUCCEEDED and row["attempt"] == 1 and len(backend.started) == 2
+    [restart] = [e for e in store.events(row["id"]) if e["kind"] == "restarting"]
+    assert restart["data"]["kind"] == "lost" and restart["data"]["transient"] is True
+    assert "connection to h2 lost" in restart["message"]
+
+
+def test_an_oom_kill_is_named_and_not_restarted_blindly(tmp_path: Path) -> None:
+    killed = NodeScript([sample(1.0, {"rank": 2, "pid": 4242, "pids": [4242], "cpu_s": 1.0})], code=-9)
+    state, row, store, backend, _ = _run(tmp_path, [[NodeScript(code=None), killed]], {"restarts": 2},
+                                         kernel_log=kernel_oom())
+    assert state == JobState.FAILED and len(backend.started) == 1, "the OOM killer would strike again"
+    assert row["first_failure"]["kind"] == "oom" and "OOM killer" in row["reason"] and "4242" in row["reason"]
+    assert "not restarted: this failure would repeat" in row["reason"]
+    assert [e["kind"] for e in store.events(row["id"])].count("no_restart") == 1
+
+
+def test_restart_on_any_restarts_what_would_repeat(tmp_path: Path) -> None:
+    killed = NodeScript([sample(1.0, {"rank": 2, "pid": 4242, "pids": [4242], "cpu_s": 1.0})], code=-9)
+    state, row, *_ = _run(tmp_path, [[NodeScript(code=None), killed], [NodeScript(), NodeScript()]],
+                          {"restarts": 1, "restart_on": "any"}, kernel_log=kernel_oom())
+    assert state == JobState.SUCCEEDED and row["attempt"] == 1
+
+
+def test_a_silent_idle_job_is_hung_with_every_ranks_stack_and_the_odd_one_named(tmp_path: Path) -> None:
+    stacks = {0: {"ranks": [{"rank": r, "pid": 10 + r, "stack": "Thread 0x1 (idle)\n    barrier (t.py:9)"} for r in (0, 1)]},
+              1: {"ranks": [{"rank": 2, "pid": 12, "stack": "Thread 0x2 (idle)\n    barrier (t.py:9)"},
+                            {"rank": 3, "pid": 13, "stack": "Thread 0x3 (idle)\n    sleep (t.py:4)"}]}}
+    started = time.monotonic()
+    state, row, store, backend, _ = _run(tmp_path, [[NodeScript(code=None), NodeScript(code=None)]],
+                                         {"watch": {"stall_timeout": 0.5}}, stacks=stacks)
+    assert state == JobState.FAILED and time.monotonic() - started < 5
+    assert row["first_failure"]["kind"] == "hang" and "hung before the first step" in row["reason"]
+    assert "rank 3 on node 1 (h2) stands apart" in row["reason"]
+    kept = json.loads((Path(row["run_dir"]) / "stacks-attempt0.json").read_text())
+    assert [r["rank"] for r in kept["ranks"]] == [0, 1, 2, 3]
+    assert all(node.terminated for node in backend.started[0])
+
+
+def test_a_job_that_keeps_printing_is_alive(tmp_path: Path) -> None:
+    chatty = NodeScript([output(f"epoch {i}") for i in range(3)], code=0)
+    state, *_ = _run(tmp_path, [[chatty, NodeScript()]], {"watch": {"stall_timeout": 0.5}})
+    assert state == JobState.SUCCEEDED
+
+
+def test_untrusted_records_are_dropped_and_counted_and_node_comes_from_the_channel(tmp_path: Path) -> None:
+    hostile = [output('@@launch {"v":1,"rank":0,"step":1,"samples":"x","interval_s":1}'),
+               output('@@launch {"v":1,"rank":"x","step":1}'),
+               output('@@launch {"v":1,"rank":0,"step":99999999999999999999999}'),
+               output('@@launch {"v":1,"rank":0,"step":2,"loss":NaN}'),
+               output('@@launch {"v":1,"rank":0,"step":3,"node":7,"host":"evil"}')]
+    state, row, store, _, warnings = _run(tmp_path, [[NodeScript(hostile), NodeScript()]])
+    assert state == JobState.SUCCEEDED
+    [accepted] = store.metrics(row["id"])
+    assert (accepted.step, accepted.node, accepted.host) == (3, 0, "h1")
+    assert len(warnings) == 1 and "metric record dropped" in warnings[0]
+
+
+def test_a_node_that_cannot_start_fails_the_job_naming_it(tmp_path: Path) -> None:
+    state, row, *_ = _run(tmp_path, [[NodeScript(), NodeScript(fail_start="h2: setup command `make` exited 2")]])
+    assert state == JobState.FAILED and row["first_failure"]["kind"] == "start"
+    assert row["first_failure"]["node"] == 1 and "setup command" in row["reason"]
+
+
+def test_a_supervisor_error_ends_the_job_failed_not_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug in launch")
+
+    monkeypatch.setattr(Supervisor, "_first_failure", broken)
+    state, row, store, backend, _ = _run(tmp_path, [[NodeScript(code=3), NodeScript(code=None)]])
+    assert state == JobState.FAILED and row["reason"].startswith("launch internal error: ZeroDivisionError")
+    assert (Path(row["run_dir"]) / "supervisor-errors.log").read_text().count("ZeroDivisionError") >= 1
+    assert backend.swept_nodes >= 2
