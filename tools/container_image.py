@@ -6,9 +6,9 @@ bind-mounted read-only at run time), ``bin lib lib64 sbin`` as links into it, th
 dynamically linked interpreter needs (no keys, no shadow), and empty ``proc sys dev tmp run``. Its
 containers run the host's virtualenv through read-only mounts (``python_mounts``).
 
-Inside a testbed host (tools/testbed.py), runc needs cgroup v1 hierarchies in the host's mount namespace
-(``mount_cgroups``), and every host shares ``/var/lib/containers`` unless it is given a store of its
-own (``own_image_store``). Both act in the mount namespace of the host's sshd, the one SSH sessions see.
+Inside a testbed host (tools/testbed.py), runc needs the cgroup v1 hierarchies that every host mounts
+when it boots, and every host shares ``/var/lib/containers`` unless it is given a store of its own
+(``own_image_store``), which acts in the mount namespace of the host's sshd, the one SSH sessions see.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ ETC_ENTRIES = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", 
 EMPTY_DIRS = {"usr": 0o755, "etc": 0o755, "proc": 0o555, "sys": 0o555, "dev": 0o755, "run": 0o755,
               "root": 0o700, "home": 0o755, "var": 0o755, "tmp": 0o1777, "var/tmp": 0o1777}
 USR_LINKS = ("bin", "lib", "lib64", "sbin")
-CGROUP_CONTROLLERS = ("cpuset", "memory", "freezer", "devices", "pids")
 # Podman's state that a host keeps to itself with its own store: images and containers, run-time
 # state, libpod's state (exit files, events, the "alive" marker), and /dev/shm (libpod's lock segment).
 OWN_STORE_DIRS = ("/var/lib/containers", "/run/containers", "/run/libpod")
@@ -172,24 +171,6 @@ def _mount_points(host: tb.Host) -> set[str]:
     """The mount points of ``host``'s sshd mount namespace."""
     lines = Path(f"/proc/{_sshd_pid(host)}/mountinfo").read_text().splitlines()
     return {line.split()[4] for line in lines}
-
-
-def mount_cgroups(host: tb.Host) -> None:
-    """Mount the cgroup v1 hierarchies runc needs in ``host``'s mount namespace (idempotent).
-
-    ``ip netns exec`` gives a host a fresh /sys without them: runc then fails with "no cgroup mount
-    found in mountinfo". A stop-gap until tools/testbed.py mounts them for every host.
-    """
-    mounted = _mount_points(host)
-    steps: list[list[str]] = []
-    if "/sys/fs/cgroup" not in mounted:
-        steps.append(["mount", "-t", "tmpfs", "-o", "mode=755", "cgroup", "/sys/fs/cgroup"])
-    for name, options in [*((c, c) for c in CGROUP_CONTROLLERS), ("systemd", "none,name=systemd")]:
-        target = f"/sys/fs/cgroup/{name}"
-        if target not in mounted:
-            steps += [["mkdir", "-p", target], ["mount", "-t", "cgroup", "-o", options, "cgroup", target]]
-    for step in steps:
-        in_host(host, step)
 
 
 def own_store_dir(host: tb.Host) -> Path:

@@ -6,16 +6,16 @@ under ``unshare --uts --mount``: own hostname, ``/etc/hosts`` (every host),
 ``/etc/resolv.conf`` (``nameserver 127.0.0.1``: the machine's nameserver is
 unreachable there and every miss would wait for it), and empty ``/root/.bashrc`` and
 ``/root/.profile`` (root's run pyenv on every SSH command): call interpreters by
-absolute path. Everything written lives under ``base_dir``. One testbed a machine:
-the names are fixed and ``up`` tears down whatever is there. Run as a script, this
-file is the step that enters a host (``_boot``). See docs/TESTBED.md.
+absolute path; cgroup v1 hierarchies on ``/sys/fs/cgroup`` (slurmd and runc need them).
+Everything written lives under ``base_dir``. One testbed a machine: the names are fixed
+and ``up`` tears down whatever is there. ``tools/enter_host.py`` is the step that enters
+a host. See docs/TESTBED.md.
 
 Needs root, ``iproute2``, ``util-linux`` and ``openssh-server``; stdlib only.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -47,6 +47,8 @@ RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 # What commands entering a host start with: sshd's default PATH, none of ours (pyenv shims).
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "LANG": "C.UTF-8"}
+# The step that enters a host (run as a script, by path: it imports nothing of ours).
+ENTER_HOST = Path(__file__).resolve().with_name("enter_host.py")
 READY_TIMEOUT_S = 10.0
 KILL_TIMEOUT_S = 5.0
 _PLAIN = re.compile(r"[A-Za-z0-9_./+-]+")
@@ -383,7 +385,7 @@ def _enter_argv(host: Host, command: Sequence[str], *, detach: bool = False) -> 
     """argv that runs ``command`` as ``host`` sees the world: its network, name and files."""
     binds = [arg for source, target in _bind_mounts(host.base_dir) for arg in ("--bind", source, target)]
     return ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount",
-            sys.executable, "-I", "-S", str(Path(__file__).resolve()),
+            sys.executable, "-I", "-S", str(ENTER_HOST),
             "--hostname", host.name, *binds, *(["--detach"] if detach else []), "--", *command]
 
 
@@ -405,10 +407,51 @@ def exec_in(host: Host, argv: Sequence[str], *, timeout: float = 30.0,
     return done
 
 
+def daemon_pids(host: Host) -> set[int]:
+    """PIDs of ``host``'s running daemons: its sshd listener and those ``start_daemon`` started
+    (each recorded in a ``*.pid`` file of the host's directory)."""
+    recorded = set()
+    for pid_file in host.dir.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            recorded.add(int(pid_file.read_text()))
+    return {pid for pid in recorded if pid_alive(pid)}
+
+
 def pids(host: Host) -> list[int]:
-    """PIDs of the processes in ``host``'s namespace other than its sshd listener."""
-    listener = sshd_pid(host)
-    return sorted(pid for pid in _namespace_pids(host.namespace) if pid != listener)
+    """PIDs of the processes in ``host``'s namespace other than its daemons (``daemon_pids``):
+    what a job left behind."""
+    daemons = daemon_pids(host)
+    return sorted(pid for pid in _namespace_pids(host.namespace) if pid not in daemons)
+
+
+def start_daemon(host: Host, name: str, argv: Sequence[str]) -> int:
+    """Start ``argv`` (a program that stays in the foreground) detached inside ``host``;
+    record its PID in ``host.dir/NAME.pid`` (so ``pids`` leaves it out) and return it.
+
+    ``down`` ends it with every other process of the host.
+    """
+    pid = _spawned_pid(host, _spawn_detached(host, argv), name)
+    (host.dir / f"{name}.pid").write_text(f"{pid}\n")
+    return pid
+
+
+def daemon_pid(host: Host, name: str) -> int | None:
+    """PID of the daemon ``start_daemon`` started as ``name`` in ``host``, None when it does not run."""
+    try:
+        pid = int((host.dir / f"{name}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) and pid in _namespace_pids(host.namespace) else None
+
+
+def stop_daemon(host: Host, name: str, sig: signal.Signals = signal.SIGTERM) -> None:
+    """Send ``sig`` to the daemon ``start_daemon`` started as ``name`` in ``host``, wait until it
+    is gone and forget it; no-op when it is not running."""
+    if (pid := daemon_pid(host, name)) is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        _wait_dead([pid], f"{host.name}: {name}")
+    (host.dir / f"{name}.pid").unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- sshd
@@ -422,23 +465,21 @@ def sshd_pid(host: Host) -> int | None:
     return pid if pid_alive(pid) else None
 
 
-def _spawn_sshd(host: Host) -> subprocess.Popen[str]:
-    """Start ``host``'s sshd detached; the process prints the sshd PID and exits."""
-    command = [SSHD, "-D", "-f", str(host.sshd_config), "-E", str(host.log_file)]
-    return subprocess.Popen(_enter_argv(host, command, detach=True), env=HOST_ENV,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def _spawn_detached(host: Host, argv: Sequence[str]) -> subprocess.Popen[str]:
+    """Start ``argv`` detached in ``host``; the process prints the program's PID and exits."""
+    return subprocess.Popen(_enter_argv(host, argv, detach=True), env=HOST_ENV, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _spawned_pid(host: Host, proc: subprocess.Popen[str]) -> int:
-    """The sshd PID that ``_spawn_sshd``'s process reports."""
+def _spawned_pid(host: Host, proc: subprocess.Popen[str], name: str = "sshd") -> int:
+    """The PID of the detached program (``name``) that ``proc``, a ``--detach`` entry step, reports."""
     try:
         out, err = proc.communicate(timeout=READY_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         proc.kill()
-        raise TestbedError(f"{host.name}: sshd launcher hung for {READY_TIMEOUT_S:.0f} s") from exc
+        raise TestbedError(f"{host.name}: {name} launcher hung for {READY_TIMEOUT_S:.0f} s") from exc
     if proc.returncode != 0 or not out.strip().isdigit():
-        raise TestbedError(f"{host.name}: could not start sshd (exit {proc.returncode}): {err.strip()}")
+        raise TestbedError(f"{host.name}: could not start {name} (exit {proc.returncode}): {err.strip()}")
     return int(out)
 
 
@@ -477,7 +518,8 @@ def _start_sshds(hosts: Sequence[Host]) -> None:
     for host in hosts:
         if (pid := sshd_pid(host)) is not None:
             raise TestbedError(f"{host.name}: sshd already running (pid {pid})")
-    spawned = [(host, _spawn_sshd(host)) for host in hosts]
+    spawned = [(host, _spawn_detached(host, [SSHD, "-D", "-f", str(host.sshd_config), "-E", str(host.log_file)]))
+               for host in hosts]
     started = [(host, _spawned_pid(host, proc)) for host, proc in spawned]
     deadline = time.monotonic() + READY_TIMEOUT_S
     for host, pid in started:
@@ -585,44 +627,3 @@ def status(testbed: Testbed) -> list[HostStatus]:
     return [HostStatus(host=h, namespace_exists=h.namespace in namespaces, sshd_pid=sshd_pid(h),
                        link_up=_link_is_up(h.veth))
             for h in testbed.hosts]
-
-
-# ---------------------------------------------------------------- in-host entry point
-
-def _boot(argv: Sequence[str]) -> None:
-    """Inside a host's fresh UTS + mount namespaces: set it up, then exec the command.
-
-    ``argv``: ``--hostname NAME [--bind SRC DST]... [--detach] -- COMMAND...``.
-    With ``--detach`` the command runs in a new session, orphaned, and its PID is
-    printed: its parent is then not the caller, which never has to reap it.
-    """
-    split = list(argv).index("--")
-    parser = argparse.ArgumentParser(prog="testbed-boot")
-    parser.add_argument("--hostname", required=True)
-    parser.add_argument("--bind", nargs=2, action="append", default=[], metavar=("SOURCE", "TARGET"))
-    parser.add_argument("--detach", action="store_true")
-    options = parser.parse_args(argv[:split])
-    command = list(argv[split + 1:])
-    try:
-        socket.sethostname(options.hostname)
-        for source, target in options.bind:
-            subprocess.run(["mount", "--bind", source, target], check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        sys.exit(f"testbed-boot: {options.hostname}: {exc}")
-    if options.detach:
-        child = os.fork()
-        if child:
-            print(child, flush=True)
-            os._exit(0)
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-    try:
-        os.execvp(command[0], command)
-    except OSError as exc:
-        sys.exit(f"testbed-boot: {options.hostname}: cannot run {command[0]}: {exc}")
-
-
-if __name__ == "__main__":
-    _boot(sys.argv[1:])

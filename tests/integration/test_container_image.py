@@ -200,8 +200,6 @@ def test_an_image_present_on_one_host_and_missing_on_another(testbed: tb.Testbed
     h1, h2 = testbed.hosts[:2]
     spec = container_image.spec()
     present = shlex.join(image_present_argv(spec))
-    for host in (h1, h2):
-        ci.mount_cgroups(host)
     with ci.own_image_store(h2):
         assert ssh_run(testbed, h1, present)[0] == 0   # h1 shares the machine's store
         assert ssh_run(testbed, h2, present)[0] == 1   # h2's own store is empty

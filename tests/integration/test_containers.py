@@ -43,9 +43,7 @@ dist.destroy_process_group()
 
 @pytest.fixture
 def hosts(testbed, container_image):
-    """The first two test hosts, able to run containers (cgroup hierarchies mounted in each)."""
-    for host in testbed.hosts[:2]:
-        ci.mount_cgroups(host)
+    """The first two test hosts (every host mounts the cgroup hierarchies runc needs)."""
     return testbed.hosts[:2]
 
 

@@ -89,6 +89,33 @@ def test_pids_lists_host_processes_but_not_the_sshd_listener(testbed: tb.Testbed
         os.kill(stray, signal.SIGKILL)
 
 
+def test_a_daemon_started_in_a_host_is_not_a_leftover(testbed: tb.Testbed) -> None:
+    host = testbed.hosts[3]
+    pid = tb.start_daemon(host, "sleeper", ["sleep", "300"])
+    try:
+        assert pid in tb.daemon_pids(host)
+        assert pid not in tb.pids(host)
+        assert pid in map(int, _ip("netns", "pids", host.namespace).split())
+        assert open(f"/proc/{pid}/cmdline").read() == "sleep\x00300\x00"
+    finally:
+        tb.stop_daemon(host, "sleeper")
+    assert not tb.pid_alive(pid)
+    assert pid not in tb.daemon_pids(host)
+
+
+def test_every_host_mounts_the_cgroup_v1_hierarchies_slurmd_and_runc_need(testbed: tb.Testbed) -> None:
+    wanted = {f"/sys/fs/cgroup/{name}": f"rw,{name}" for name in ("cpuset", "memory", "freezer", "devices", "pids")}
+    wanted["/sys/fs/cgroup/systemd"] = "rw,name=systemd"
+    command = "grep ' - cgroup ' /proc/self/mountinfo"  # fields: ID PARENT DEV ROOT MOUNT-POINT ... - TYPE SOURCE OPTIONS
+    status, over_ssh, err = ssh_run(testbed, testbed.hosts[0], command)
+    assert status == 0, err
+    entered = tb.exec_in(testbed.hosts[1], ["sh", "-c", command]).stdout
+    for listing in (over_ssh, entered):
+        assert {line.split()[4]: line.split()[-1] for line in listing.splitlines()} == wanted
+    status, out, err = ssh_run(testbed, testbed.hosts[0], "cat /sys/fs/cgroup/pids/cgroup.procs | wc -l")
+    assert status == 0 and int(out) > 0, err
+
+
 def test_exec_in_sees_the_host_without_its_sshd(testbed: tb.Testbed) -> None:
     host = testbed.hosts[1]
     with sshd_stopped(host):
