@@ -99,29 +99,34 @@ class AgentReport(BaseModel):
     failed_at: float | None = None
 
 
-def parse_agent_failure(lines: Iterable[str], world_size: int | None = None) -> AgentReport:
-    """The root-cause rank and exit code from torchrun's failure report, if present.
+def parse_agent_failure(lines: Iterable[str], world_size: int | None = None) -> list[AgentReport]:
+    """The ranks torchrun's failure report names, the root cause first, then the other failures.
 
-    Lines may carry the ``[node/rank] `` display prefix. ``failed_at`` is the time of day
-    (seconds) of the agent's "failed (exitcode...)" line, which orders failures across nodes
-    more finely than their exits are noticed. A rank outside ``world_size`` is ignored.
+    Lines may carry the ``[node/rank] `` display prefix. ``failed_at`` (on each entry) is the time
+    of day (seconds) of the agent's "failed (exitcode...)" line, which orders failures across nodes
+    more finely than their exits are noticed. A rank outside ``world_size`` is ignored. Empty when
+    there is no report (another launcher, or the report is still in the pipe).
     """
-    found = AgentReport()
-    in_root = False
+    failed_at = None
+    sections: dict[str, list[AgentReport]] = {"root": [], "other": []}
+    section: list[AgentReport] | None = None
     for raw in lines:
         line = _DISPLAY_PREFIX.sub("", raw, count=1)
-        if found.failed_at is None and (match := _FAILED_AT.match(line)):
-            found.failed_at = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
-        if _ROOT in line:
-            in_root = True
-            found = AgentReport(failed_at=found.failed_at)
+        if failed_at is None and (match := _FAILED_AT.match(line)):
+            failed_at = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
+        if _ROOT in line or line.strip() == "Failures:":
+            section = sections["root" if _ROOT in line else "other"] = []
             continue
-        if not in_root:
+        if section is None:
             continue
         if (match := _RANK.match(line)) and (world_size is None or int(match[1]) < world_size):
-            found.rank, found.local_rank = int(match[1]), int(match[2])
-        elif match := _EXIT.match(line):
-            found.exit_code, found.pid = int(match[1]), int(match[2])
+            section.append(AgentReport(rank=int(match[1]), local_rank=int(match[2])))
+        elif (match := _EXIT.match(line)) and section and section[-1].exit_code is None:
+            section[-1].exit_code, section[-1].pid = int(match[1]), int(match[2])
+    root = sections["root"][:1]
+    found = root + [r for r in sections["other"] if not root or r.rank != root[0].rank]
+    for report in found:
+        report.failed_at = failed_at
     return found
 
 

@@ -282,10 +282,13 @@ class Supervisor:
                                  {"count": count.count, "first": count.first})
 
     def _why_not_restart(self, attempt: int, failure: Failure | None) -> str | None:
-        """Why this failure is not restarted (None: restart)."""
+        """Why this failure is not restarted (None: restart). With ``leave_out_failed_nodes`` a node's own
+        failure is restarted whatever its kind: a host that fails twice is replaced, so it need not repeat."""
         if attempt >= self.restarts:
             return f"no restart left (restarts: {self.restarts})" if self.restarts else "restarts: 0"
-        if failure is not None and not failure.transient and self.restart_on != "any":
+        node_at_fault = (self.replan is not None and failure is not None and failure.node is not None
+                         and failure.kind in (FailureKind.EXIT, FailureKind.LOST, FailureKind.OOM))
+        if failure is not None and not failure.transient and self.restart_on != "any" and not node_at_fault:
             return ("not restarted: this failure would repeat (restart_on: transient restarts only lost nodes, "
                     "network/NCCL errors, signals from outside and hangs after progress; set restart_on: any to restart anyway)")
         return None
@@ -426,29 +429,35 @@ class Supervisor:
         return min((self._failure(w, exits[w.handle.index]) for w in failed), key=failures.precedence)
 
     def _failure(self, watcher: NodeWatcher, code: int) -> Failure:
+        """The node's failure: for each rank torchrun's report names, a failure classified from that rank's own
+        lines; the one that came first by ``failures.precedence`` (its own error before an echo of a peer's)."""
         node = self.plan.nodes[watcher.handle.index]
         tail = list(watcher.tail)
         lost = watcher.agent_exit is None and (watcher.handle.lost_reason is not None or failures.agent_lost(code))
-        report = failures.parse_agent_failure(tail, self.plan.world_size)
-        fields = {"exit_code": code, **report.model_dump(exclude_none=True)}
-        failure = Failure(
-            kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
-            signal=failures.signal_name(fields["exit_code"]), detected_at=time.time(),
-            reason=watcher.handle.lost_reason if lost else None, **fields,
-        )
-        rank_prefix = f"[{node.index}/{failure.rank}] "
-        rank_lines = [line for line in tail if line.startswith(rank_prefix)]
-        oom = None
-        pids = watcher.pids | ({failure.pid} if failure.pid else set())
-        if not lost and pids:
-            oom = failures.oom_kill(self.backend.kernel_log(self.plan, node.index), pids, self.live.started)
-        if oom is not None and failure.rank is None:
-            killed = failures.oom_pid(oom)
-            ranks = [rank for rank, sample in watcher.samples.items() if sample.pid == killed]
-            failure = failure.model_copy(update={"rank": ranks[0] if ranks else None, "pid": killed})
-        progressed = self.live.reporting or time.time() - self.live.started >= PROGRESS_PROXY_S
-        failure = failures.classify(failure, rank_lines or tail, oom, progressed)
-        return failure.model_copy(update={"last_lines": (rank_lines[-20:] or tail[-20:])})
+        reports = failures.parse_agent_failure(tail, self.plan.world_size) or [failures.AgentReport()]
+        base = Failure(kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
+                       exit_code=code, detected_at=time.time(), reason=watcher.handle.lost_reason if lost else None)
+        kernel_log: list[str] | None = None
+        candidates = []
+        for report in reports:
+            failure = base.model_copy(update=report.model_dump(exclude_none=True))
+            failure = failure.model_copy(update={"signal": failures.signal_name(failure.exit_code)})
+            rank_prefix = f"[{node.index}/{failure.rank}] "
+            rank_lines = [line for line in tail if line.startswith(rank_prefix)]
+            oom = None
+            pids = watcher.pids | ({failure.pid} if failure.pid else set())
+            if not lost and pids:
+                if kernel_log is None:
+                    kernel_log = self.backend.kernel_log(self.plan, node.index)
+                oom = failures.oom_kill(kernel_log, pids, self.live.started)
+            if oom is not None and failure.rank is None:
+                killed = failures.oom_pid(oom)
+                ranks = [rank for rank, sample in watcher.samples.items() if sample.pid == killed]
+                failure = failure.model_copy(update={"rank": ranks[0] if ranks else None, "pid": killed})
+            progressed = self.live.reporting or time.time() - self.live.started >= PROGRESS_PROXY_S
+            failure = failures.classify(failure, rank_lines or tail, oom, progressed)
+            candidates.append(failure.model_copy(update={"last_lines": (rank_lines[-20:] or tail[-20:])}))
+        return min(candidates, key=failures.precedence)
 
     def _teardown(self, watchers: list[NodeWatcher]) -> None:
         self._quiet.set()

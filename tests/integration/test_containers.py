@@ -88,8 +88,9 @@ def test_a_two_host_job_runs_every_rank_inside_the_container(tmp_path, home, hos
 
 
 def test_a_deepspeed_job_runs_inside_the_container(tmp_path, home, hosts, container_image, testbed):
-    config = write_yaml(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-                                               "optimizer": {"type": "SGD", "params": {"lr": 0.01}}})
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                                               "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}))
     out = tmp_path / "out"
     out.mkdir()
     spec = container_image.spec(python=sys.executable, mounts=[*container_image.mounts, f"{TORCH_EXTENSIONS_DIR}:{TORCH_EXTENSIONS_DIR}"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.node import agent as agent_module
 from launcher.node import proctree
 from tools import testbed as tb
 from launcher.backends.ssh import SSHBackend
@@ -136,6 +137,13 @@ def _results(home: Path, job_id: str) -> list[dict]:
     return sorted((json.loads(m) for m in re.findall(r"RESULT (\{.*\})", lines)), key=lambda r: r["rank"])
 
 
+def _agent_pid(job_id: str, node: int) -> int:
+    """The PID of a node's agent, from the pid file it writes in the job's run directory (shared filesystem)."""
+    path = Path(agent_module.run_root()) / job_id / f"node{node}.pid"
+    _wait_for(path.exists, 10, f"{path}")
+    return int(path.read_text().split()[0])
+
+
 def _wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -228,12 +236,12 @@ def test_cancel_a_detached_job(testbed: tb.Testbed, tmp_path: Path, home: Path) 
     _assert_clean(testbed, job_id)
 
 
-def test_cancel_after_the_supervisor_died_ends_the_remote_processes(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+def test_a_dead_supervisor_leaves_no_remote_process_and_cancel_records_it(testbed: tb.Testbed, tmp_path: Path,
+                                                                          home: Path) -> None:
     job_id = _running_detached(tmp_path, testbed, home)
+    agent = _agent_pid(job_id, 1)
     os.kill(Store(home).job(job_id)["supervisor_pid"], signal.SIGKILL)
-    time.sleep(1.0)
-    agent = int(Path(f"/tmp/launch-runs/{job_id}/node1.pid").read_text())
-    assert tb.pid_alive(agent), "a dead SSH client leaves the remote agent running (no pty)"
+    _wait_for(lambda: not tb.pid_alive(agent), 20, "the agent to notice its reader is gone and end its node")
     cancelled = _launch("cancel", job_id)
     assert cancelled.returncode == 0, cancelled.stderr + cancelled.stdout
     assert _status(job_id)["state"] == "CANCELLED"
@@ -248,12 +256,12 @@ def test_ctrl_c_cancels_a_foreground_job(testbed: tb.Testbed, tmp_path: Path, ho
         row = Store(home).job(_wait_running(home)["id"])
         backend = SSHBackend(ClusterSpec.model_validate(row["spec"]["cluster"]))
         plan = Plan.model_validate(row["plan"])
-        agent = int(Path(f"/tmp/launch-runs/{row['id']}/node1.pid").read_text())
+        agent = _agent_pid(row["id"], 1)
         try:
-            assert agent in backend.leftovers(plan)[1]
+            assert agent in backend.sweep(plan, 0, end=False).nodes[1].pids
             proc.send_signal(signal.SIGINT)
             assert proc.wait(30) == 130, proc.stderr.read()
-            assert backend.leftovers(plan) == {}
+            assert backend.sweep(plan, 0, end=False).clean
         finally:
             backend.close()
     finally:
@@ -264,7 +272,7 @@ def test_ctrl_c_cancels_a_foreground_job(testbed: tb.Testbed, tmp_path: Path, ho
 
 def test_agent_killed_on_host_2_fails_the_job_fast(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
     job_id = _running_detached(tmp_path, testbed, home)
-    agent = int(Path(f"/tmp/launch-runs/{job_id}/node1.pid").read_text())
+    agent = _agent_pid(job_id, 1)
     assert agent in tb.pids(testbed.hosts[1])
     os.kill(agent, signal.SIGKILL)
     killed = time.monotonic()

@@ -183,8 +183,9 @@ def test_users_programs_run_on_two_ssh_hosts(tmp_path, home, testbed, launcher):
     if launcher == "torchrun":
         spec = {"entrypoint": ["python", str(PROGRAMS / "user_ddp.py"), "--out", str(out), "--epochs", "2"]}
     else:
-        config = write_yaml(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-                                                   "optimizer": {"type": "SGD", "params": {"lr": 0.01}}})
+        config = tmp_path / "ds.json"
+        config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                                                   "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}))
         spec = {"entrypoint": ["python", str(PROGRAMS / "user_deepspeed.py"), "--out", str(out), "--steps", "2",
                                "--deepspeed", "--deepspeed_config", str(config)], "launcher": "deepspeed",
                 "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR}}

@@ -19,13 +19,21 @@ TORCHRUN_REPORT = """\
 
 
 def test_torchrun_root_cause_is_parsed():
-    found = parse_agent_failure(TORCHRUN_REPORT)
+    [found] = parse_agent_failure(TORCHRUN_REPORT)
     assert (found.rank, found.local_rank, found.exit_code, found.pid) == (11, 3, -9, 14341)
     assert found.failed_at == pytest.approx(11 * 3600 + 55 * 60 + 21.093)
 
 
+def test_every_rank_the_report_names_is_read_the_root_cause_first():
+    report = [
+        "Failures:", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 201)",
+        "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 200)",
+    ]
+    assert [(r.rank, r.pid) for r in parse_agent_failure(report)] == [(0, 200), (1, 201)]
+
+
 def test_a_rank_outside_the_world_size_is_not_believed():
-    assert parse_agent_failure(TORCHRUN_REPORT, world_size=8).rank is None
+    assert parse_agent_failure(TORCHRUN_REPORT, world_size=8) == []
 
 
 KERNEL = ["2026-11-30T11:55:20,123456+00:00 Out of memory: Killed process 14341 (python) total-vm:9GB, anon-rss:8GB"]

@@ -91,11 +91,10 @@ def test_the_interpreter_preferred_has_torch_then_deepspeed_and_is_the_same_ever
 
 
 def test_strange_values_stay_valid_yaml_and_node_answers_are_one_line(tmp_path):
-    odd = GPU('GPU "x": #1\nnext', 1024.0)
+    odd = GPU('GPU "x": #1 [next] {a: b}', 1024.0)
     text, spec = _written(tmp_path, [_host("h-1", gpus=(odd,)), _host("h-2", gpus=(odd,))])
     assert spec["gpu"]["name"] == odd.name
-    assert all(not line.startswith("next") for line in text.splitlines())
-    report = HostReport.from_facts("h-1", "10.0.0.1", {"gpus": [{"name": odd.name, "total_mb": 1024.0}], "cpus": 4,
+    report = HostReport.from_facts("h-1", "10.0.0.1", {"gpus": [{"name": 'GPU "x": #1\nnext', "total_mb": 1024.0}], "cpus": 4,
                                                        "hostname": "x" * 1000, "dev": "eth0\n# injected"})
     assert report.gpus[0].name == 'GPU "x": #1 next' and report.interface == "eth0 # injected"
     assert len(report.hostname) == 200
