@@ -18,8 +18,13 @@ MASK = "****"
 MIN_MASKED_LINE = 8
 
 
-def render_command(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
-    """``cd CWD && exec env K=V ... ARGV`` with every part quoted."""
+def render_command(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   replace_shell: bool = True) -> str:
+    """``cd CWD && exec env K=V ... ARGV`` with every part quoted.
+
+    With ``replace_shell=False`` the shell stays and waits, so a program killed by a signal still
+    ends with an exit status (128+N) that SSH reports (paramiko drops SSH's exit-signal message).
+    """
     if not argv:
         raise ValueError("render_command needs a non-empty argv")
     if argv[0].startswith("-"):
@@ -27,11 +32,14 @@ def render_command(argv: Sequence[str], env: Mapping[str, str] | None = None, cw
     parts = []
     if cwd:
         parts.append(f"cd {shlex.quote(cwd if cwd.startswith('/') else './' + cwd)} &&")
-    parts.append("exec")
+    if replace_shell:
+        parts.append("exec")
     if env:
         parts.append("env")
         parts.extend(shlex.quote(f"{key}={value}") for key, value in env.items())
     parts.append(shlex.join(argv))
+    if not replace_shell:
+        parts.append("; exit $?")  # a second command: bash would otherwise exec the last one itself
     return " ".join(parts)
 
 

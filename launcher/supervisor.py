@@ -435,8 +435,10 @@ class Supervisor:
         tail = list(watcher.tail)
         lost = watcher.agent_exit is None and (watcher.handle.lost_reason is not None or failures.agent_lost(code))
         reports = failures.parse_agent_failure(tail, self.plan.world_size) or [failures.AgentReport()]
+        why_lost = watcher.handle.lost_reason or (
+            f"its node agent was killed ({failures.signal_name(code)}) before it could report" if code and code < 0 else None)
         base = Failure(kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
-                       exit_code=code, detected_at=time.time(), reason=watcher.handle.lost_reason if lost else None)
+                       exit_code=code, detected_at=time.time(), reason=why_lost if lost else None)
         kernel_log: list[str] | None = None
         candidates = []
         for report in reports:

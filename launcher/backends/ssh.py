@@ -46,7 +46,7 @@ from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.sshconn import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
 
 START_TIMEOUT_S = 30.0
-CLEANUP_CONNECT_S = 2.0
+CLEANUP_CONNECT_S = 1.0
 EXIT_STATUS_WAIT_S = 2.0
 
 
@@ -90,9 +90,13 @@ class SSHNode:
             yield from self._stream
         except CONNECTION_ERRORS as exc:
             self.lost_reason = f"connection to {self._host} lost: {exc}"
-        self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
+            self._backend.mark_unreachable(self.index)
+        if self._channel.get_transport().is_active():
+            self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
         if self._channel.exit_status == -1 and self.lost_reason is None:
             self.lost_reason = f"connection to {self._host} lost: the node's exit status is unknown"
+        if self.lost_reason is not None:
+            self._backend.mark_unreachable(self.index)
 
     def poll(self) -> int | None:
         if self._channel.status_event.is_set():
@@ -101,12 +105,13 @@ class SSHNode:
         if self._channel.get_transport().is_active():
             return None
         self.lost_reason = self.lost_reason or f"connection to {self._host} lost"
+        self._backend.mark_unreachable(self.index)
         return LOST_NODE_EXIT
 
     def terminate(self, grace: float) -> None:
         """TERM the agent (it ends its node's processes), then KILL it if it lingers; the sweep does the rest."""
-        if self._channel.status_event.is_set() or self.pid is None:
-            return
+        if self._channel.status_event.is_set() or self.pid is None or self.poll() == LOST_NODE_EXIT:
+            return  # ended, never started, or out of reach: the agent ends its node itself when its reader is gone
         for sig, wait in ((signal.SIGTERM, grace + 10), (signal.SIGKILL, EXIT_STATUS_WAIT_S)):
             self._backend.node_command(self._plan, self.index, "signal",
                                        {"pid": self.pid, "start_ticks": self._start_ticks, "signal": int(sig)},
@@ -216,7 +221,7 @@ class SSHBackend(Backend):
             conn = self._pool.get(self.targets[node.index])
             tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
             argv = node_argv(plan.python, "agent", agent_request(plan, node, context.grace, secrets_on_stdin=True))
-            channel = conn.exec(render_command(argv, tag, node.cwd), combine=True)
+            channel = conn.exec(render_command(argv, tag, node.cwd, replace_shell=False), combine=True)
             channel.sendall(json.dumps(dict(context.secrets)).encode() + b"\n")
             channel.shutdown_write()
             handle = SSHNode(node.index, self, plan, channel)
@@ -255,6 +260,11 @@ class SSHBackend(Backend):
 
     def host(self, plan: Plan | None, index: int) -> str:
         return self.targets[index].alias
+
+    def mark_unreachable(self, index: int) -> None:
+        """Node ``index`` was lost: later commands to it try to connect for CLEANUP_CONNECT_S only."""
+        with self._guard:
+            self._unreachable.add(index)
 
     def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
         """Run ``argv`` on node ``index`` (quoted by render_command); an unreachable node is the result.
