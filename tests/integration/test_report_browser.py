@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from launcher.metrics import report
-from tests.integration.test_metrics_cli import run_launch, submit, write_cluster, write_job
+from launcher.metrics.record import MetricRecord
+from tests.integration.test_metrics_cli import (
+    run_launch,
+    submit,
+    write_cluster,
+    write_job,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -109,10 +115,10 @@ def test_charts_escape_labels_and_say_when_there_is_no_data() -> None:
 
 def test_series_sum_ranks_per_step_and_use_the_latest_attempt() -> None:
     records = [
-        {"rank": 0, "step": 2, "samples_per_sec": 10.0, "loss": 1.0, "attempt": 0},
-        {"rank": 0, "step": 2, "samples_per_sec": 30.0, "loss": 3.0, "attempt": 1},
-        {"rank": 1, "step": 2, "samples_per_sec": 40.0, "loss": 5.0, "attempt": 1},
-        {"rank": 0, "step": 4, "samples_per_sec": 50.0, "loss": None, "attempt": 1},
+        MetricRecord(rank=0, step=2, samples_per_sec=10.0, loss=1.0, attempt=0),
+        MetricRecord(rank=0, step=2, samples_per_sec=30.0, loss=3.0, attempt=1),
+        MetricRecord(rank=1, step=2, samples_per_sec=40.0, loss=5.0, attempt=1),
+        MetricRecord(rank=0, step=4, samples_per_sec=50.0, loss=None, attempt=1),
     ]
     assert report.throughput_series(records) == [(2, 70.0), (4, 50.0)]
     assert report.loss_series(records) == [(2, 4.0)]
