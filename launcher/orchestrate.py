@@ -202,6 +202,8 @@ def preflight(
 
         for text in node_warnings([NodeFacts(i, plan.nodes[i].host, f) for i, f in sorted(found.facts.items())]):
             warn(f"warning: {text}")
+    if backend.places_at_start:
+        return plan  # placed by the supervisor once the scheduler allocates the nodes (StartContext.place)
     return placed(job, cluster, plan, type(backend), found)
 
 

@@ -178,6 +178,8 @@ def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, A
         "started_at": job["started_at"],
         "ended_at": job["ended_at"],
         "reason": job["reason"],
+        "queue_reason": job.get("queue_reason"),
+        "scheduler_id": job.get("scheduler_id"),
         "first_failure": job["first_failure"],
         "metrics": summary.as_json(records=False),
     }
@@ -250,7 +252,10 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     from rich.text import Text
 
     m = summary
-    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"]), f"  {obj['reason'] or ''}")
+    waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == "QUEUED" and obj.get("queue_reason") else ""
+    scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"]),
+                           f"  {obj['reason'] or ''}{waiting}{scheduler}")
     out: list[Any] = [
         header,
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "

@@ -122,15 +122,20 @@ CREATE TABLE IF NOT EXISTS samples (
 
 # Schema versions: 0 is the unversioned store of the first releases (no samples table), or a new
 # empty file; MIGRATIONS[v] takes a store from version v to v + 1, in place. SCHEMA is version 1:
-# a later version adds a migration (ALTER TABLE ...) instead of editing it.
-SCHEMA_VERSION = 1
-MIGRATIONS: dict[int, str] = {0: SCHEMA}
+# a later version adds a migration (ALTER TABLE ...) instead of editing it. Version 2: a scheduler's
+# pending reason and its own job id (Slurm).
+SCHEMA_VERSION = 2
+MIGRATIONS: dict[int, str] = {
+    0: SCHEMA,
+    1: "ALTER TABLE jobs ADD COLUMN queue_reason TEXT; ALTER TABLE jobs ADD COLUMN scheduler_id TEXT",
+}
 
 JSON_COLUMNS = ("first_failure", "plan", "spec", "summary")
 INT_COLUMNS = ("nnodes", "nproc_per_node", "world_size", "micro_batch", "grad_accum", "global_batch", "max_steps",
                "attempt", "supervisor_pid")
 TIME_COLUMNS = ("created_at", "started_at", "ended_at")
-TEXT_COLUMNS = ("id", "name", "state", "backend", "cluster", "launcher", "strategy", "precision", "run_dir", "reason")
+TEXT_COLUMNS = ("id", "name", "state", "backend", "cluster", "launcher", "strategy", "precision", "run_dir", "reason",
+                "queue_reason", "scheduler_id")
 
 
 class StoreError(LaunchError):
@@ -307,7 +312,7 @@ class Store:
         sql = (
             "SELECT id, name, state, created_at, started_at, ended_at, backend, cluster, launcher, strategy,"
             " precision, nnodes, nproc_per_node, world_size, micro_batch, grad_accum, global_batch, max_steps,"
-            " attempt, reason, first_failure, summary FROM jobs ORDER BY created_at DESC"
+            " attempt, reason, queue_reason, scheduler_id, first_failure, summary FROM jobs ORDER BY created_at DESC"
         )
         if limit:
             sql += f" LIMIT {int(limit)}"

@@ -341,6 +341,8 @@ class Supervisor:
     def _run_attempt(self, attempt: int) -> tuple[JobState, str | None, Failure | None]:
         job_id = self.plan.job_id
         started = self._start_nodes(attempt)
+        if isinstance(started, Failure) and self._cancel.is_set():
+            return JobState.CANCELLED, self._cancel_reason, None
         if isinstance(started, Failure):
             return JobState.FAILED, started.describe(), started
         watchers = started
@@ -384,8 +386,8 @@ class Supervisor:
         for node in self.plan.nodes:
             self.store.set_node(job_id, attempt, node.index, host=node.host, address=node.address,
                                 state=NodeState.STARTING, started_at=time.time())
-        context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace,
-                               stage=self.stage, cancelled=self._cancel, place=self.place)
+        context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace, stage=self.stage,
+                               queued=self._queued, allocated=self._allocated, cancelled=self._cancel, place=self.place)
         try:
             self.plan, handles = self.backend.start(self.plan, context)
         except NodeStartError as exc:
@@ -403,6 +405,23 @@ class Supervisor:
                                 state=NodeState.RUNNING, pid=handle.pid, log_path=str(log_path))
             watchers.append(NodeWatcher(handle, node.host, log_path, self, attempt))
         return watchers
+
+    def _queued(self, reason: str, scheduler_id: str | None) -> None:
+        """The scheduler holds the job: QUEUED with its reason and job id, said once per reason."""
+        job_id = self.plan.job_id
+        if not self.store.transition(job_id, JobState.QUEUED, queue_reason=reason, scheduler_id=scheduler_id):
+            self.store.update_job(job_id, queue_reason=reason, scheduler_id=scheduler_id)
+        text = f"queued by the scheduler (its job {scheduler_id}): {reason}"
+        self.store.add_event(job_id, "queued", text, {"reason": reason, "scheduler_id": scheduler_id})
+        if self._warn is not None:
+            self._warn(f"job {job_id}: {text}; Ctrl-C cancels it")
+
+    def _allocated(self, scheduler_id: str) -> None:
+        """The scheduler gave the job its nodes: LAUNCHING again (from QUEUED), its job id kept."""
+        job_id = self.plan.job_id
+        self.store.update_job(job_id, scheduler_id=scheduler_id, queue_reason=None)
+        if self.store.transition(job_id, JobState.LAUNCHING):
+            self.store.add_event(job_id, "allocated", f"the scheduler allocated the nodes (its job {scheduler_id})")
 
     def _collect_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, int]) -> None:
         for watcher in watchers:
@@ -433,6 +452,11 @@ class Supervisor:
         lines; the one that came first by ``failures.precedence`` (its own error before an echo of a peer's)."""
         node = self.plan.nodes[watcher.handle.index]
         tail = list(watcher.tail)
+        decided = getattr(watcher.handle, "scheduler_failure", None)  # a scheduler's verdict (Slurm), trusted
+        if decided is not None:
+            return decided.model_copy(update={
+                "node": node.index, "host": node.host, "exit_code": code, "signal": failures.signal_name(code),
+                "detected_at": time.time(), "last_lines": tail[-20:]})
         lost = watcher.agent_exit is None and (watcher.handle.lost_reason is not None or failures.agent_lost(code))
         reports = failures.parse_agent_failure(tail, self.plan.world_size) or [failures.AgentReport()]
         why_lost = watcher.handle.lost_reason or (

@@ -59,7 +59,7 @@ def job_stages(
     events were recorded)."""
     updates = [u for e in events if e.get("kind") == STAGE_EVENT and (u := _from_event(e.get("data"))) is not None]
     if job["state"] == QUEUED:
-        updates.append(StageUpdate("queued", None, "", "running", job.get("reason") or ""))
+        updates.append(StageUpdate("queued", None, "", "running", job.get("queue_reason") or job.get("reason") or ""))
     if any(u.stage == "start" for u in updates):
         return updates
     for row in nodes:

@@ -1,4 +1,4 @@
-"""Backends run a plan's nodes: ``local`` (this machine), ``ssh`` (paramiko), ``ray`` (placement groups).
+"""Backends run a plan's nodes: ``local`` (this machine), ``ssh`` (paramiko), ``ray`` (placement groups), ``slurm`` (sbatch).
 
 ``BACKENDS`` maps a cluster spec's ``backend:`` name to the class that implements it; a backend
 module is imported only when its class is asked for, so the CLI never loads paramiko or ray
@@ -17,6 +17,7 @@ BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local:LocalBackend",
     "ssh": "launcher.backends.ssh:SSHBackend",
     "ray": "launcher.backends.ray:RayBackend",
+    "slurm": "launcher.backends.slurm:SlurmBackend",
 }
 
 

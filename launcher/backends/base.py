@@ -91,6 +91,8 @@ class StartContext:
     grace: float
     stage: StageSink = no_stage
     queued: Callable[[str, str | None], None] = lambda reason, scheduler_id: None
+    #: the scheduler allocated the job's nodes (its job id): the job is launching again after ``queued``
+    allocated: Callable[[str], None] = lambda scheduler_id: None
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: re-plans with what a preflight inside the allocation found (backends whose scheduler places nodes at start)
     place: Callable[[Plan, Preflight], Plan] | None = None
@@ -154,6 +156,9 @@ class Backend(ABC):
     name: ClassVar[str]
     #: nodes are placed by the backend at launch (Ray, Slurm): the plan holds placeholders until then
     places_nodes: ClassVar[bool] = False
+    #: the nodes are known only inside ``start`` (a scheduler's allocation): preflight at submit checks what the
+    #: scheduler answers at once, the nodes' own checks run in ``start`` (re-planned through ``StartContext.place``)
+    places_at_start: ClassVar[bool] = False
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster

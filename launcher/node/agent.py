@@ -39,6 +39,7 @@ READ_CHUNK = 64 * 1024
 PR_SET_PDEATHSIG = 1
 EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
+WARN_POLL_S = 1.0
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
@@ -272,7 +273,10 @@ class Agent:
         assert self.proc is not None and self.proc.stdout is not None
         sampler = Sampler(self.job_id, self.out, int(self.req.get("gpus", 0)), float(self.req.get("sample_s", SAMPLE_S)))
         relayed = threading.Event()
-        for target in (sampler.run, self.watch_output, lambda: self._end_orphans(relayed)):
+        targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed)]
+        if self.req.get("warn_file"):
+            targets.append(lambda: self._forward_warning(self.req["warn_file"], relayed))
+        for target in targets:
             threading.Thread(target=target, daemon=True).start()
         relay(self.proc.stdout.fileno(), self.out, int(self.req.get("line_limit", LINE_LIMIT)))
         relayed.set()
@@ -280,6 +284,27 @@ class Agent:
         sampler.stop.set()
         self.out.event("exit", {"code": code})
         return EXIT_SIGNAL_BASE - code if code < 0 else code
+
+    def _forward_warning(self, path: str, relayed: threading.Event) -> None:
+        """Once ``path`` exists (a scheduler's time limit is near), SIGUSR1 to every rank of this node that
+        handles it; never to the launcher (torchrun dies of SIGUSR1) nor to ranks that would die of it."""
+        while not relayed.wait(WARN_POLL_S):
+            if os.path.exists(path):
+                break
+        else:
+            return
+        node = str(self.req.get("node"))
+        procs = proctree.job_procs(self.job_id)
+        by_pid = {proc.pid: proc for proc in procs}
+        for tree in proctree.rank_trees(procs):
+            proc = by_pid[tree.pid]
+            if proc.env.get("LAUNCH_NODE", node) != node:
+                continue  # another node's rank (nodes that share one process table)
+            caught = proctree.catches(tree.pid, signal.SIGUSR1)
+            if caught:
+                proctree.signal_if(tree.pid, proc.start_ticks, signal.SIGUSR1)
+            self.out.write(f"|launch: the time limit is near: rank {tree.rank} (pid {tree.pid}) "
+                           f"{'got SIGUSR1' if caught else 'does not handle SIGUSR1: not signalled'}".encode())
 
     def _end_orphans(self, relayed: threading.Event) -> None:
         """Once the command has exited, end what it left behind holding its output open (``ORPHAN_WAIT_S``)."""
@@ -314,8 +339,12 @@ def _prctl():
 def main(argv: list[str]) -> int:
     """``agent REQUEST_JSON``; with ``secrets_on_stdin`` the first stdin line is a JSON object of secrets."""
     req = json.loads(argv[0])
-    out = Output(sys.stdout.buffer)
     secrets = json.loads(sys.stdin.readline() or "{}") if req.get("secrets_on_stdin") else {}
+    return serve(req, Output(sys.stdout.buffer), secrets)
+
+
+def serve(req: dict, out: Output, secrets: dict[str, str]) -> int:
+    """Run one node's command as ``req`` says, framed lines to ``out``; the agent's exit status."""
     agent = Agent(req, out)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: threading.Thread(target=agent.end, args=("signalled",), daemon=True).start())

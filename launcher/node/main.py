@@ -1,4 +1,4 @@
-"""The node side's commands: ``facts``, ``agent``, ``list``, ``end``, ``signal``, ``stacks`` (see ``launcher.node.ship``)."""
+"""The node side's commands: ``facts``, ``agent``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks`` (see ``launcher.node.ship``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ def main(argv: list[str]) -> int:
         from . import agent
 
         return agent.main(rest)
+    if command == "slurm":
+        from . import slurmnode
+
+        return slurmnode.main(rest)
     if command == "stacks":
         from . import stacks
 

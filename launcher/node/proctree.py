@@ -191,6 +191,18 @@ def start_ticks(pid: int) -> int | None:
     return stat[4] if stat is not None else None
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (its SigCgt mask in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
 def signal_if(pid: int, ticks: int | None, sig: int) -> bool:
     """Send ``sig`` to ``pid`` only if it is still the process that started at ``ticks`` (not a reused PID)."""
     if ticks is None or start_ticks(pid) != ticks:

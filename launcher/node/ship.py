@@ -14,7 +14,7 @@ import json
 import zlib
 from pathlib import Path
 
-NODE_MODULES = ("proctree", "pythons", "facts", "agent", "stacks", "main")  # in import order
+NODE_MODULES = ("proctree", "pythons", "facts", "agent", "stacks", "slurmnode", "main")  # in import order
 
 PACKAGE = "launch_node"
 BOOT = """\
@@ -41,5 +41,5 @@ def payload() -> str:
 
 
 def node_argv(python: str, command: str, request: dict) -> list[str]:
-    """The argv that runs ``command`` (facts, agent, list, end, stacks) with ``request`` under ``python`` on a node."""
+    """The argv that runs ``command`` (facts, agent, slurm, list, end, stacks) with ``request`` under ``python`` on a node."""
     return [python, "-c", BOOT, payload(), command, json.dumps(request, separators=(",", ":"))]

@@ -10,6 +10,7 @@ from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, Arg, FiniteFloat, Line, Name, NonEmptyLine
 from launcher.spec.hosts import check_host, parse_jump_hosts
+from launcher.spec.slurm import SlurmSpec
 
 Host = Annotated[str, AfterValidator(check_host)]
 User = Annotated[Name, AfterValidator(lambda v: _no_space(v, "a user name"))]
@@ -90,11 +91,12 @@ class RendezvousSpec(Strict):
 
 class ClusterSpec(Strict):
     name: Name
-    backend: Literal["local", "ssh", "ray"] = "local"
+    backend: Literal["local", "ssh", "ray", "slurm"] = "local"
     ssh: SSHSpec = SSHSpec()
     nodes: list[NodeSpec] = Field(default_factory=list, max_length=MAX_NODES)
     local: LocalSpec = LocalSpec()
     ray: RaySpec = RaySpec()
+    slurm: SlurmSpec = SlurmSpec()
     gpu: GPUSpec = GPUSpec()
     network: NetworkSpec = NetworkSpec()
     rendezvous: RendezvousSpec = RendezvousSpec()
@@ -134,4 +136,21 @@ class ClusterSpec(Strict):
             raise ValueError("backend 'ssh' needs 'nodes': a list of {host: ...}")
         if self.backend == "local" and self.nodes:
             raise ValueError("backend 'local' runs on this machine: use 'local: {slots, gpus}', not 'nodes'")
+        if self.backend == "slurm":
+            self._check_slurm()
         return self
+
+    def _check_slurm(self) -> None:
+        """Slurm places the nodes, and its nodes meet in a job directory under workdir: a shared filesystem."""
+        problems = []
+        if not self.slurm.partition:
+            problems.append("backend 'slurm' needs 'slurm: {partition: NAME}' (`sinfo -s` lists the partitions)")
+        if not self.workdir or not self.workdir.startswith("/"):
+            problems.append("backend 'slurm' needs 'workdir': an absolute path on a filesystem every node and this "
+                            "machine mount (the job's files meet there)")
+        for key, why in (("nodes", "Slurm chooses the nodes"), ("sync_workdir", "workdir is shared: nothing to copy"),
+                         ("setup", "put node set-up in the job's entrypoint or the site's prolog")):
+            if getattr(self, key):
+                problems.append(f"'{key}' is not used by backend 'slurm' ({why}): remove it")
+        if problems:
+            raise ValueError("; ".join(problems))

@@ -139,8 +139,11 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     home = tmp_path / "home"
     path = _old_store(home)
     store = Store(home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     assert store.job("old-000001")["summary"]["loss"] is None, "NaN written by old code reads as unknown"
+    assert (store.job("old-000002")["queue_reason"], store.job("old-000002")["scheduler_id"]) == (None, None)
+    store.update_job("old-000002", queue_reason="Resources", scheduler_id="17")
+    assert (store.job("old-000002")["queue_reason"], store.job("old-000002")["scheduler_id"]) == ("Resources", "17")
     records = store.metrics("old-000002")
     assert len(records) == 4, "the invalid old record is left out, the valid ones read"
     assert {r.loss for r in records} == {0.5, None}
