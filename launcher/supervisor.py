@@ -389,7 +389,10 @@ class Supervisor:
         context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace, stage=self.stage,
                                queued=self._queued, allocated=self._allocated, cancelled=self._cancel, place=self.place)
         try:
+            planned = self.plan
             self.plan, handles = self.backend.start(self.plan, context)
+            if self.plan != planned:  # placed inside the allocation: status and cancel follow the nodes it got
+                self.store.update_job(job_id, plan=self.plan.model_dump(mode="json"))
         except NodeStartError as exc:
             node = self.plan.nodes[exc.node]
             return Failure(kind=FailureKind.START, node=node.index, host=node.host, reason=f"could not start: {exc}")
