@@ -44,6 +44,8 @@ reporter = Reporter(every=1, warmup=0)
 for _ in range(int(os.environ.get("TEST_STEPS", "3"))):
     time.sleep(float(os.environ.get("TEST_STEP_S", "0.05")))
     reporter.step(samples=2)
+while os.environ.get("TEST_HOLD") and not os.path.exists(os.environ["TEST_HOLD"]):
+    time.sleep(0.1)
 reporter.close()
 dist.barrier()
 dist.destroy_process_group()
@@ -134,3 +136,69 @@ def test_two_nodes_one_rank_each_succeed_with_metrics(slurm: sl.SlurmCluster, tm
     assert status["metrics"]["steps"] == 3
     assert [n["host"] for n in status["network"]] == [h.name for h in slurm.nodes]
     _assert_nothing_left(slurm, [status["scheduler_id"]])
+
+
+def _held(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A job that runs until its hold file exists: (job file, hold file)."""
+    hold = tmp_path / f"{name}.release"
+    return _job(tmp_path, name=name, env={"TEST_HOLD": str(hold)}), hold
+
+
+def test_a_second_job_waits_queued_behind_the_first_then_runs(slurm: sl.SlurmCluster, tmp_path: Path,
+                                                              home: Path) -> None:
+    cluster = _cluster(tmp_path, slurm)
+    first_job, release = _held(tmp_path, "first")
+    first = _submit_detached(first_job, cluster)
+    wait_for(lambda: _status(first)["state"] == "RUNNING", 60, "the first job to run")
+    second = _submit_detached(_job(tmp_path, name="second"), cluster)
+    queued = wait_for(lambda: (s := _status(second))["queue_reason"] in ("Resources", "Priority") and s, 30,
+                      "the second job to be queued with Slurm's reason")
+    assert queued["state"] == "QUEUED" and queued["scheduler_id"]
+    assert job_state(slurm, queued["scheduler_id"])[:2] == ("PENDING", queued["queue_reason"])
+    shown = _launch("status", second).stdout
+    assert "QUEUED" in shown and queued["queue_reason"] in shown and queued["scheduler_id"] in shown
+    release.touch()
+    assert _ended(first)["state"] == "SUCCEEDED"
+    done = _ended(second)
+    assert done["state"] == "SUCCEEDED" and done["queue_reason"] is None
+    assert done["scheduler_id"] == queued["scheduler_id"]
+    assert sorted(r["host"] for r in _results(home, second)) == [h.name for h in slurm.nodes]
+
+
+def test_ctrl_c_cancels_a_queued_job_and_launch_cancel_a_running_one(slurm: sl.SlurmCluster, tmp_path: Path,
+                                                                     home: Path) -> None:
+    cluster = _cluster(tmp_path, slurm)
+    first_job, _ = _held(tmp_path, "running")
+    first = _submit_detached(first_job, cluster)
+    wait_for(lambda: _status(first)["state"] == "RUNNING", 60, "the first job to run")
+    waiting = subprocess.Popen([LAUNCH, "submit", str(_job(tmp_path, name="queued")), "--cluster", str(cluster)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = Store(home)
+    queued = wait_for(lambda: next((j for j in store.jobs() if j["name"] == "queued" and j["state"] == "QUEUED"), None),
+                      30, "the foreground job to be queued")
+    waiting.send_signal(signal.SIGINT)
+    _, err = waiting.communicate(timeout=60)
+    assert waiting.returncode != 0
+    assert f"job {queued['id']}: queued by the scheduler (its job {queued['scheduler_id']})" in err
+    assert _status(queued["id"])["state"] == "CANCELLED"
+    assert job_state(slurm, queued["scheduler_id"])[0] == "CANCELLED"
+    assert not steps(slurm, queued["scheduler_id"])
+
+    running = _status(first)
+    done = _launch("cancel", first)
+    assert done.returncode == 0, done.stderr
+    assert _status(first)["state"] == "CANCELLED"
+    assert job_state(slurm, running["scheduler_id"])[0] == "CANCELLED"
+    _assert_nothing_left(slurm, [running["scheduler_id"], queued["scheduler_id"]])
+
+
+def test_a_failing_rank_is_named_with_its_node(slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
+    broken = slurm.nodes[1].name
+    job = _job(tmp_path, env={"TEST_FAIL_ON_HOST": broken})
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, slurm)))
+    assert done.returncode == 1, done.stderr
+    job_id = re.search(r"job (\S+): FAILED", done.stderr)[1]
+    failure = _status(job_id)["first_failure"]
+    assert (failure["node"], failure["host"], failure["rank"], failure["exit_code"]) == (1, broken, 1, 1)
+    assert any("this host is broken" in line for line in failure["last_lines"])
+    _assert_nothing_left(slurm, [_status(job_id)["scheduler_id"]])
