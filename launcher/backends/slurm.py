@@ -62,6 +62,7 @@ STATUS_EVERY_S = 1.0
 STARTED_TIMEOUT_S = 120.0
 CONFIRM_TIMEOUT_S = 60.0
 NOT_YET_SCHEDULED = "None"  # squeue's reason until the scheduler has looked at the job
+UNSCHEDULED_QUIET_S = 3.0  # a job the scheduler has not looked at yet is not called queued before this
 
 
 def job_name(job_id: str) -> str:
@@ -326,13 +327,14 @@ class SlurmBackend(Backend):
 
     def _wait_allocated(self, plan: Plan, job: SlurmJob, context: StartContext) -> None:
         """Until Slurm runs the job: QUEUED with its reason while pending; the start stage once allocated."""
-        shown = None
+        shown, submitted = None, time.monotonic()
         while True:
             self._check_cancelled(context)
             status = job.status(fresh=True)
             if status.state == cli.SlurmState.PENDING:
                 reason = status.reason if status.reason != NOT_YET_SCHEDULED else "submitted, not yet scheduled"
-                if reason != shown:
+                unscheduled = status.reason == NOT_YET_SCHEDULED and time.monotonic() - submitted < UNSCHEDULED_QUIET_S
+                if reason != shown and not unscheduled:
                     context.queued(reason, job.slurm_id)
                     context.stage(Stage.QUEUED, None, "", StageState.RUNNING)
                     shown = reason

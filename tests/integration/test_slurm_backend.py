@@ -202,3 +202,56 @@ def test_a_failing_rank_is_named_with_its_node(slurm: sl.SlurmCluster, tmp_path:
     assert (failure["node"], failure["host"], failure["rank"], failure["exit_code"]) == (1, broken, 1, 1)
     assert any("this host is broken" in line for line in failure["last_lines"])
     _assert_nothing_left(slurm, [_status(job_id)["scheduler_id"]])
+
+
+def test_a_deepspeed_job_runs_one_launcher_per_node(slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                                  "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}))
+    job = _job(tmp_path, name="deepspeed", launcher="deepspeed",
+               entrypoint=["python", str(PROGRAMS / "user_deepspeed.py"), "--out", str(out), "--steps", "2",
+                           "--deepspeed", "--deepspeed_config", str(config)],
+               env={"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))})
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, slurm)), timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    seen = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert sorted(entry["host"] for entry in seen) == [h.name for h in slurm.nodes]
+    assert all(entry["local_rank_arg"] == 0 for entry in seen), "one rank a node: --local_rank 0 on each"
+
+
+def test_a_node_whose_slurmd_dies_is_named_as_the_first_failure(slurm: sl.SlurmCluster, tmp_path: Path,
+                                                               home: Path) -> None:
+    lost = slurm.nodes[1]
+    job, _ = _held(tmp_path, "lost")
+    job_id = _submit_detached(job, _cluster(tmp_path, slurm))
+    wait_for(lambda: _status(job_id)["metrics"]["steps"] >= 1, 60, "the job to report a step")
+    scheduler_id = _status(job_id)["scheduler_id"]
+    with slurmd_killed(slurm, lost):
+        ended = _ended(job_id, timeout=slurm.settings.slurmd_timeout_s * 6)
+        failure = ended["first_failure"]
+        assert ended["state"] == "FAILED"
+        assert (failure["kind"], failure["node"], failure["host"]) == ("lost", 1, lost.name), failure
+        assert "NODE_FAIL" in failure["reason"] and "Not responding" in failure["reason"], failure["reason"]
+        assert job_state(slurm, scheduler_id)[0] == "NODE_FAIL"
+    _assert_nothing_left(slurm, [scheduler_id])
+
+
+def test_the_time_limit_warns_the_ranks_then_ends_the_job_as_a_timeout(slurm: sl.SlurmCluster, tmp_path: Path,
+                                                                       home: Path) -> None:
+    out = tmp_path / "usr1"
+    out.mkdir()
+    job = _job(tmp_path, name="limited", entrypoint=[PYTHON, str(PROGRAMS / "checkpoint_on_usr1.py")],
+               env={"USR1_OUT": str(out)}, steps=1000)
+    cluster = _cluster(tmp_path, slurm, time="1", time_warning=50)
+    job_id = _submit_detached(job, cluster)
+    ended = _ended(job_id, timeout=150)
+    failure = ended["first_failure"]
+    assert ended["state"] == "FAILED" and failure["kind"] == "timeout", failure
+    assert "TimeLimit" in failure["reason"] and "DUE TO TIME LIMIT" in failure["reason"], failure["reason"]
+    warned = [json.loads((out / f"usr1-rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert sorted(entry["host"] for entry in warned) == [h.name for h in slurm.nodes]
+    assert ended["metrics"]["steps"] > 20, "torchrun outlived the warning: the ranks kept stepping"
+    assert job_state(slurm, ended["scheduler_id"])[0] == "TIMEOUT"
+    _assert_nothing_left(slurm, [ended["scheduler_id"]])
