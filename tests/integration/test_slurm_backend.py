@@ -255,3 +255,22 @@ def test_the_time_limit_warns_the_ranks_then_ends_the_job_as_a_timeout(slurm: sl
     assert ended["metrics"]["steps"] > 20, "torchrun outlived the warning: the ranks kept stepping"
     assert job_state(slurm, ended["scheduler_id"])[0] == "TIMEOUT"
     _assert_nothing_left(slurm, [ended["scheduler_id"]])
+
+
+def test_a_node_problem_found_inside_the_allocation_fails_the_job_with_the_preflight_report(
+        slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
+    cluster = json.loads(_cluster(tmp_path, slurm).read_text())
+    cluster["python"] = "/usr/bin/python3"  # the system's Python: no torch
+    path = tmp_path / "no-torch.yaml"
+    path.write_text(json.dumps(cluster))
+    done = _launch("submit", str(_job(tmp_path)), "--cluster", str(path))
+    assert done.returncode == 1, done.stderr
+    job_id = re.search(r"job (\S+): FAILED", done.stderr)[1]
+    status = _status(job_id)
+    assert status["first_failure"]["kind"] == "preflight"
+    reason = status["reason"]
+    assert "preflight failed on 2 check(s); nothing was started" in reason
+    for index, host in enumerate(slurm.nodes):
+        assert f"node {index} ({host.name}): /usr/bin/python3 cannot import torch" in reason
+    assert job_state(slurm, status["scheduler_id"])[0] == "CANCELLED"
+    _assert_nothing_left(slurm, [status["scheduler_id"]])
