@@ -71,8 +71,10 @@ def job_name(job_id: str) -> str:
 
 
 def batch_script(node_command: list[str], folder: Path) -> str:
-    """The batch script: one step on every node; USR1 (the time-limit warning) leaves WARN_FILE for the agents."""
-    step = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", f"--output={folder}/node%n.step.log", *node_command]
+    """The batch script: one step on every node with all the job's CPUs, GPUs and memory there (``--whole``,
+    Slurm 21.08+); USR1 (the time-limit warning) leaves WARN_FILE for the agents."""
+    step = ["srun", "--ntasks-per-node=1", "--whole", "--kill-on-bad-exit=0", f"--output={folder}/node%n.step.log",
+            *node_command]
     return "\n".join([
         "#!/bin/bash",
         "# written by launch: the node side on every node of the allocation (launcher/node/slurmnode.py)",
