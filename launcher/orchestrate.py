@@ -24,6 +24,7 @@ from launcher.states import JobState, is_terminal
 from launcher.store import Store
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
+SUBMITTED_WAIT_S = 30.0  # --detach on a scheduler: how long to wait for the scheduler to have the job
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ def submit(
     if detach:
         backend.close()
         _spawn_supervisor(store, plan.job_id)
+        if backend.places_at_start:
+            return plan.job_id, _scheduler_has(store, plan.job_id)
         return plan.job_id, JobState.PENDING
     supervisor = Supervisor(
         store, plan, backend, echo=echo, warn=warn, stage=stage, secrets=secret_values, grace=job.watch.grace_period,
@@ -151,6 +154,18 @@ def submit(
     )
     supervisor.install_signal_handlers()
     return plan.job_id, supervisor.run()
+
+
+def _scheduler_has(store: Store, job_id: str, timeout: float = SUBMITTED_WAIT_S) -> JobState:
+    """Wait until the detached supervisor has handed the job to the scheduler (its id recorded) or the job
+    ended; the job's state then (PENDING if neither came within ``timeout``: the supervisor goes on)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = store.job(job_id)
+        if job.get("scheduler_id") or is_terminal(job["state"]):
+            return JobState(job["state"])
+        time.sleep(0.1)
+    return JobState(store.job(job_id)["state"])
 
 
 def stored_spec(job: JobSpec, cluster: ClusterSpec, run_check: bool) -> dict:

@@ -387,7 +387,8 @@ class Supervisor:
             self.store.set_node(job_id, attempt, node.index, host=node.host, address=node.address,
                                 state=NodeState.STARTING, started_at=time.time())
         context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace, stage=self.stage,
-                               queued=self._queued, allocated=self._allocated, cancelled=self._cancel, place=self.place)
+                               submitted=self._submitted, queued=self._queued, allocated=self._allocated,
+                               cancelled=self._cancel, place=self.place)
         try:
             planned = self.plan
             self.plan, handles = self.backend.start(self.plan, context)
@@ -408,6 +409,11 @@ class Supervisor:
                                 state=NodeState.RUNNING, pid=handle.pid, log_path=str(log_path))
             watchers.append(NodeWatcher(handle, node.host, log_path, self, attempt))
         return watchers
+
+    def _submitted(self, scheduler_id: str) -> None:
+        """The scheduler has the job: its id recorded (`launch submit --detach` returns on it)."""
+        self.store.update_job(self.plan.job_id, scheduler_id=scheduler_id)
+        self.store.add_event(self.plan.job_id, "submitted", f"submitted to the scheduler: its job {scheduler_id}")
 
     def _queued(self, reason: str, scheduler_id: str | None) -> None:
         """The scheduler holds the job: QUEUED with its reason and job id, said once per reason."""

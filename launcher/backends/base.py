@@ -90,6 +90,8 @@ class StartContext:
     secrets: Mapping[str, str]
     grace: float
     stage: StageSink = no_stage
+    #: the job was handed to a scheduler (its job id there)
+    submitted: Callable[[str], None] = lambda scheduler_id: None
     queued: Callable[[str, str | None], None] = lambda reason, scheduler_id: None
     #: the scheduler allocated the job's nodes (its job id): the job is launching again after ``queued``
     allocated: Callable[[str], None] = lambda scheduler_id: None

@@ -294,6 +294,7 @@ class SlurmBackend(Backend):
         job = SlurmJob(cli.parse_job_id(cli.checked(argv)), folder)
         self._jobs[plan.job_id] = job
         try:
+            context.submitted(job.slurm_id)
             self._wait_allocated(plan, job, context)
             found = self._gather_facts(plan, job, context)
             if found.problems:

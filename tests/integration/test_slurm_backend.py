@@ -151,6 +151,7 @@ def test_a_second_job_waits_queued_behind_the_first_then_runs(slurm: sl.SlurmClu
     first = _submit_detached(first_job, cluster)
     wait_for(lambda: _status(first)["state"] == "RUNNING", 60, "the first job to run")
     second = _submit_detached(_job(tmp_path, name="second"), cluster)
+    assert _status(second)["scheduler_id"], "--detach returns once Slurm has the job"
     queued = wait_for(lambda: (s := _status(second))["queue_reason"] in ("Resources", "Priority") and s, 30,
                       "the second job to be queued with Slurm's reason")
     assert queued["state"] == "QUEUED" and queued["scheduler_id"]
@@ -274,3 +275,20 @@ def test_a_node_problem_found_inside_the_allocation_fails_the_job_with_the_prefl
         assert f"node {index} ({host.name}): /usr/bin/python3 cannot import torch" in reason
     assert job_state(slurm, status["scheduler_id"])[0] == "CANCELLED"
     _assert_nothing_left(slurm, [status["scheduler_id"]])
+
+
+def test_submit_refuses_what_the_partition_can_never_hold_and_submits_nothing(slurm: sl.SlurmCluster, tmp_path: Path,
+                                                                              home: Path) -> None:
+    before = slurm.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
+    too_big = _job(tmp_path, name="too-big")
+    spec = json.loads(too_big.read_text())
+    spec["resources"]["nodes"] = 3
+    too_big.write_text(json.dumps(spec))
+    done = _launch("submit", str(too_big), "--cluster", str(_cluster(tmp_path, slurm)))
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    assert f"resources.nodes: the job asks for 3 nodes; partition '{slurm.partition}' can give at most 2" in done.stderr
+    nowhere = _cluster(tmp_path, slurm, partition="nope")
+    done = _launch("submit", str(_job(tmp_path)), "--cluster", str(nowhere))
+    assert done.returncode == 3 and "slurm.partition: Slurm has no partition 'nope'" in done.stderr
+    assert slurm.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before
+    assert Store(home).jobs() == [], "nothing recorded either"
