@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.backends.base import Backend
+from launcher.netenv import AUTO
 from launcher.spec.cluster import ClusterSpec
 
 SKEW_WARN_S = 2.0
@@ -49,7 +50,7 @@ def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 
     seconds while the others connect to it (``listen_s=0``: no reachability test)."""
     hosts = backend.check_hosts(cluster)
     master = backend.plan_nodes(cluster, 1)[0]
-    master_address = master.address or master.host
+    master_address = master.address if master.address and master.address != AUTO else hosts[0]
     reach = listen_s > 0 and len(hosts) > 1
 
     def one(index: int) -> NodeFacts:

@@ -20,8 +20,10 @@ watch for; they pass SIGUSR1 on to the ranks that handle it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -61,6 +63,8 @@ POLL_S = 0.5
 STATUS_EVERY_S = 1.0
 STARTED_TIMEOUT_S = 120.0
 CONFIRM_TIMEOUT_S = 60.0
+CHECK_NODES = 16  # `launch check` probes at most this many of the partition's nodes
+CHECK_QUEUE_WAIT_S = 300.0  # ... and waits this long for each probe's allocation
 NOT_YET_SCHEDULED = "None"  # squeue's reason until the scheduler has looked at the job
 UNSCHEDULED_QUIET_S = 3.0  # a job the scheduler has not looked at yet is not called queued before this
 
@@ -236,6 +240,7 @@ class SlurmBackend(Backend):
         super().__init__(cluster)
         self.spec = cluster.slurm
         self._jobs: dict[str, SlurmJob] = {}
+        self._check_nodes: list[str] | None = None
 
     @classmethod
     def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
@@ -252,8 +257,19 @@ class SlurmBackend(Backend):
 
     @classmethod
     def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
-        raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Slurm, submit a job: its nodes are "
-                          "checked inside the allocation before anything starts (`launch status` shows the report)")
+        """`launch check` probes the partition's nodes in service (CHECK_NODES at most), each through its own
+        ``srun``, which may wait in the queue."""
+        names = cli.nodes_in_service(cluster.slurm.partition)[:CHECK_NODES]
+        if not names:
+            raise LaunchError(f"partition '{cluster.slurm.partition}' has no node in service (idle, mixed or "
+                              f"allocated): `sinfo -p {cluster.slurm.partition}` says why")
+        sys.stderr.write(f"launch check: each node is probed by `srun --partition={cluster.slurm.partition} "
+                         f"--nodelist=NODE` (it may wait in Slurm's queue); nodes: {', '.join(names)}\n")
+        return names
+
+    @classmethod
+    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+        return len(cli.nodes_in_service(cluster.slurm.partition)[:CHECK_NODES])
 
     # at submit: what the controller answers at once
 
@@ -460,13 +476,25 @@ class SlurmBackend(Backend):
     def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
         """Run ``argv`` on node ``index`` of the job's running allocation (``srun --overlap``)."""
         if plan is None:
-            self.check_hosts(self.cluster)
+            return self._run_checked(index, argv, timeout)
         job = self._jobs.get(plan.job_id)
         if job is None or job.status().state != cli.SlurmState.RUNNING:
             return unreachable(f"node {index}: the job's Slurm allocation is not running")
         host = plan.nodes[index].host
         done = cli.run(["srun", f"--jobid={job.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                         "--quiet", *argv], timeout=timeout + 30)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def _run_checked(self, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """`launch check`'s command on the partition's node ``index`` (of ``check_hosts``), in an allocation of its own."""
+        if self._check_nodes is None:
+            self._check_nodes = cli.nodes_in_service(self.spec.partition)[:CHECK_NODES]
+        minutes = max(1, math.ceil(timeout / 60))
+        try:
+            done = cli.run([*cli.srun_argv(self.spec, self._check_nodes[index], minutes), *argv],
+                           timeout=timeout + CHECK_QUEUE_WAIT_S)
+        except cli.SlurmCommandError as exc:
+            return unreachable(str(exc))
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
 

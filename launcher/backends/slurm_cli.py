@@ -120,6 +120,24 @@ def sbatch_argv(spec: SlurmSpec, *, nodes: int, job_name: str, output: str, work
     return [*argv, *spec.options, script]
 
 
+def srun_argv(spec: SlurmSpec, host: str, minutes: int) -> list[str]:
+    """``srun`` of one task on node ``host`` of the partition, with the job's GPUs (for `launch check`)."""
+    argv = ["srun", "--quiet", f"--partition={spec.partition}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+            f"--time={minutes}", f"--job-name=launch-check-{host}"]
+    argv += [f"--account={spec.account}"] if spec.account else []
+    argv += [f"--qos={spec.qos}"] if spec.qos else []
+    if spec.gpus_per_node:
+        argv.append(f"--gpus-per-node={spec.gpus_per_node}" if spec.gpu_flag == GpuFlag.GPUS_PER_NODE
+                    else f"--gres=gpu:{spec.gpus_per_node}")
+    return argv
+
+
+def nodes_in_service(partition: str) -> list[str]:
+    """The partition's nodes that take jobs now (idle, mixed or allocated), in sinfo's order."""
+    out = run(["sinfo", "-h", "-N", "-p", partition, "-t", "idle,mixed,allocated", "-o", "%N"]).stdout
+    return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
+
+
 def parse_job_id(out: str) -> str:
     """The id ``sbatch --parsable`` printed (``ID`` or ``ID;CLUSTER``)."""
     first = out.strip().split(";")[0]

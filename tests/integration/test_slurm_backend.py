@@ -292,3 +292,15 @@ def test_submit_refuses_what_the_partition_can_never_hold_and_submits_nothing(sl
     assert done.returncode == 3 and "slurm.partition: Slurm has no partition 'nope'" in done.stderr
     assert slurm.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before
     assert Store(home).jobs() == [], "nothing recorded either"
+
+
+def test_launch_check_probes_the_partitions_nodes_through_srun_and_measures_bandwidth(
+        slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
+    done = _launch("check", "--cluster", str(_cluster(tmp_path, slurm)), "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    report = json.loads(done.stdout)
+    assert [n["host"] for n in report["nodes"]] == [h.name for h in slurm.nodes]
+    assert [n["hostname"] for n in report["nodes"]] == [h.name for h in slurm.nodes], "each probe on its own node"
+    assert report["nodes"][1]["reached"] is True and report["nodes"][0]["port_free"] is True
+    assert report["bandwidth_gbps"] > 0 and report["problems"] == []
+    assert "may wait in Slurm's queue" in done.stderr
