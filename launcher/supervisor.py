@@ -413,7 +413,8 @@ class Supervisor:
     def _submitted(self, scheduler_id: str) -> None:
         """The scheduler has the job: its id recorded (`launch submit --detach` returns on it)."""
         self.store.update_job(self.plan.job_id, scheduler_id=scheduler_id)
-        self.store.add_event(self.plan.job_id, "submitted", f"submitted to the scheduler: its job {scheduler_id}")
+        self.store.add_event(self.plan.job_id, "submitted", f"submitted to the scheduler: its job {scheduler_id}",
+                             {"scheduler_id": scheduler_id})
 
     def _queued(self, reason: str, scheduler_id: str | None) -> None:
         """The scheduler holds the job: QUEUED with its reason and job id, said once per reason."""

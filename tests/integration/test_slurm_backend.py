@@ -33,7 +33,11 @@ import torch.distributed as dist
 from launcher.metrics import Reporter
 
 if socket.gethostname() == os.environ.get("TEST_FAIL_ON_HOST"):
-    sys.exit("this host is broken")
+    once = os.environ.get("TEST_FAIL_ONCE")
+    if not once or not os.path.exists(once):
+        if once:
+            open(once, "w").close()
+        sys.exit("this host is broken")
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 total = torch.tensor([float(rank + 1)])
@@ -304,3 +308,18 @@ def test_launch_check_probes_the_partitions_nodes_through_srun_and_measures_band
     assert report["nodes"][1]["reached"] is True and report["nodes"][0]["port_free"] is True
     assert report["bandwidth_gbps"] > 0 and report["problems"] == []
     assert "may wait in Slurm's queue" in done.stderr
+
+
+def test_a_restart_resubmits_the_job_to_slurm(slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
+    job = _job(tmp_path, name="restarted", restarts=1, restart_on="any",
+               env={"TEST_FAIL_ON_HOST": slurm.nodes[0].name, "TEST_FAIL_ONCE": str(tmp_path / "failed-once")})
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, slurm)))
+    assert done.returncode == 0, done.stderr + done.stdout
+    job_id = re.search(r"job (\S+): SUCCEEDED", done.stderr)[1]
+    status = _status(job_id)
+    assert status["attempt"] == 1 and [e["kind"] for e in status["events"]].count("restarting") == 1
+    ids = [e["data"]["scheduler_id"] for e in status["events"] if e["kind"] == "submitted"]
+    assert len(set(ids)) == 2 and ids[-1] == status["scheduler_id"], status["events"]
+    assert job_state(slurm, ids[0])[0] in ("CANCELLED", "FAILED")
+    assert sorted(r["host"] for r in _results(home, job_id) if r) == sorted(h.name for h in slurm.nodes)
+    _assert_nothing_left(slurm, ids)
