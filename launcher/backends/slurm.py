@@ -63,6 +63,7 @@ POLL_S = 0.5
 STATUS_EVERY_S = 1.0
 STARTED_TIMEOUT_S = 120.0
 CONFIRM_TIMEOUT_S = 60.0
+SETTLE_S = 10.0  # the sweep lets a job whose agents have exited end by itself this long before scancel
 CHECK_NODES = 16  # `launch check` probes at most this many of the partition's nodes
 CHECK_QUEUE_WAIT_S = 300.0  # ... and waits this long for each probe's allocation
 NOT_YET_SCHEDULED = "None"  # squeue's reason until the scheduler has looked at the job
@@ -100,6 +101,11 @@ class SlurmJob:
         self._status: cli.JobStatus | None = None
         self._read_at = 0.0
         self._ending: tuple[cli.JobStatus, dict[str, str], dict[str, tuple[str, str]]] | None = None
+        self.exited: set[int] = set()  # nodes whose agent reported its exit
+
+    def agents_done(self, nodes: int) -> bool:
+        """Whether every node's agent has reported its exit (the batch script is ending the job by itself)."""
+        return len(self.exited) == nodes
 
     def status(self, fresh: bool = False) -> cli.JobStatus:
         with self._lock:
@@ -205,6 +211,7 @@ class SlurmNode:
             code = LOST_NODE_EXIT
         if code != 0:
             self.scheduler_failure = self._job.scheduler_failure(self._host)
+        self._job.exited.add(self.index)
         self._code = code
 
     def _lost(self) -> None:
@@ -413,7 +420,7 @@ class SlurmBackend(Backend):
                 path = job.folder / f"node{node.index}.out"
                 if node.index in pids or not path.exists():
                     continue
-                for line in path.read_text(errors="replace").splitlines():
+                for line in path.read_text(errors="replace").split("\n")[:-1]:  # whole lines only
                     if line.startswith("@started "):
                         pids[node.index] = int(json.loads(line.partition(" ")[2])["pid"])
                     elif line.startswith("@exit ") and node.index not in pids:
@@ -434,8 +441,12 @@ class SlurmBackend(Backend):
 
     # ending and confirming
 
-    def _end(self, job: SlurmJob) -> bool:
-        """``scancel`` unless ended; True once squeue confirms the job ended with no step left."""
+    def _end(self, job: SlurmJob, settle: float = 0.0) -> bool:
+        """``scancel`` unless it ends by itself within ``settle`` seconds (a job whose agents all exited: its
+        batch script ends it COMPLETED); True once squeue confirms it ended with no step left."""
+        deadline = time.monotonic() + settle
+        while not job.status(fresh=True).state.ended and time.monotonic() < deadline:
+            time.sleep(POLL_S / 2)
         if not job.status(fresh=True).state.ended:
             cli.cancel(job.slurm_id)
         deadline = time.monotonic() + CONFIRM_TIMEOUT_S
@@ -455,7 +466,9 @@ class SlurmBackend(Backend):
         left = []
         for slurm_id in sorted(ids):
             job = SlurmJob(slurm_id, folder)
-            confirmed = self._end(job) if end else job.status().state.ended and not cli.steps(slurm_id)
+            known = self._jobs.get(plan.job_id)
+            settle = SETTLE_S if known is not None and known.slurm_id == slurm_id and known.agents_done(plan.nnodes) else 0
+            confirmed = self._end(job, settle) if end else job.status().state.ended and not cli.steps(slurm_id)
             if not confirmed:
                 left.append(f"Slurm job {slurm_id} is still {job.status(fresh=True).state.value} "
                             f"(steps: {', '.join(cli.steps(slurm_id)) or 'none'})")

@@ -139,6 +139,7 @@ def test_two_nodes_one_rank_each_succeed_with_metrics(slurm: sl.SlurmCluster, tm
     assert {r["host"] for r in status["metrics"]["per_rank"]} == {h.name for h in slurm.nodes}
     assert status["metrics"]["steps"] == 3
     assert [n["host"] for n in status["network"]] == [h.name for h in slurm.nodes]
+    assert job_state(slurm, status["scheduler_id"])[0] == "COMPLETED", "the batch script ended the job itself"
     _assert_nothing_left(slurm, [status["scheduler_id"]])
 
 
