@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -48,7 +45,7 @@ from launcher.backends.base import (
     unreachable,
 )
 from launcher.errors import LaunchError, NodeStartError, PreflightError
-from launcher.failures import LOST_NODE_EXIT, Failure, FailureKind
+from launcher.backends.slurm_job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
 from launcher.netenv import AUTO, NodeNetwork
 from launcher.node.ship import node_argv
 from launcher.node.slurmnode import ABORT_FILE, write_private
@@ -59,8 +56,6 @@ from launcher.spec.slurm import time_minutes
 
 JOB_DIR = ".launch"
 WARN_FILE = "time-warning"
-POLL_S = 0.5
-STATUS_EVERY_S = 1.0
 STARTED_TIMEOUT_S = 120.0
 CONFIRM_TIMEOUT_S = 60.0
 SETTLE_S = 10.0  # the sweep lets a job whose agents have exited end by itself this long before scancel
@@ -89,151 +84,6 @@ def batch_script(node_command: list[str], folder: Path) -> str:
         'while true; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || exit "$code"; done',
         "",
     ])
-
-
-class SlurmJob:
-    """One submitted attempt: its Slurm id, its directory, its status (squeue, at most once a second)."""
-
-    def __init__(self, slurm_id: str, folder: Path) -> None:
-        self.slurm_id = slurm_id
-        self.folder = folder
-        self._lock = threading.Lock()
-        self._status: cli.JobStatus | None = None
-        self._read_at = 0.0
-        self._ending: tuple[cli.JobStatus, dict[str, str], dict[str, tuple[str, str]]] | None = None
-        self.exited: set[int] = set()  # nodes whose agent reported its exit
-
-    def agents_done(self, nodes: int) -> bool:
-        """Whether every node's agent has reported its exit (the batch script is ending the job by itself)."""
-        return len(self.exited) == nodes
-
-    def status(self, fresh: bool = False) -> cli.JobStatus:
-        with self._lock:
-            if fresh or self._status is None or time.monotonic() - self._read_at >= STATUS_EVERY_S:
-                self._status, self._read_at = cli.job_status(self.slurm_id), time.monotonic()
-            return self._status
-
-    def ending(self) -> tuple[cli.JobStatus, dict[str, str], dict[str, tuple[str, str]]]:
-        """(status, scontrol's view of the job, the job's nodes' (state, reason)): read once the job has ended."""
-        with self._lock:
-            if self._ending is None:
-                status = cli.job_status(self.slurm_id)
-                shown = cli.show_job(self.slurm_id)
-                names = cli.hostnames(shown.get("NodeList", "") or status.nodelist) if status.nodelist or shown else []
-                result = (status, shown, cli.node_reasons(names))
-                if not status.state.ended and shown.get("JobState") not in _ENDED_WORDS:
-                    return result  # not ended yet: ask again next time
-                self._ending = result
-            return self._ending
-
-    def scheduler_failure(self, host: str) -> Failure | None:
-        """The failure Slurm decided, as seen from node ``host``: the time limit, this node failed, or the
-        job ended by Slurm or someone else; None while Slurm lets it run or when a rank's exit ended it."""
-        status, shown, nodes = self.ending()
-        state = shown.get("JobState") or status.state.value
-        reason = shown.get("Reason") or status.reason
-        words = f"Slurm: job {self.slurm_id} {state} (Reason={reason})"
-        if state == "TIMEOUT" or reason == "TimeLimit":
-            return Failure(kind=FailureKind.TIMEOUT, transient=True,
-                           reason=f"{words}: the time limit ({shown.get('TimeLimit', '?')}) was reached"
-                                  f"{_slurm_lines(self.folder)}")
-        if state == "NODE_FAIL" or reason == "NodeDown":
-            node_state, node_reason = nodes.get(host, ("", ""))
-            if "down" in node_state or "*" in node_state or "not responding" in node_reason.lower():
-                return Failure(kind=FailureKind.LOST, reason=f"{words}; node {host} is {node_state}: {node_reason}"
-                                                             f"{_slurm_lines(self.folder)}")
-            return None
-        if state in ("CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"):
-            return Failure(kind=FailureKind.LOST, reason=f"{words}{_slurm_lines(self.folder)}")
-        return None
-
-
-_ENDED_WORDS = {s.value for s in cli.SlurmState if s.ended}
-
-
-def _slurm_lines(folder: Path) -> str:
-    """Slurm's ``***`` and ``srun: error`` lines in the attempt's logs, as ``: line | line``."""
-    found = []
-    for path in sorted(folder.glob("*.log")):
-        try:
-            text = path.read_text(errors="replace")[-20000:]
-        except OSError:
-            continue
-        found += [line.strip() for line in text.splitlines() if line.startswith(("***", "srun: error", "slurmstepd"))
-                  or " *** " in line]
-    return (": " + " | ".join(dict.fromkeys(found[-3:]))) if found else ""
-
-
-class SlurmNode:
-    """One node agent of a Slurm job, followed through its framed output file in the job directory."""
-
-    def __init__(self, index: int, host: str, job: SlurmJob, pid: int | None) -> None:
-        self.index = index
-        self.pid: int | None = pid
-        self.lost_reason: str | None = None
-        #: the failure Slurm decided (time limit, node failure), with Slurm's words; trusted
-        self.scheduler_failure: Failure | None = None
-        self._host = host
-        self._job = job
-        self._code: int | None = None
-        self._path = job.folder / f"node{index}.out"
-
-    def lines(self) -> Iterator[str]:
-        """The agent's lines until its ``@exit``, or until Slurm says the job ended without one (lost)."""
-        pending = b""
-        with open(self._path, "rb") as handle:
-            while True:
-                chunk = handle.read(65536)
-                if chunk:
-                    pending += chunk
-                    *complete, pending = pending.split(b"\n")
-                    for raw in complete:
-                        line = raw.decode("utf-8", "replace")
-                        yield line
-                        if line.startswith("@exit "):
-                            self._exited(line)
-                            return
-                    continue
-                if self._code is not None:
-                    return
-                if self._job.status().state.ended:
-                    if handle.read(1):
-                        handle.seek(-1, os.SEEK_CUR)
-                        continue
-                    self._lost()
-                    return
-                time.sleep(POLL_S)
-
-    def _exited(self, line: str) -> None:
-        try:
-            code = int(json.loads(line.partition(" ")[2])["code"])
-        except (ValueError, KeyError, TypeError):
-            code = LOST_NODE_EXIT
-        if code != 0:
-            self.scheduler_failure = self._job.scheduler_failure(self._host)
-        self._job.exited.add(self.index)
-        self._code = code
-
-    def _lost(self) -> None:
-        self.scheduler_failure = self._job.scheduler_failure(self._host)
-        status = self._job.status()
-        self.lost_reason = (self.scheduler_failure.reason if self.scheduler_failure else None) or (
-            f"Slurm: job {self._job.slurm_id} {status.state.value} (Reason={status.reason}) before node "
-            f"{self.index}'s agent reported its exit{_slurm_lines(self._job.folder)}")
-        self._code = LOST_NODE_EXIT
-
-    def poll(self) -> int | None:
-        """The exit code once known; LOST_NODE_EXIT at once for a node Slurm declared failed."""
-        if self._code is None and self._job.status().state in (cli.SlurmState.NODE_FAIL, cli.SlurmState.COMPLETING):
-            failure = self._job.scheduler_failure(self._host)
-            if failure is not None and failure.kind == FailureKind.LOST:
-                self.scheduler_failure, self.lost_reason, self._code = failure, failure.reason, LOST_NODE_EXIT
-        return self._code
-
-    def terminate(self, grace: float) -> None:
-        """``scancel`` the job (every node: Slurm signals the steps, KillWait later kills them)."""
-        if not self._job.status().state.ended:
-            cli.cancel(self._job.slurm_id)
 
 
 class SlurmBackend(Backend):
@@ -366,7 +216,7 @@ class SlurmBackend(Backend):
                     shown = reason
             elif status.state.ended:
                 raise NodeStartError(f"Slurm job {job.slurm_id} ended {status.state.value} (Reason={status.reason}) "
-                                     f"before it started{_slurm_lines(job.folder)}", 0)
+                                     f"before it started{slurm_lines(job.folder)}", 0)
             elif status.state != cli.SlurmState.CONFIGURING:
                 if shown is not None:
                     context.stage(Stage.QUEUED, None, "", StageState.DONE)
@@ -393,7 +243,7 @@ class SlurmBackend(Backend):
                 missing = sorted(set(range(plan.nnodes)) - set(facts))
                 raise NodeStartError(
                     f"nodes {missing} sent no facts (Slurm job {job.slurm_id} {status.state.value}, "
-                    f"Reason={status.reason}): {_step_log_tail(job.folder, missing[0])}", missing[0])
+                    f"Reason={status.reason}): {step_log_tail(job.folder, missing[0])}", missing[0])
             time.sleep(POLL_S)
         problems, nodes, probes = [], [], {}
         for index in range(plan.nnodes):
@@ -431,7 +281,7 @@ class SlurmBackend(Backend):
             if len(pids) < plan.nnodes and (status.state.ended or time.monotonic() > deadline):
                 index = min(set(range(plan.nnodes)) - set(pids))
                 raise NodeStartError(f"node {index} ({plan.nodes[index].host}): its agent did not start (Slurm job "
-                                     f"{job.slurm_id} {status.state.value}): {_step_log_tail(job.folder, index)}", index)
+                                     f"{job.slurm_id} {status.state.value}): {step_log_tail(job.folder, index)}", index)
             time.sleep(POLL_S / 5)
         return pids
 
@@ -509,11 +359,3 @@ class SlurmBackend(Backend):
         except cli.SlurmCommandError as exc:
             return unreachable(str(exc))
         return CommandResult(done.returncode, done.stdout, done.stderr)
-
-
-def _step_log_tail(folder: Path, index: int) -> str:
-    try:
-        text = (folder / f"node{index}.step.log").read_text(errors="replace").strip()
-    except OSError:
-        text = ""
-    return text[-400:] or f"nothing in {folder}/node{index}.step.log"
