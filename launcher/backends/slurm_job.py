@@ -56,9 +56,15 @@ class SlurmJob:
         return len(self.exited) == nodes
 
     def status(self, fresh: bool = False) -> cli.JobStatus:
+        """The job's status; when squeue fails for a moment (a busy controller), the last one known
+        (SlurmCommandError only when none is known yet)."""
         with self._lock:
             if fresh or self._status is None or time.monotonic() - self._read_at >= STATUS_EVERY_S:
-                self._status, self._read_at = cli.job_status(self.slurm_id), time.monotonic()
+                try:
+                    self._status, self._read_at = cli.job_status(self.slurm_id), time.monotonic()
+                except cli.SlurmCommandError:
+                    if self._status is None:
+                        raise
             return self._status
 
     def ending(self) -> tuple[cli.JobStatus, dict[str, str], dict[str, tuple[str, str]]]:
@@ -76,8 +82,12 @@ class SlurmJob:
 
     def scheduler_failure(self, host: str) -> Failure | None:
         """The failure Slurm decided, as seen from node ``host``: the time limit, this node failed, or the
-        job ended by Slurm or someone else; None while Slurm lets it run or when a rank's exit ended it."""
-        status, shown, nodes = self.ending()
+        job ended by Slurm or someone else; None while Slurm lets it run, when a rank's exit ended it, or
+        when Slurm cannot be asked."""
+        try:
+            status, shown, nodes = self.ending()
+        except cli.SlurmCommandError:
+            return None
         state = shown.get("JobState") or status.state.value
         reason = shown.get("Reason") or status.reason
         words = f"Slurm: job {self.slurm_id} {state} (Reason={reason})"
