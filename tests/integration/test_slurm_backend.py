@@ -324,3 +324,16 @@ def test_a_restart_resubmits_the_job_to_slurm(slurm: sl.SlurmCluster, tmp_path: 
     assert job_state(slurm, ids[0])[0] in ("CANCELLED", "FAILED")
     assert sorted(r["host"] for r in _results(home, job_id) if r) == sorted(h.name for h in slurm.nodes)
     _assert_nothing_left(slurm, ids)
+
+
+def test_a_recipe_under_a_deepspeed_strategy_trains_across_the_allocation(slurm: sl.SlurmCluster, tmp_path: Path,
+                                                                         home: Path) -> None:
+    recipe = Path(__file__).resolve().parents[2] / "jobs" / "cifar10_convnet_zero2.yaml"
+    done = _launch("submit", str(recipe), "--cluster", str(_cluster(tmp_path, slurm)), "--set", "resources.nodes=2",
+                   "--set", "resources.nproc_per_node=1", "--set", "batch.global_batch=null", "--set",
+                   "batch.micro_batch=4", "--set", "max_steps=3", "--set", "metrics.every=1", timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    status = _status(re.search(r"job (\S+): SUCCEEDED", done.stderr)[1])
+    assert (status["strategy"], status["launcher"], status["world_size"]) == ("zero2", "deepspeed", 2)
+    assert status["metrics"]["steps"] == 3 and status["metrics"]["loss"] is not None
+    assert {r["host"] for r in status["metrics"]["per_rank"]} == {h.name for h in slurm.nodes}
