@@ -116,11 +116,13 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_che
         click.echo(json.dumps({"id": job_id, "state": state}))
     elif detach:
         click.echo(job_id)
+        if state in ("FAILED", "CANCELLED"):  # a scheduler refused the job before --detach returned
+            _echo_reason(job_id)
     else:
         click.echo(f"job {job_id}: {state}  (launch status {job_id})", err=True)
         if state != "SUCCEEDED":
             _echo_reason(job_id)
-    if not detach and state != "SUCCEEDED":
+    if (not detach and state != "SUCCEEDED") or state in ("FAILED", "CANCELLED"):
         sys.exit(EXIT_CANCELLED if state == "CANCELLED" else 1)
 
 

@@ -101,7 +101,9 @@ class StartContext:
 
 
 class NodeHandle(Protocol):
-    """One running node agent of a job."""
+    """One running node agent of a job. A scheduler's handle may also carry ``scheduler_failure``: the
+    ``Failure`` the scheduler decided for its node (the time limit, the node declared failed), which the
+    supervisor records as the node's failure."""
 
     index: int
     pid: int | None

@@ -143,8 +143,8 @@ class SlurmBackend(Backend):
             problems.append(f"resources.nodes: the job asks for {plan.nnodes} nodes; partition '{spec.partition}' "
                             f"can give at most {limit} (TotalNodes={found.total_nodes}, MaxNodes={found.max_nodes or 'UNLIMITED'})")
         wanted = time_minutes(spec.time) if spec.time else None
-        if found.max_minutes is not None and (wanted is None or wanted > found.max_minutes):
-            problems.append(f"slurm.time: {spec.time or 'UNLIMITED'} is more than partition '{spec.partition}' allows "
+        if spec.time and found.max_minutes is not None and (wanted is None or wanted > found.max_minutes):
+            problems.append(f"slurm.time: {spec.time} is more than partition '{spec.partition}' allows "
                             f"(MaxTime {found.max_minutes} min); the job would stay pending forever")
         if spec.gpus_per_node:
             enough = sum(count for count, gpus in cli.partition_gpus(spec.partition) if gpus >= spec.gpus_per_node)

@@ -297,6 +297,10 @@ def test_submit_refuses_what_the_partition_can_never_hold_and_submits_nothing(sl
     assert done.returncode == 3 and "slurm.partition: Slurm has no partition 'nope'" in done.stderr
     assert slurm.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before
     assert Store(home).jobs() == [], "nothing recorded either"
+    refused = _cluster(tmp_path, slurm, options=["--mem=100000000"])  # more memory than any node has
+    done = _launch("submit", str(_job(tmp_path)), "--cluster", str(refused), "--detach")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "sbatch" in done.stderr and "Memory specification can not be satisfied" in done.stderr, done.stderr
 
 
 def test_launch_check_probes_the_partitions_nodes_through_srun_and_measures_bandwidth(
