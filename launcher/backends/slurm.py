@@ -44,8 +44,8 @@ from launcher.backends.base import (
     node_problems,
     unreachable,
 )
-from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.backends.slurm_job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
+from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.netenv import AUTO, NodeNetwork
 from launcher.node.ship import node_argv
 from launcher.node.slurmnode import ABORT_FILE, write_private
