@@ -68,6 +68,13 @@ def strategy_overrides(job: JobSpec, strategy: str) -> list[str]:
     return [f"{key}={value}" for key, value in settings.items()]
 
 
+def _merged_sets(users: tuple[str, ...], bench: list[str]) -> list[str]:
+    """The user's ``--set`` items, less those whose key the bench sets itself (a strategy's one process
+    for dp, ``--steps``), then the bench's: each key is given once, and the bench's value wins."""
+    own = {item.split("=", 1)[0].strip() for item in bench}
+    return [item for item in users if item.split("=", 1)[0].strip() not in own] + bench
+
+
 def run_bench(
     job_file: str,
     strategies: list[str],
@@ -94,7 +101,7 @@ def run_bench(
         if runs and runs[-1].state == CANCELLED:
             runs.append(BenchRun(strategy, None, CANCELLED, "not run: the bench was cancelled", 0.0))
             continue
-        sets = [*overrides, *strategy_overrides(base, strategy)] + ([f"max_steps={steps}"] if steps else [])
+        sets = _merged_sets(overrides, [*strategy_overrides(base, strategy), *([f"max_steps={steps}"] if steps else [])])
         progress(f"bench {index}/{len(strategies)}: {strategy}")
         run = _run_one(store, job_file, cluster_file, strategy, tuple(sets), echo)
         progress(f"bench {index}/{len(strategies)}: {strategy}: {run.job_id or '(no job)'} {run.state} "

@@ -240,8 +240,8 @@ def test_losing_the_ray_agent_of_node_1_fails_the_job_and_says_why(job_files, ra
     assert obj["state"] == "FAILED", obj
     assert obj["ended_at"] - killed < 10, obj["ended_at"] - killed
     failure = obj["first_failure"]
-    assert failure["node"] == 1 and failure["exit_code"] == 255
-    assert any("node 1 lost: its Ray agent died" in line for line in failure["last_lines"]), failure
+    assert failure["kind"] == "lost" and failure["node"] == 1 and failure["exit_code"] == 255
+    assert "node 1 lost: its Ray agent died" in failure["reason"], failure
     _assert_nothing_left(ray_cluster, job_id)
 
 

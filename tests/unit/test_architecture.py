@@ -88,3 +88,9 @@ def test_the_node_side_imports_nothing_outside_itself() -> None:
 
 def test_the_test_harness_is_not_shipped_in_the_package() -> None:
     assert not (PACKAGE / "testbed.py").exists()
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports test files by their base name (no __init__.py in tests/): two alike stop the whole run."""
+    names = sorted(path.name for path in (ROOT / "tests").rglob("test_*.py"))
+    assert sorted(set(names)) == names, [name for name in set(names) if names.count(name) > 1]
