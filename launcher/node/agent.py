@@ -40,6 +40,7 @@ PR_SET_PDEATHSIG = 1
 EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
 WARN_POLL_S = 1.0
+WARN_UNHANDLED_S = 30.0  # ranks that still do not handle SIGUSR1 this long after the warning are named
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
@@ -287,24 +288,37 @@ class Agent:
 
     def _forward_warning(self, path: str, relayed: threading.Event) -> None:
         """Once ``path`` exists (a scheduler's time limit is near), SIGUSR1 to every rank of this node that
-        handles it; never to the launcher (torchrun dies of SIGUSR1) nor to ranks that would die of it."""
+        handles it, as soon as it does (ranks may still be starting) and once each, until the command ends;
+        never to the launcher (torchrun dies of SIGUSR1) nor to ranks that would die of it."""
         while not relayed.wait(WARN_POLL_S):
             if os.path.exists(path):
                 break
         else:
             return
-        node = str(self.req.get("node"))
-        procs = proctree.job_procs(self.job_id)
-        by_pid = {proc.pid: proc for proc in procs}
-        for tree in proctree.rank_trees(procs):
-            proc = by_pid[tree.pid]
-            if proc.env.get("LAUNCH_NODE", node) != node:
-                continue  # another node's rank (nodes that share one process table)
-            caught = proctree.catches(tree.pid, signal.SIGUSR1)
-            if caught:
-                proctree.signal_if(tree.pid, proc.start_ticks, signal.SIGUSR1)
-            self.out.write(f"|launch: the time limit is near: rank {tree.rank} (pid {tree.pid}) "
-                           f"{'got SIGUSR1' if caught else 'does not handle SIGUSR1: not signalled'}".encode())
+        node, warned_at = str(self.req.get("node")), time.monotonic()
+        signalled: set[tuple[int, int]] = set()
+        told_unhandled = False
+        while True:
+            procs = proctree.job_procs(self.job_id)
+            by_pid = {proc.pid: proc for proc in procs}
+            unhandled = []
+            for tree in proctree.rank_trees(procs):
+                proc = by_pid[tree.pid]
+                if proc.env.get("LAUNCH_NODE", node) != node or (proc.pid, proc.start_ticks) in signalled:
+                    continue  # another node's rank (nodes that share one process table), or done
+                if proctree.catches(proc.pid, signal.SIGUSR1) and proctree.signal_if(proc.pid, proc.start_ticks,
+                                                                                     signal.SIGUSR1):
+                    signalled.add((proc.pid, proc.start_ticks))
+                    self.out.write(f"|launch: the time limit is near: rank {tree.rank} (pid {proc.pid}) got SIGUSR1".encode())
+                else:
+                    unhandled.append(tree)
+            if unhandled and not told_unhandled and time.monotonic() - warned_at >= WARN_UNHANDLED_S:
+                told_unhandled = True
+                ranks = ", ".join(str(tree.rank) for tree in unhandled)
+                self.out.write(f"|launch: the time limit is near: rank(s) {ranks} do not handle SIGUSR1: "
+                               "not signalled".encode())
+            if relayed.wait(WARN_POLL_S):
+                return
 
     def _end_orphans(self, relayed: threading.Event) -> None:
         """Once the command has exited, end what it left behind holding its output open (``ORPHAN_WAIT_S``)."""

@@ -212,3 +212,17 @@ def test_facts_report_modules_workdir_port_interfaces_and_route(tmp_path: Path) 
     assert found["missing_ifaces"] == ["nosuch0"] and found["port_free"] is False
     assert found["dev"] == "lo" and found["route_error"] is None
     assert found["cpus"] == len(os.sched_getaffinity(0)) and found["executable"] == sys.executable
+
+
+def test_a_time_limit_warning_reaches_ranks_that_handle_sigusr1_even_once_they_install_the_handler(tmp_path: Path) -> None:
+    warning = tmp_path / "time-warning"
+    warning.touch()  # the scheduler warned before the ranks were ready
+    late_handler = ("import signal, sys, time\ntime.sleep(1.5)\n"
+                    "signal.signal(signal.SIGUSR1, lambda *_: (print('usr1 handled', flush=True), sys.exit(0)))\n"
+                    "time.sleep(10)\nprint('never warned', flush=True)\n")
+    status, lines, _ = _run_agent([sys.executable, "-c", late_handler], {"RANK": "0", "LOCAL_RANK": "0"}, "/", {},
+                                  warn_file=str(warning))
+    out = _output(lines)
+    assert status == 0 and "usr1 handled" in out and "never warned" not in out
+    assert any(line.startswith("launch: the time limit is near: rank 0 (pid ") and line.endswith("got SIGUSR1")
+               for line in out)
