@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def fill_store(home: Path, jobs: int, records: int, log_mb: int) -> str:
+    from launcher.backends import backend_class
     from launcher.plan import make_plan
     from launcher.spec import ClusterSpec, JobSpec
     from launcher.store import LAUNCHING, RUNNING, Store

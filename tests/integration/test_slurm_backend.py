@@ -9,14 +9,21 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from launcher.store import Store
-from tests.slurm_fixture import JOB_END_STATES, job_state, slurmd_killed, steps, wait_for, wait_for_state
+from tests.container_fixture import needs_podman
+from tests.slurm_fixture import (
+    JOB_END_STATES,
+    job_state,
+    slurmd_killed,
+    steps,
+    wait_for,
+)
 from tests.testbed_fixture import needs_root
+from tools import container_image as ci
 from tools import slurm as sl
 from tools import testbed as tb
 
@@ -43,7 +50,8 @@ rank = dist.get_rank()
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 print("RESULT " + json.dumps({"rank": rank, "host": socket.gethostname(), "sum": total.item(),
-                              "slurm_job": os.environ.get("SLURM_JOB_ID")}), flush=True)
+                              "slurm_job": os.environ.get("SLURM_JOB_ID"), "container": os.environ.get("container")}),
+      flush=True)
 reporter = Reporter(every=1, warmup=0)
 for _ in range(int(os.environ.get("TEST_STEPS", "3"))):
     time.sleep(float(os.environ.get("TEST_STEP_S", "0.05")))
@@ -341,3 +349,19 @@ def test_a_recipe_under_a_deepspeed_strategy_trains_across_the_allocation(slurm:
     assert (status["strategy"], status["launcher"], status["world_size"]) == ("zero2", "deepspeed", 2)
     assert status["metrics"]["steps"] == 3 and status["metrics"]["loss"] is not None
     assert {r["host"] for r in status["metrics"]["per_rank"]} == {h.name for h in slurm.nodes}
+
+
+@needs_podman
+def test_every_rank_runs_inside_the_container_on_slurm(slurm: sl.SlurmCluster, tmp_path: Path, home: Path,
+                                                       container_image) -> None:
+    job = _job(tmp_path, container=container_image.spec(python=PYTHON).model_dump(mode="json"))
+    done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, slurm)))
+    assert done.returncode == 0, done.stderr + done.stdout
+    job_id = re.search(r"job (\S+): SUCCEEDED", done.stderr)[1]
+    results = _results(home, job_id)
+    assert sorted((r["rank"], r["host"], r["container"]) for r in results) == [
+        (0, slurm.nodes[0].name, "podman"), (1, slurm.nodes[1].name, "podman")]
+    assert _status(job_id)["metrics"]["steps"] == 3
+    for host in slurm.nodes:
+        left = ci.in_host(host, ["podman", "ps", "-a", "--filter", f"label=launch.job={job_id}", "--format", "{{.Names}}"])
+        assert left.stdout.split() == [], f"no container is left on {host.name}, running or stopped"
