@@ -119,7 +119,8 @@ def test_long_lines_are_cut_with_a_marker_and_nothing_else_is_lost() -> None:
 
 
 def test_the_agent_samples_each_rank_from_outside() -> None:
-    busy = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\nbuf = bytearray(50 * 2**20)\ntime.sleep(1)"
+    # 1.5 s of CPU time, however loaded the machine (a wall-clock loop gets less CPU under load)
+    busy = "import time\nwhile time.process_time() < 1.5: pass\nbuf = bytearray(50 * 2**20)\ntime.sleep(1)"
     status, lines, _ = _run_agent([sys.executable, "-c", busy], {"RANK": "3", "LOCAL_RANK": "1"}, "/", {}, sample_s=0.3)
     samples = [json.loads(line.partition(" ")[2]) for line in lines if line.startswith("@sample ")]
     assert status == 0 and len(samples) >= 3
