@@ -158,8 +158,8 @@ class SlurmBackend(Backend):
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SlurmNode]]:
         folder = self._attempt_dir(plan.job_id)
         request = {"dir": str(folder), "port": plan.rendezvous.port, "wait_s": FACTS_TIMEOUT_S,
-                   "facts": {**facts_request(plan, 0, gpus=self.spec.gpus_per_node), "port": None,
-                             "resolve_self": plan.launcher == "torchrun"}}
+                   "facts": [{**facts_request(plan, index, gpus=self.spec.gpus_per_node), "port": None,
+                              "resolve_self": plan.launcher == "torchrun"} for index in range(plan.nnodes)]}
         script = folder / "job.sh"
         script.write_text(batch_script(node_argv(plan.python, "slurm", request), folder))
         argv = cli.sbatch_argv(self.spec, nodes=plan.nnodes, job_name=job_name(plan.job_id),

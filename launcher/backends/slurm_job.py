@@ -39,6 +39,11 @@ def slurm_lines(folder: Path) -> str:
     return (": " + " | ".join(dict.fromkeys(found[-3:]))) if found else ""
 
 
+def _down(node_state: str, node_reason: str) -> bool:
+    """Whether sinfo's state and reason of a node say Slurm lost it (``down*``, ``Not responding``)."""
+    return "down" in node_state or "*" in node_state or "not responding" in node_reason.lower()
+
+
 class SlurmJob:
     """One submitted attempt: its Slurm id, its directory, its status (squeue, at most once a second)."""
 
@@ -50,6 +55,8 @@ class SlurmJob:
         self._read_at = 0.0
         self._ending: tuple[cli.JobStatus, dict[str, str], dict[str, tuple[str, str]]] | None = None
         self.exited: set[int] = set()  # nodes whose agent reported its exit
+        self.peer_failed = False  # some node's agent exited non-zero: the others ask whether their node is down
+        self._nodes_read_at: dict[str, float] = {}
 
     def agents_done(self, nodes: int) -> bool:
         """Whether every node's agent has reported its exit (the batch script is ending the job by itself)."""
@@ -80,6 +87,23 @@ class SlurmJob:
                 self._ending = result
             return self._ending
 
+    def node_down(self, host: str, fresh: bool = False) -> Failure | None:
+        """A LOST failure when Slurm has ``host`` down or not responding (sinfo, at most once a second a host
+        unless ``fresh``).
+        Asked once another node failed: Slurm kills the job on the healthy nodes as soon as one is down, and
+        their exits must not be taken for the cause while the job's own state still says COMPLETING."""
+        if not fresh and time.monotonic() - self._nodes_read_at.get(host, 0.0) < STATUS_EVERY_S:
+            return None
+        self._nodes_read_at[host] = time.monotonic()
+        try:
+            node_state, node_reason = cli.node_reasons([host]).get(host, ("", ""))
+        except cli.SlurmCommandError:
+            return None
+        if _down(node_state, node_reason):
+            return Failure(kind=FailureKind.LOST, reason=f"Slurm: job {self.slurm_id}: node {host} is {node_state}: "
+                                                         f"{node_reason}{slurm_lines(self.folder)}")
+        return None
+
     def scheduler_failure(self, host: str) -> Failure | None:
         """The failure Slurm decided, as seen from node ``host``: the time limit, this node failed, or the
         job ended by Slurm or someone else; None while Slurm lets it run, when a rank's exit ended it, or
@@ -97,7 +121,7 @@ class SlurmJob:
                                   f"{slurm_lines(self.folder)}")
         if state == "NODE_FAIL" or reason == "NodeDown":
             node_state, node_reason = nodes.get(host, ("", ""))
-            if "down" in node_state or "*" in node_state or "not responding" in node_reason.lower():
+            if _down(node_state, node_reason):
                 return Failure(kind=FailureKind.LOST, reason=f"{words}; node {host} is {node_state}: {node_reason}"
                                                              f"{slurm_lines(self.folder)}")
             return None
@@ -151,8 +175,9 @@ class SlurmNode:
             code = int(json.loads(line.partition(" ")[2])["code"])
         except (ValueError, KeyError, TypeError):
             code = LOST_NODE_EXIT
-        if code != 0:
-            self.scheduler_failure = self._job.scheduler_failure(self._host)
+        if code != 0:  # a rank's own failure, unless Slurm decided it (its node down, the time limit, a cancel)
+            self.scheduler_failure = self._job.scheduler_failure(self._host) or self._job.node_down(self._host, fresh=True)
+            self._job.peer_failed = True
         self._job.exited.add(self.index)
         self._code = code
 
@@ -169,6 +194,10 @@ class SlurmNode:
         if self._code is None and self._job.status().state in (cli.SlurmState.NODE_FAIL, cli.SlurmState.COMPLETING):
             failure = self._job.scheduler_failure(self._host)
             if failure is not None and failure.kind == FailureKind.LOST:
+                self.scheduler_failure, self.lost_reason, self._code = failure, failure.reason, LOST_NODE_EXIT
+        if self._code is None and self._job.peer_failed:
+            failure = self._job.node_down(self._host)
+            if failure is not None:
                 self.scheduler_failure, self.lost_reason, self._code = failure, failure.reason, LOST_NODE_EXIT
         return self._code
 

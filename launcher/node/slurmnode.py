@@ -58,13 +58,14 @@ def wait_for_run(folder: str, index: int, wait_s: float) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
-    """``slurm REQUEST_JSON``: REQUEST has ``dir``, ``facts`` (the facts request), ``port`` (node 0's
+    """``slurm REQUEST_JSON``: REQUEST has ``dir``, ``facts`` (each node's facts request, by SLURM_NODEID: a
+    container probe is named after its node), ``port`` (node 0's
     rendezvous port, checked free there) and ``wait_s``."""
     req = json.loads(argv[0])
     folder = req["dir"]
     index = int(os.environ.get("SLURM_NODEID", "0"))
     master = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
-    ask = {**req["facts"], "master": master, "port": req.get("port") if index == 0 else None}
+    ask = {**req["facts"][index], "master": master, "port": req.get("port") if index == 0 else None}
     found = facts.collect(ask)
     found["slurm_node"] = os.environ.get("SLURMD_NODENAME") or found["hostname"]
     found["master"] = master

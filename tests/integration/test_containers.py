@@ -93,6 +93,7 @@ def test_a_deepspeed_job_runs_inside_the_container(tmp_path, home, hosts, contai
                                                "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}))
     out = tmp_path / "out"
     out.mkdir()
+    Path(TORCH_EXTENSIONS_DIR).mkdir(parents=True, exist_ok=True)  # a fresh clone has none yet: podman mounts only what exists
     spec = container_image.spec(python=sys.executable, mounts=[*container_image.mounts, f"{TORCH_EXTENSIONS_DIR}:{TORCH_EXTENSIONS_DIR}"])
     job = write_yaml(tmp_path / "job.yaml", {
         "name": "ctr-ds", "launcher": "deepspeed", "resources": {"nodes": 2, "nproc_per_node": 1},

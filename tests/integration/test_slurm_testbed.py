@@ -14,7 +14,7 @@ from pathlib import Path
 from tools import slurm as sl
 from tools import testbed as tb
 from tests.slurm_fixture import (  # the `slurm` fixture comes from tests/conftest.py
-    JOB_END_STATES, SLURM_NODES, job_state, node_drained, slurmd_killed, steps, submit, wait_for,
+    JOB_END_STATES, SLURM_NODES, job_state, node_drained, steps, submit, wait_for,
     wait_for_state,
 )
 from tests.testbed_fixture import needs_root
@@ -117,16 +117,3 @@ def test_a_drained_node_holds_two_node_jobs_back(slurm: sl.SlurmCluster, tmp_pat
         finally:
             slurm.run(["scancel", job])
     assert wait_for_state(slurm, job, JOB_END_STATES)[0] == "CANCELLED"
-
-
-def test_a_killed_slurmd_fails_the_job_on_that_node(slurm: sl.SlurmCluster, tmp_path: Path) -> None:
-    lost = slurm.nodes[1]
-    script = _batch_script(tmp_path / "sleep.sh", "srun --ntasks-per-node=1 sleep 300")
-    job = submit(slurm, "-N2", "--no-requeue", f"--output={tmp_path}/job.out", str(script))
-    wait_for(lambda: all(_job_processes(slurm).values()), 60, "the job's processes on both hosts")
-    with slurmd_killed(slurm, lost):
-        state, reason, _ = wait_for_state(slurm, job, JOB_END_STATES, timeout=slurm.settings.slurmd_timeout_s * 4)
-        assert (state, reason) == ("NODE_FAIL", "NodeDown")
-        assert sl.node_states(slurm)[lost.name] == "down*"
-    assert sl.node_states(slurm)[lost.name] == "idle"
-    wait_for(lambda: not any(_job_processes(slurm).values()), 30, "both hosts to hold no job process")
