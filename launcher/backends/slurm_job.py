@@ -100,8 +100,9 @@ class SlurmJob:
         except cli.SlurmCommandError:
             return None
         if _down(node_state, node_reason):
-            return Failure(kind=FailureKind.LOST, reason=f"Slurm: job {self.slurm_id}: node {host} is {node_state}: "
-                                                         f"{node_reason}{slurm_lines(self.folder)}")
+            return Failure(kind=FailureKind.LOST, reason=f"Slurm: node {host} is {node_state} ({node_reason}): a NODE_FAIL, "
+                                                         f"Slurm ends job {self.slurm_id} on every node"
+                                                         f"{slurm_lines(self.folder)}")
         return None
 
     def scheduler_failure(self, host: str) -> Failure | None:
