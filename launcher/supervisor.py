@@ -474,6 +474,7 @@ class Supervisor:
         base = Failure(kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
                        exit_code=code, detected_at=time.time(), reason=why_lost if lost else None)
         kernel_log: list[str] | None = None
+        rank_pids = {r.pid for r in reports if r.pid} | {s.pid for s in watcher.samples.values()}
         candidates = []
         for report in reports:
             failure = base.model_copy(update=report.model_dump(exclude_none=True))
@@ -486,6 +487,8 @@ class Supervisor:
                 if kernel_log is None:
                     kernel_log = self.backend.kernel_log(self.plan, node.index)
                 oom = failures.oom_kill(kernel_log, pids, self.live.started)
+            if oom is not None and failure.pid is not None and failures.oom_pid(oom) in rank_pids - {failure.pid}:
+                oom = None  # the OOM killer ended another rank; this one only saw it go
             if oom is not None and failure.rank is None:
                 killed = failures.oom_pid(oom)
                 ranks = [rank for rank, sample in watcher.samples.items() if sample.pid == killed]
