@@ -473,28 +473,29 @@ class Supervisor:
             f"its node agent was killed ({failures.signal_name(code)}) before it could report" if code and code < 0 else None)
         base = Failure(kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
                        exit_code=code, detected_at=time.time(), reason=why_lost if lost else None)
-        kernel_log: list[str] | None = None
-        rank_pids = {r.pid for r in reports if r.pid} | {s.pid for s in watcher.samples.values()}
+        pids = watcher.pids | {r.pid for r in reports if r.pid}
+        oom = None
+        if not lost and pids:
+            oom = failures.oom_kill(self.backend.kernel_log(self.plan, node.index), pids, self.live.started)
+        killed = failures.oom_pid(oom) if oom else None
+        rank_by_pid = {sample.pid: rank for rank, sample in watcher.samples.items()}
+        rank_pids = set(rank_by_pid) | {r.pid for r in reports if r.pid}
+        named = {r.rank for r in reports if r.rank is not None}
+        if named and killed in rank_by_pid and rank_by_pid[killed] not in named:
+            # torchrun reported only the peers that saw the killed rank go: the kernel's line names it
+            reports.append(failures.AgentReport(rank=rank_by_pid[killed], pid=killed, exit_code=-signal.SIGKILL))
         candidates = []
         for report in reports:
             failure = base.model_copy(update=report.model_dump(exclude_none=True))
             failure = failure.model_copy(update={"signal": failures.signal_name(failure.exit_code)})
             rank_prefix = f"[{node.index}/{failure.rank}] "
             rank_lines = [line for line in tail if line.startswith(rank_prefix)]
-            oom = None
-            pids = watcher.pids | ({failure.pid} if failure.pid else set())
-            if not lost and pids:
-                if kernel_log is None:
-                    kernel_log = self.backend.kernel_log(self.plan, node.index)
-                oom = failures.oom_kill(kernel_log, pids, self.live.started)
-            if oom is not None and failure.pid is not None and failures.oom_pid(oom) in rank_pids - {failure.pid}:
-                oom = None  # the OOM killer ended another rank; this one only saw it go
-            if oom is not None and failure.rank is None:
-                killed = failures.oom_pid(oom)
-                ranks = [rank for rank, sample in watcher.samples.items() if sample.pid == killed]
-                failure = failure.model_copy(update={"rank": ranks[0] if ranks else None, "pid": killed})
+            # the OOM line explains this failure unless it names another rank's process
+            own_oom = None if failure.pid is not None and killed in rank_pids - {failure.pid} else oom
+            if own_oom is not None and failure.rank is None:
+                failure = failure.model_copy(update={"rank": rank_by_pid.get(killed), "pid": killed})
             progressed = self.live.reporting or time.time() - self.live.started >= PROGRESS_PROXY_S
-            failure = failures.classify(failure, rank_lines or tail, oom, progressed)
+            failure = failures.classify(failure, rank_lines or tail, own_oom, progressed)
             candidates.append(failure.model_copy(update={"last_lines": (rank_lines[-20:] or tail[-20:])}))
         return min(candidates, key=failures.precedence)
 

@@ -1,8 +1,9 @@
 """An in-memory backend for unit tests of the supervisor's decisions (restarts, verdicts, attribution).
 
 Each attempt is scripted: per node, the framed lines its agent prints, then either an exit code or
-a wait until terminated. Nothing runs; a test of the supervisor takes milliseconds. The real
-backends are tested with real processes in tests/integration.
+a wait until terminated; ``{now}`` in a kernel-log line becomes the time it is read. Nothing runs;
+a test of the supervisor takes milliseconds. The real backends are tested with real processes
+in tests/integration.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from launcher.backends.base import Backend, CommandResult, Preflight, StartContext
 from launcher.errors import NodeStartError
@@ -109,7 +111,8 @@ class FakeBackend(Backend):
             self.swept_nodes += command == "end"
             return {"pids": []}, None
         if command == "facts":
-            return {"kernel_log": self.kernel}, None
+            now = datetime.now().isoformat(timespec="seconds")  # the kernel stamps a line when it writes it
+            return {"kernel_log": [line.replace("{now}", now) for line in self.kernel]}, None
         if command == "stacks":
             return self.stack_answers.get(index, {"ranks": []}), None
         raise AssertionError(f"unexpected node command {command}")

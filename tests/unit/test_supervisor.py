@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,11 @@ CLUSTER = ClusterSpec(
 
 
 def kernel_oom() -> list[str]:
-    """A kernel log whose OOM-killer line (for PID 4242) is from now, as dmesg --time-format iso prints it."""
-    return [f"{datetime.now().isoformat(timespec='seconds')},1+00:00 Out of memory: Killed process 4242 (python) "
-            "total-vm:9GB, anon-rss:8GB"]
+    """A kernel log whose OOM-killer line (for PID 4242) the fake backend stamps with the time it is read,
+    as dmesg --time-format iso prints it."""
+    return ["{now},1+00:00 Out of memory: Killed process 4242 (python) total-vm:9GB, anon-rss:8GB"]
+
+
 TORCHRUN_FAILED = [
     output("E1130 11:55:21.093000 14062 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 4243) of binary: python"),
     output("Root Cause (first observed failure):"),
@@ -95,20 +96,22 @@ def test_an_oom_kill_is_named_and_not_restarted_blindly(tmp_path: Path) -> None:
     assert [e["kind"] for e in store.events(row["id"])].count("no_restart") == 1
 
 
-def test_the_oom_killed_rank_is_named_when_torchrun_calls_its_peer_the_root_cause(tmp_path: Path) -> None:
+def test_the_oom_killed_rank_is_named_even_when_torchrun_blames_or_names_only_its_peer(tmp_path: Path) -> None:
     report = [output("[1/2]:RuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:4321"),
               output("E1130 11:55:21.093000 14062 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 4241)"),
               output("Failures:"), output("  rank      : 3 (local_rank: 1)"),
               output("  exitcode  : -9 (pid: 4242)"),
               output("Root Cause (first observed failure):"), output("  rank      : 2 (local_rank: 0)"),
               output("  exitcode  : 1 (pid: 4241)")]
-    samples = [sample(1.0, {"rank": 2, "pid": 4241, "pids": [4241], "cpu_s": 1.0}),
-               sample(1.0, {"rank": 3, "pid": 4242, "pids": [4242], "cpu_s": 1.0})]
-    both = NodeScript(samples + report, code=1)
-    state, row, *_ = _run(tmp_path, [[NodeScript(code=None), both]], kernel_log=kernel_oom())
-    failure = row["first_failure"]
-    assert state == JobState.FAILED and failure["kind"] == "oom"
-    assert (failure["rank"], failure["pid"], failure["signal"]) == (3, 4242, "SIGKILL")
+    samples = [sample(time.time(), *({"rank": rank, "pid": pid, "pids": [pid], "cpu_s": 1.0, "rss_bytes": 1,
+                                      "rss_peak_bytes": 1} for rank, pid in ((2, 4241), (3, 4242))))]
+    only_the_peer = report[:2] + report[5:]
+    for lines in (report, only_the_peer):
+        state, row, *_ = _run(tmp_path / str(len(lines)), [[NodeScript(code=None), NodeScript(samples + lines, code=1)]],
+                              kernel_log=kernel_oom())
+        failure = row["first_failure"]
+        assert state == JobState.FAILED and failure["kind"] == "oom"
+        assert (failure["rank"], failure["pid"], failure["signal"]) == (3, 4242, "SIGKILL")
 
 
 def test_restart_on_any_restarts_what_would_repeat(tmp_path: Path) -> None:
