@@ -276,7 +276,8 @@ class Backend(ABC):
             return list(pool.map(step, range(plan.nnodes)))
 
     def sweep(self, plan: Plan, grace: float, end: bool = True) -> SweepReport:
-        """End (or with ``end=False`` only list) the job's processes on every node."""
+        """End (or with ``end=False`` only list) the job's processes on every node: all of the job's on its
+        host, whichever node (or attempt) tagged them, as the safety net behind the agents."""
 
         def one(index: int) -> NodeSweep:
             host = self.host(plan, index)
@@ -301,7 +302,7 @@ class Backend(ABC):
     def stacks(self, plan: Plan) -> list[tuple[int, dict | None, str | None]]:
         """Per node: (index, the node's stack report, or None and why not)."""
         return self.on_nodes(plan, lambda index: (index, *self.node_command(
-            plan, index, "stacks", {"job_id": plan.job_id}, timeout=60)))
+            plan, index, "stacks", {"job_id": plan.job_id, "node": index}, timeout=60)))
 
 
 def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bool) -> dict:

@@ -147,8 +147,8 @@ def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
 class Sampler:
     """Measures the job's ranks from outside every SAMPLE_S seconds and reports them as ``@sample``."""
 
-    def __init__(self, job_id: str, out: Output, gpus: int, every: float = SAMPLE_S) -> None:
-        self.job_id, self.out, self.gpus, self.every = job_id, out, gpus, every
+    def __init__(self, job_id: str, node: int | None, out: Output, gpus: int, every: float = SAMPLE_S) -> None:
+        self.job_id, self.node, self.out, self.gpus, self.every = job_id, node, out, gpus, every
         self.peaks: dict[int, int] = {}
         self.stop = threading.Event()
 
@@ -160,7 +160,7 @@ class Sampler:
             wait = min(self.every, wait * 2)
 
     def sample(self) -> None:
-        trees = proctree.rank_trees(proctree.job_procs(self.job_id))
+        trees = proctree.rank_trees(proctree.job_procs(self.job_id, self.node))
         if not trees:
             return
         gpu_mem, gpu_util = _gpu_usage() if self.gpus else ({}, {})
@@ -216,6 +216,8 @@ class Agent:
         self.req = req
         self.out = out
         self.job_id = req["job_id"]
+        node_tag = (req.get("env") or {}).get(proctree.NODE_TAG)
+        self.node = int(node_tag) if node_tag is not None else None  # this node's processes carry the tag
         self.grace = float(req.get("grace", 5.0))
         self.proc: subprocess.Popen | None = None
         self._ending = threading.Lock()
@@ -257,7 +259,7 @@ class Agent:
         if self.proc is not None and self.proc.poll() is None:
             proctree.end_group(self.proc.pid, self.grace, alive=lambda: self.proc.poll() is None)
         run_cleanup(self.req.get("cleanup", []), self.grace)
-        proctree.end_job(self.job_id, self.grace)
+        proctree.end_job(self.job_id, self.grace, self.node)
 
     def watch_output(self) -> None:
         """End the job if the supervisor stops reading (its process or its connection is gone): a write
@@ -272,7 +274,8 @@ class Agent:
     def run(self) -> int:
         """Relay and sample until the command exits and its output is drained; the agent's exit status."""
         assert self.proc is not None and self.proc.stdout is not None
-        sampler = Sampler(self.job_id, self.out, int(self.req.get("gpus", 0)), float(self.req.get("sample_s", SAMPLE_S)))
+        sampler = Sampler(self.job_id, self.node, self.out, int(self.req.get("gpus", 0)),
+                          float(self.req.get("sample_s", SAMPLE_S)))
         relayed = threading.Event()
         targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed)]
         if self.req.get("warn_file"):
@@ -295,17 +298,17 @@ class Agent:
                 break
         else:
             return
-        node, warned_at = str(self.req.get("node")), time.monotonic()
+        warned_at = time.monotonic()
         signalled: set[tuple[int, int]] = set()
         told_unhandled = False
         while True:
-            procs = proctree.job_procs(self.job_id)
+            procs = proctree.job_procs(self.job_id, self.node)
             by_pid = {proc.pid: proc for proc in procs}
             unhandled = []
             for tree in proctree.rank_trees(procs):
                 proc = by_pid[tree.pid]
-                if proc.env.get("LAUNCH_NODE", node) != node or (proc.pid, proc.start_ticks) in signalled:
-                    continue  # another node's rank (nodes that share one process table), or done
+                if (proc.pid, proc.start_ticks) in signalled:
+                    continue
                 if proctree.catches(proc.pid, signal.SIGUSR1) and proctree.signal_if(proc.pid, proc.start_ticks,
                                                                                      signal.SIGUSR1):
                     signalled.add((proc.pid, proc.start_ticks))
@@ -324,7 +327,7 @@ class Agent:
         """Once the command has exited, end what it left behind holding its output open (``ORPHAN_WAIT_S``)."""
         self.proc.wait()
         if not relayed.wait(ORPHAN_WAIT_S):
-            proctree.end_job(self.job_id, self.grace)
+            proctree.end_job(self.job_id, self.grace, self.node)
 
 
 def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:

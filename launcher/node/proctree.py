@@ -3,7 +3,9 @@
 Every process a job starts carries ``LAUNCH_JOB_ID=<id>`` in its environment (torchrun and the
 DeepSpeed launcher pass it down to every rank, even to ranks in sessions of their own). Scanning
 ``/proc/*/environ`` of this user's processes for that exact tag finds the whole job and nothing
-else: never ``pkill -f``. A rank is a tagged process with ``RANK`` in its environment whose parent
+else: never ``pkill -f``. With a node index, only that node's processes (``LAUNCH_NODE``): nodes
+of one job may share a process table (a test bed's namespace hosts, several nodes on one machine),
+and a node's agent never measures or ends another's. A rank is a tagged process with ``RANK`` in its environment whose parent
 is not the same rank (its data-loader workers inherit ``RANK`` too); its tree is the rank and
 those descendants.
 
@@ -18,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 TAG = "LAUNCH_JOB_ID"
+NODE_TAG = "LAUNCH_NODE"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -60,8 +63,8 @@ def _environ(pid: int) -> dict[str, str] | None:
     return env
 
 
-def job_procs(job_id: str) -> list[Proc]:
-    """This user's live processes tagged with ``job_id`` (zombies left out)."""
+def job_procs(job_id: str, node: int | None = None) -> list[Proc]:
+    """This user's live processes tagged with ``job_id`` (zombies left out), only node ``node``'s if given."""
     needle = f"{TAG}={job_id}".encode()
     uid, me = os.getuid(), os.getpid()
     found = []
@@ -81,13 +84,15 @@ def job_procs(job_id: str) -> list[Proc]:
         env = _environ(pid)
         if stat is None or env is None or stat[1] == "Z":
             continue
+        if node is not None and env.get(NODE_TAG) != str(node):
+            continue
         found.append(Proc(pid, stat[0], stat[1], stat[2], stat[3], stat[4], env))
     return found
 
 
-def job_pids(job_id: str) -> list[int]:
-    """PIDs of this user's live processes tagged with ``job_id``."""
-    return [proc.pid for proc in job_procs(job_id)]
+def job_pids(job_id: str, node: int | None = None) -> list[int]:
+    """PIDs of this user's live processes tagged with ``job_id`` (and ``node``)."""
+    return [proc.pid for proc in job_procs(job_id, node)]
 
 
 @dataclass
@@ -135,9 +140,9 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def signal_job(job_id: str, sig: int) -> list[int]:
-    """Send ``sig`` to every process of the job; the PIDs signalled."""
-    pids = job_pids(job_id)
+def signal_job(job_id: str, sig: int, node: int | None = None) -> list[int]:
+    """Send ``sig`` to every process of the job (of its node ``node``); the PIDs signalled."""
+    pids = job_pids(job_id, node)
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -146,14 +151,15 @@ def signal_job(job_id: str, sig: int) -> list[int]:
     return pids
 
 
-def end_job(job_id: str, grace: float = 5.0) -> list[int]:
-    """TERM the job's processes, KILL what is left after ``grace`` seconds; the PIDs still alive after."""
-    if not signal_job(job_id, signal.SIGTERM):
+def end_job(job_id: str, grace: float = 5.0, node: int | None = None) -> list[int]:
+    """TERM the job's processes (its node ``node``'s), KILL what is left after ``grace`` seconds; the PIDs
+    still alive after."""
+    if not signal_job(job_id, signal.SIGTERM, node):
         return []
-    _wait(lambda: not job_pids(job_id), grace)
-    signal_job(job_id, signal.SIGKILL)
-    _wait(lambda: not job_pids(job_id), 5.0)
-    return job_pids(job_id)
+    _wait(lambda: not job_pids(job_id, node), grace)
+    signal_job(job_id, signal.SIGKILL, node)
+    _wait(lambda: not job_pids(job_id, node), 5.0)
+    return job_pids(job_id, node)
 
 
 def end_group(pgid: int, grace: float, alive=None) -> None:

@@ -45,10 +45,10 @@ def dump(tool: str | None, pid: int) -> tuple[str | None, str | None]:
     return done.stdout[:STACK_LIMIT], None
 
 
-def collect(job_id: str, run_dir: str | None) -> dict:
+def collect(job_id: str, run_dir: str | None, node: int | None = None) -> dict:
     """Each rank's stack (or why not) and the NCCL flight-recorder dumps in ``run_dir``."""
     tool = py_spy()
-    trees = proctree.rank_trees(proctree.job_procs(job_id))
+    trees = proctree.rank_trees(proctree.job_procs(job_id, node))
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(trees)))) as pool:
         dumps = list(pool.map(lambda tree: dump(tool, tree.pid), trees))
     ranks = [{"rank": tree.rank, "local_rank": tree.local_rank, "pid": tree.pid, "stack": stack, "error": error}
@@ -60,5 +60,5 @@ def collect(job_id: str, run_dir: str | None) -> dict:
 
 def main(argv: list[str]) -> int:
     req = json.loads(argv[0])
-    print(json.dumps(collect(req["job_id"], req.get("run_dir"))), flush=True)
+    print(json.dumps(collect(req["job_id"], req.get("run_dir"), req.get("node"))), flush=True)
     return 0

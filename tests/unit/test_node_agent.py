@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -147,6 +148,40 @@ def test_signalled_agent_ends_its_command_group_and_every_tagged_process() -> No
     assert json.loads(signalled.stdout) == {"sent": True}
     assert proc.wait(30) == 128 + signal.SIGTERM
     assert _eventually(lambda: proctree.job_pids(job_id) == []), "the setsid child escaped the group but not the job tag"
+
+
+def test_two_nodes_of_one_job_on_one_machine_each_sample_and_end_only_their_own_ranks(tmp_path: Path) -> None:
+    """Nodes may share a process table (a test bed's namespace hosts, several nodes on one machine)."""
+    job_id, go = _job_id(), tmp_path / "go"
+    rank = ("import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+            "print('rank', os.environ['RANK'], 'done', flush=True)")
+    nodes, lines = [], {0: [], 1: []}
+    for node in (0, 1):
+        tag = {"LAUNCH_JOB_ID": job_id, "LAUNCH_NODE": str(node)}
+        request = {"job_id": job_id, "node": node, "argv": [sys.executable, "-c", rank, str(go)],
+                   "env": {"RANK": str(node), "LOCAL_RANK": "0", **tag}, "cwd": "/", "secrets_on_stdin": True,
+                   "grace": 1.0, "sample_s": 0.2}
+        proc = subprocess.Popen(["bash", "-c", render_command(node_argv(sys.executable, "agent", request), tag, "/")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc.stdin.write("{}\n")
+        proc.stdin.close()
+        reader = threading.Thread(target=lambda p=proc, n=node: lines[n].extend(p.stdout), daemon=True)
+        reader.start()
+        nodes.append((proc, reader))
+
+    def sampled(node: int) -> set[int]:
+        return {entry["rank"] for line in list(lines[node]) if line.startswith("@sample ")
+                for entry in json.loads(line.partition(" ")[2])["ranks"]}
+
+    assert _eventually(lambda: sampled(0) and sampled(1)), "both agents sample"
+    assert sampled(0) == {0} and sampled(1) == {1}
+    started = json.loads(lines[0][0].partition(" ")[2])
+    os.kill(started["pid"], signal.SIGTERM)
+    assert nodes[0][0].wait(30) == 128 + signal.SIGTERM
+    go.touch()
+    assert nodes[1][0].wait(30) == 0, "node 0's agent ending its ranks left node 1's alone"
+    nodes[1][1].join(5)
+    assert "|rank 1 done\n" in lines[1]
 
 
 def test_a_signal_is_refused_for_a_reused_pid() -> None:
