@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,6 +74,12 @@ def status_json(home: Path, job_id: str) -> dict:
     result = run_cli(home, "status", job_id, "--json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def rank_results(home: Path, job_id: str, attempt: str = "*") -> list[dict]:
+    """The ``RESULT {json}`` lines the test programs' ranks printed into the job's node logs, by rank."""
+    text = "".join(p.read_text() for p in sorted((home / "runs" / job_id).glob(f"attempt{attempt}-node*.log")))
+    return sorted((json.loads(m) for m in re.findall(r"RESULT (\{.*\})", text)), key=lambda r: r["rank"])
 
 
 def wait_for_state(home: Path, job_id: str, states: tuple[str, ...], timeout: float = 60) -> dict:

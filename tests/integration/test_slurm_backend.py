@@ -15,6 +15,7 @@ import pytest
 
 from launcher.store import Store
 from tests.container_fixture import needs_podman
+from tests.helpers import rank_results
 from tests.slurm_fixture import (
     JOB_END_STATES,
     job_state,
@@ -113,11 +114,6 @@ def _status(job_id: str) -> dict:
     return json.loads(done.stdout)
 
 
-def _results(home: Path, job_id: str) -> list[dict]:
-    text = "".join(p.read_text() for p in sorted((home / "runs" / job_id).glob("attempt*-node*.log")))
-    return sorted((json.loads(m) for m in re.findall(r"RESULT (\{.*\})", text)), key=lambda r: r["rank"])
-
-
 def _ended(job_id: str, timeout: float = 120) -> dict:
     return wait_for(lambda: (s := _status(job_id))["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") and s,
                     timeout, f"job {job_id} to end")
@@ -137,7 +133,7 @@ def test_two_nodes_one_rank_each_succeed_with_metrics(slurm: sl.SlurmCluster, tm
     done = _launch("submit", str(_job(tmp_path)), "--cluster", str(_cluster(tmp_path, slurm)))
     assert done.returncode == 0, done.stderr + done.stdout
     job_id = re.search(r"job (\S+): SUCCEEDED", done.stderr)[1]
-    results = _results(home, job_id)
+    results = rank_results(home, job_id)
     assert [r["rank"] for r in results] == [0, 1]
     assert sorted(r["host"] for r in results) == [h.name for h in slurm.nodes]
     assert {r["sum"] for r in results} == {3.0}
@@ -176,7 +172,7 @@ def test_a_second_job_waits_queued_behind_the_first_then_runs(slurm: sl.SlurmClu
     done = _ended(second)
     assert done["state"] == "SUCCEEDED" and done["queue_reason"] is None
     assert done["scheduler_id"] == queued["scheduler_id"]
-    assert sorted(r["host"] for r in _results(home, second)) == [h.name for h in slurm.nodes]
+    assert sorted(r["host"] for r in rank_results(home, second)) == [h.name for h in slurm.nodes]
 
 
 def test_ctrl_c_cancels_a_queued_job_and_launch_cancel_a_running_one(slurm: sl.SlurmCluster, tmp_path: Path,
@@ -334,7 +330,7 @@ def test_a_restart_resubmits_the_job_to_slurm(slurm: sl.SlurmCluster, tmp_path: 
     ids = [e["data"]["scheduler_id"] for e in status["events"] if e["kind"] == "submitted"]
     assert len(set(ids)) == 2 and ids[-1] == status["scheduler_id"], status["events"]
     assert job_state(slurm, ids[0])[0] in ("CANCELLED", "FAILED")
-    assert sorted(r["host"] for r in _results(home, job_id) if r) == sorted(h.name for h in slurm.nodes)
+    assert sorted(r["host"] for r in rank_results(home, job_id) if r) == sorted(h.name for h in slurm.nodes)
     _assert_nothing_left(slurm, ids)
 
 
@@ -358,7 +354,7 @@ def test_every_rank_runs_inside_the_container_on_slurm(slurm: sl.SlurmCluster, t
     done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, slurm)))
     assert done.returncode == 0, done.stderr + done.stdout
     job_id = re.search(r"job (\S+): SUCCEEDED", done.stderr)[1]
-    results = _results(home, job_id)
+    results = rank_results(home, job_id)
     assert sorted((r["rank"], r["host"], r["container"]) for r in results) == [
         (0, slurm.nodes[0].name, "podman"), (1, slurm.nodes[1].name, "podman")]
     assert _status(job_id)["metrics"]["steps"] == 3

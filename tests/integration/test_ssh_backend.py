@@ -25,6 +25,7 @@ from launcher.sshconn import Connection, Target
 from launcher.store import Store
 from launcher.sync import sync_workdir
 
+from tests.helpers import rank_results
 from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_client, sshd_stopped
 
 pytestmark = [needs_root, pytest.mark.testbed]
@@ -132,11 +133,6 @@ def _status(job_id: str) -> dict:
     return json.loads(done.stdout)
 
 
-def _results(home: Path, job_id: str) -> list[dict]:
-    lines = "".join(p.read_text() for p in sorted((home / "runs" / job_id).glob("attempt0-node*.log")))
-    return sorted((json.loads(m) for m in re.findall(r"RESULT (\{.*\})", lines)), key=lambda r: r["rank"])
-
-
 def _agent_pid(job_id: str, node: int) -> int:
     """The PID of a node's agent, from the pid file it writes in the job's run directory (shared filesystem)."""
     path = Path(agent_module.run_root()) / job_id / f"node{node}.pid"
@@ -187,7 +183,7 @@ def test_two_hosts_two_processes_each(testbed: tb.Testbed, tmp_path: Path, home:
     done = _launch("submit", str(_job(tmp_path)), "--cluster", str(_cluster(tmp_path, testbed)))
     job_id = _succeeded(done)
 
-    results = _results(home, job_id)
+    results = rank_results(home, job_id, attempt="0")
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     assert [r["host"] for r in results] == ["lt-h1", "lt-h1", "lt-h2", "lt-h2"]
     assert [r["address"] for r in results] == ["10.77.0.11", "10.77.0.11", "10.77.0.12", "10.77.0.12"]
@@ -209,7 +205,7 @@ def test_hostile_argv_and_env_reach_the_ranks_verbatim(testbed: tb.Testbed, tmp_
     value = "a;b $(echo pwned) 'q' \"dq\" \n ünï"
     job = _job(tmp_path, args=HOSTILE, env={"HOSTILE": value}, nproc=1)
     done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)))
-    results = _results(home, _succeeded(done))
+    results = rank_results(home, _succeeded(done), attempt="0")
     assert len(results) == 2
     assert all(r["argv"] == HOSTILE and r["hostile"] == value for r in results)
     assert not Path("/tmp/launch-pwned").exists()
@@ -219,7 +215,7 @@ def test_secret_reaches_the_ranks_but_no_command_line_store_or_log(testbed: tb.T
     secret = "s3cret-" + os.urandom(8).hex()
     job = _job(tmp_path, secrets=[SECRET_NAME], nproc=1)
     done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)), env={SECRET_NAME: secret})
-    results = _results(home, _succeeded(done))
+    results = rank_results(home, _succeeded(done), attempt="0")
     assert secret not in done.stdout + done.stderr
     assert [r["secret_sha"] for r in results] == [hashlib.sha256(secret.encode()).hexdigest()] * 2
     assert [r["leaks"] for r in results] == [0, 0]
@@ -435,7 +431,7 @@ def test_nodes_behind_a_jump_host(testbed: tb.Testbed, tmp_path: Path, home: Pat
     cluster = _cluster(tmp_path, testbed, ssh={"jump_host": "lt-h1"}, nodes=[{"host": "lt-h2"}, {"host": "lt-h3"}])
     done = _launch("submit", str(_job(tmp_path, nproc=1)), "--cluster", str(cluster))
     job_id = _succeeded(done)
-    assert [(r["host"], r["address"]) for r in _results(home, job_id)] == [("lt-h2", "10.77.0.12"), ("lt-h3", "10.77.0.13")]
+    assert [(r["host"], r["address"]) for r in rank_results(home, job_id, attempt="0")] == [("lt-h2", "10.77.0.12"), ("lt-h3", "10.77.0.13")]
     assert Store(home).job(job_id)["plan"]["rendezvous"]["host"] == "10.77.0.12"
 
 
