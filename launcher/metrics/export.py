@@ -17,6 +17,7 @@ from launcher.metrics import mfu as mfu_mod
 from launcher.metrics.record import CSV_FIELDS, MetricRecord
 
 MB = 1024 * 1024
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet would evaluate at the start of a cell
 
 
 def csv_columns(records: Sequence[MetricRecord]) -> list[str]:
@@ -31,8 +32,18 @@ def write_csv(records: Sequence[MetricRecord], out: TextIO) -> int:
     writer.writeheader()
     for record in records:
         row = {name: getattr(record, name) for name in CSV_FIELDS} | record.extra
-        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+        writer.writerow({k: _cell(v) for k, v in row.items()})
     return len(records)
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell: texts came from rank output, so one a spreadsheet would run as a formula gets a leading
+    quote (OWASP's advice for CSV injection); numbers stay numbers, None is empty."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def scalars(record: MetricRecord, peak_tflops: float | None) -> dict[str, float]:

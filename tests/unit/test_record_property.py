@@ -8,6 +8,7 @@ compared, rendered and exported, with strict JSON (no NaN) at every output.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import io
 import itertools
@@ -144,3 +145,15 @@ def test_any_rank_output_parses_without_error_and_accepted_records_pass_every_re
     out = io.StringIO()
     assert write_csv(stored, out) == len(stored)
     assert "<html" in build_report([(job, stored)])
+
+
+def test_csv_cells_a_rank_wrote_never_start_a_spreadsheet_formula() -> None:
+    line = MARKER + " " + json.dumps({"v": 1, "rank": 0, "step": 1, "samples": 8, "loss": -0.5,
+                                      "gpu_name": "=HYPERLINK(\"http://x\",\"y\")", "note": "@SUM(A1)", "delta": -3})
+    record = parse_line(line, world_size=1, node=0, host="h")
+    assert isinstance(record, MetricRecord)
+    out = io.StringIO()
+    write_csv([record], out)
+    [row] = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert row["gpu_name"] == "'=HYPERLINK(\"http://x\",\"y\")" and row["note"] == "'@SUM(A1)"
+    assert row["loss"] == "-0.5" and row["delta"] == "-3", "numbers stay numbers"
