@@ -50,7 +50,9 @@ def init(hosts, user, key_file, port, known_hosts, ssh_config, jump_host, python
     torch and deepspeed versions, the interface that routes to the first host, InfiniBand HCAs,
     CPUs and memory. A table shows them, differences between hosts flagged; the file says what
     each key means and which values differ. It is validated before it is written, and an existing
-    file is replaced only with --force or --yes. Exit 2: bad input; 3: a host unreachable or unusable.
+    file is replaced only with --force or --yes. A host that cannot be reached or probed writes
+    nothing, but the others are still probed and shown, so one run lists every problem.
+    Exit 2: bad input; 3: a host unreachable or unusable.
 
     \b
     Examples:
@@ -106,7 +108,8 @@ def _spec_path(path: str | None) -> str | None:
 
 def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tuple[str, ...], ssh: SSHSpec,
                python: str | None, yes: bool) -> None:
-    """Trust the hosts' keys, probe them, show what was found, write the file."""
+    """Trust the hosts' keys, probe them, show what was found, write the file (nothing written while a host
+    cannot be used; the others are still probed and shown, so one run shows every problem)."""
     from launcher import survey
     from launcher.backends.ssh import SSHBackend
     from launcher.clusterfile import SSHDraft, ssh_cluster_text, write
@@ -119,21 +122,24 @@ def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tu
     try:
         problems = survey.trust_keys(
             backend, confirm=lambda question: yes or click.confirm(question, default=False), echo=click.echo)
-        if problems:
-            raise PreflightError(survey.unusable(problems))
         started = time.monotonic()
-        reports = survey.probe(backend, python)
+        reports, more = survey.probe(backend, python, skip=problems)
+        problems |= more
     finally:
         backend.close()
     elapsed = time.monotonic() - started
+    if not reports:
+        raise PreflightError(survey.unusable(list(problems.values())))
     choice = survey.choose_python(reports)
     found = survey.differences(reports, choice)
     out = console()
     out.print(summary_table(reports, choice, found))
     for difference in found:
-        out.print(f"[yellow]warning:[/] {_escape(difference.describe(list(hosts)))}")
+        out.print(f"[yellow]warning:[/] {_escape(difference.describe([r.host for r in reports]))}")
     for warning in _warnings(reports, choice):
         out.print(f"[yellow]warning:[/] {_escape(warning)}")
+    if problems:
+        raise PreflightError(survey.unusable(list(problems.values()), probed=len(reports)))
     draft = SSHDraft(name, command, ssh, reports, choice, found)
     write(ssh_cluster_text(draft), target, overwrite)
     click.echo(f"probed {len(reports)} host(s) in {elapsed:.1f} s; wrote {target}: set workdir in it, then "

@@ -10,11 +10,9 @@ differs between the hosts. Answers are parsed into typed, bounded values here.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from launcher.errors import PreflightError
 
 if TYPE_CHECKING:
     from launcher.backends.ssh import SSHBackend
@@ -173,18 +171,18 @@ def differences(reports: list[HostReport], choice: PythonChoice) -> list[Differe
     return [Difference(what, tuple(values)) for what, values in columns.items() if len(set(values)) > 1]
 
 
-def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callable[[str], None]) -> list[str]:
-    """Show every host's key; record new ones the user accepts (as `launch trust` does). The problems:
-    hosts unreachable, declined or whose recorded key differs (refused, never replaced here)."""
+def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callable[[str], None]) -> dict[str, str]:
+    """Show every host's key; record new ones the user accepts (as `launch trust` does). The problems, by
+    host: unreachable, declined or a recorded key that differs (refused, never replaced here)."""
     from launcher.sshconn import error_text, fan_out, fingerprint, key_status
     from launcher.trust import fetch_host_key, record_key
 
     settings = backend.pool.settings
-    problems = []
+    problems: dict[str, str] = {}
     for result in fan_out(lambda target: fetch_host_key(target, backend.pool), backend.targets):
         target = result.key
         if not result.ok:
-            problems.append(error_text(result.error))
+            problems[target.alias] = error_text(result.error)
             continue
         key = result.value
         status, recorded = key_status(settings.host_keys(), target.known_hosts_name, key)
@@ -193,45 +191,47 @@ def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callab
         echo(f"{target.label}  {key.get_name()}  {fingerprint(key)}")
         if status == "changed":
             echo(f"  CHANGED: {settings.known_hosts} has {recorded.get_name()} {fingerprint(recorded)}")
-            problems.append(f"{target.label}: the host key differs from the one recorded in {settings.known_hosts}; "
-                            f"not replaced (check it, then `launch trust {target.alias} --replace`)")
+            problems[target.alias] = (f"{target.label}: the host key differs from the one recorded in "
+                                      f"{settings.known_hosts}; not replaced (check it, then "
+                                      f"`launch trust {target.alias} --replace`)")
         elif confirm(f"  trust this key for {target.known_hosts_name}?"):
             record_key(settings.known_hosts, target, key)
             echo(f"  recorded in {settings.known_hosts}")
         else:
-            problems.append(f"{target.label}: host key not trusted (declined)")
+            problems[target.alias] = f"{target.label}: host key not trusted (declined)"
     return problems
 
 
-def probe(backend: SSHBackend, python: str | None) -> list[HostReport]:
-    """Connect to every host, then ask each (in parallel) for its facts and interpreters; PreflightError
-    listing every host that could not be reached or probed. ``python`` pins the interpreter to check."""
+def probe(backend: SSHBackend, python: str | None, skip: Collection[str] = ()) -> tuple[list[HostReport], dict[str, str]]:
+    """Connect to every host not in ``skip``, then ask each (in parallel) for its facts and interpreters:
+    the reports of the hosts that answered and the problems of those that did not, by host. The route
+    is checked towards the first host that answered. ``python`` pins the interpreter to check."""
     from launcher.sshconn import error_text, fan_out
 
-    indexes = list(range(len(backend.targets)))
+    indexes = [i for i, target in enumerate(backend.targets) if target.alias not in skip]
     connected = fan_out(lambda i: backend.pool.get(backend.targets[i]).peer_address(), indexes)
-    problems = [error_text(r.error) for r in connected if not r.ok]
-    if problems:
-        raise PreflightError(unusable(problems))
-    addresses = [r.value for r in connected]
+    problems = {backend.targets[i].alias: error_text(r.error) for i, r in zip(indexes, connected) if not r.ok}
+    addresses = {i: r.value for i, r in zip(indexes, connected) if r.ok}
+    if not addresses:
+        return [], problems
     request = {
-        "gpus": True, "resolve_self": True, "master": addresses[0],
+        "gpus": True, "resolve_self": True, "master": next(iter(addresses.values())),
         "pythons": {"paths": [python], "search": False} if python else {"paths": [sys.executable], "search": True},
     }
-    answers = fan_out(lambda i: backend.node_command(None, i, "facts", request, timeout=PROBE_TIMEOUT_S), indexes)
-    reports, problems = [], []
-    for index, result in zip(indexes, answers):
+    answers = fan_out(lambda i: backend.node_command(None, i, "facts", request, timeout=PROBE_TIMEOUT_S), list(addresses))
+    reports = []
+    for index, result in zip(addresses, answers):
         host = backend.targets[index].alias
         facts, error = result.value if result.ok else (None, error_text(result.error))
         if facts is None:
-            problems.append(f"{host}: the probe failed (it needs python3 on the host's PATH): {error}")
+            problems[host] = f"{host}: the probe failed (it needs python3 on the host's PATH): {error}"
         else:
             reports.append(HostReport.from_facts(host, addresses[index], facts))
-    if problems:
-        raise PreflightError(unusable(problems))
-    return reports
+    return reports, problems
 
 
-def unusable(problems: list[str]) -> str:
-    """The message for hosts that cannot be used, one line each."""
-    return f"{len(problems)} host(s) cannot be used; nothing was written:\n" + "\n".join(f"  {p}" for p in problems)
+def unusable(problems: Collection[str], probed: int = 0) -> str:
+    """The message for hosts that cannot be used, one line each (``probed``: how many others were)."""
+    others = f" ({probed} other host(s) probed: see the table above)" if probed else ""
+    return (f"{len(problems)} host(s) cannot be used; nothing was written{others}:\n"
+            + "\n".join(f"  {p}" for p in problems))

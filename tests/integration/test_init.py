@@ -108,11 +108,15 @@ def test_a_changed_key_is_refused(testbed: tb.Testbed, tmp_path: Path, home: Pat
     assert "launch trust lt-h2 --replace" in done.stderr and not out.exists()
 
 
-def test_a_host_that_is_down_is_reported_in_one_line(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+def test_a_host_that_is_down_is_reported_in_one_line_and_the_others_are_still_probed(
+        testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
     out = tmp_path / "cluster.yaml"
     with sshd_stopped(testbed.host("lt-h3")):
-        done = _init(home, testbed, "lt-h1", "lt-h3", "--out", str(out), "--yes")
+        done = _init(home, testbed, "lt-h3", "lt-h1", "--out", str(out), "--yes")
     assert done.returncode == 3, done.stderr
     about = [line for line in done.stderr.splitlines() if "lt-h3" in line]
     assert len(about) == 1 and "cannot connect" in about[0] and "Traceback" not in done.stderr
     assert "lt-h1" not in done.stderr and not out.exists()
+    assert "1 other host(s) probed" in done.stderr
+    [row] = [line for line in done.stdout.splitlines() if "lt-h1" in line]
+    assert "eth0" in row, "lt-h1's facts are shown although lt-h3 (first, node 0) is down"
