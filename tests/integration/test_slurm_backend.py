@@ -147,18 +147,18 @@ def test_two_nodes_one_rank_each_succeed_with_metrics(slurm: sl.SlurmCluster, tm
     _assert_nothing_left(slurm, [status["scheduler_id"]])
 
 
-def _held(tmp_path: Path, name: str) -> tuple[Path, Path]:
-    """A job that runs until its hold file exists: (job file, hold file)."""
+def _running_held_job(tmp_path: Path, cluster: Path, name: str) -> tuple[str, Path]:
+    """A detached job, RUNNING, that holds both nodes until its hold file exists: (job id, hold file)."""
     hold = tmp_path / f"{name}.release"
-    return _job(tmp_path, name=name, env={"TEST_HOLD": str(hold)}), hold
+    job_id = _submit_detached(_job(tmp_path, name=name, env={"TEST_HOLD": str(hold)}), cluster)
+    wait_for(lambda: _status(job_id)["state"] == "RUNNING", 60, f"the job {name} to run")
+    return job_id, hold
 
 
 def test_a_second_job_waits_queued_behind_the_first_then_runs(slurm: sl.SlurmCluster, tmp_path: Path,
                                                               home: Path) -> None:
     cluster = _cluster(tmp_path, slurm)
-    first_job, release = _held(tmp_path, "first")
-    first = _submit_detached(first_job, cluster)
-    wait_for(lambda: _status(first)["state"] == "RUNNING", 60, "the first job to run")
+    first, release = _running_held_job(tmp_path, cluster, "first")
     second = _submit_detached(_job(tmp_path, name="second"), cluster)
     assert _status(second)["scheduler_id"], "--detach returns once Slurm has the job"
     queued = wait_for(lambda: (s := _status(second))["queue_reason"] in ("Resources", "Priority") and s, 30,
@@ -178,9 +178,7 @@ def test_a_second_job_waits_queued_behind_the_first_then_runs(slurm: sl.SlurmClu
 def test_ctrl_c_cancels_a_queued_job_and_launch_cancel_a_running_one(slurm: sl.SlurmCluster, tmp_path: Path,
                                                                      home: Path) -> None:
     cluster = _cluster(tmp_path, slurm)
-    first_job, _ = _held(tmp_path, "running")
-    first = _submit_detached(first_job, cluster)
-    wait_for(lambda: _status(first)["state"] == "RUNNING", 60, "the first job to run")
+    first, _ = _running_held_job(tmp_path, cluster, "running")
     waiting = subprocess.Popen([LAUNCH, "submit", str(_job(tmp_path, name="queued")), "--cluster", str(cluster)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     store = Store(home)
@@ -234,8 +232,7 @@ def test_a_deepspeed_job_runs_one_launcher_per_node(slurm: sl.SlurmCluster, tmp_
 def test_a_node_whose_slurmd_dies_is_named_as_the_first_failure(slurm: sl.SlurmCluster, tmp_path: Path,
                                                                home: Path) -> None:
     lost = slurm.nodes[1]
-    job, _ = _held(tmp_path, "lost")
-    job_id = _submit_detached(job, _cluster(tmp_path, slurm))
+    job_id, _ = _running_held_job(tmp_path, _cluster(tmp_path, slurm), "lost")
     wait_for(lambda: _status(job_id)["metrics"]["steps"] >= 1, 60, "the job to report a step")
     scheduler_id = _status(job_id)["scheduler_id"]
     with slurmd_killed(slurm, lost):
