@@ -202,7 +202,8 @@ def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callab
     return problems
 
 
-def probe(backend: SSHBackend, python: str | None, skip: Collection[str] = ()) -> tuple[list[HostReport], dict[str, str]]:
+def probe(backend: SSHBackend, python: str | None,
+          skip: Collection[str] = ()) -> tuple[list[HostReport], dict[str, str]]:
     """Connect to every host not in ``skip``, then ask each (in parallel) for its facts and interpreters:
     the reports of the hosts that answered and the problems of those that did not, by host. The route
     is checked towards the first host that answered. ``python`` pins the interpreter to check."""
@@ -218,7 +219,8 @@ def probe(backend: SSHBackend, python: str | None, skip: Collection[str] = ()) -
         "gpus": True, "resolve_self": True, "master": next(iter(addresses.values())),
         "pythons": {"paths": [python], "search": False} if python else {"paths": [sys.executable], "search": True},
     }
-    answers = fan_out(lambda i: backend.node_command(None, i, "facts", request, timeout=PROBE_TIMEOUT_S), list(addresses))
+    answers = fan_out(lambda i: backend.node_command(None, i, "facts", request, timeout=PROBE_TIMEOUT_S),
+                      list(addresses))
     reports = []
     for index, result in zip(addresses, answers):
         host = backend.targets[index].alias

@@ -5,9 +5,9 @@ DeepSpeed launcher pass it down to every rank, even to ranks in sessions of thei
 ``/proc/*/environ`` of this user's processes for that exact tag finds the whole job and nothing
 else: never ``pkill -f``. With a node index, only that node's processes (``LAUNCH_NODE``): nodes
 of one job may share a process table (a test bed's namespace hosts, several nodes on one machine),
-and a node's agent never measures or ends another's. A rank is a tagged process with ``RANK`` in its environment whose parent
-is not the same rank (its data-loader workers inherit ``RANK`` too); its tree is the rank and
-those descendants.
+and a node's agent never measures or ends another's. A rank is a tagged process with ``RANK`` in
+its environment whose parent is not the same rank (its data-loader workers inherit ``RANK`` too);
+its tree is the rank and those descendants.
 
 Standard library only: it runs on nodes (see ``launcher.node``).
 """
