@@ -4,7 +4,9 @@
 config arguments (``--deepspeed --deepspeed_config FILE``), ``deepspeed.init_distributed()``,
 ``deepspeed.initialize(args=...)``, and DeepSpeed's own checkpoint. It writes what it saw to
 ``--out/rank<R>.json``: the ``--local_rank`` it got, the config DeepSpeed read, and
-``LAUNCH_DS_CONFIG``'s file when launch gives one.
+``LAUNCH_DS_CONFIG``'s file when launch gives one. It ends with ``destroy_process_group()``, as
+PyTorch asks: without it gloo's threads may abort the process at exit ("terminate called without
+an active exception"), which launch names when it happens.
 """
 
 import argparse
@@ -56,6 +58,7 @@ def main():
         with open(os.path.join(args.out, f"rank{engine.global_rank}.json"), "w") as handle:
             json.dump(seen, handle)
     engine.destroy()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def test_an_oom_kill_is_named_whatever_code_the_launcher_turned_it_into():
         ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "uncorrectable ECC error", True),
         ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4321", "a peer rank went away", True),
         ("ModuleNotFoundError: No module named 'flash_attn'", "the program could not be imported", False),
+        ("terminate called without an active exception", "a C++ thread was still running when the process ended", False),
     ],
 )
 def test_known_error_lines_are_recognised(line, expected, transient):
