@@ -142,8 +142,8 @@ KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str, bool, bool], ...] = tuple(
         (r"uncorrectable ECC error", "uncorrectable ECC error: a faulty GPU; drain this node", False, True),
         (r"illegal memory access", "CUDA illegal memory access (a kernel bug or a corrupted GPU)", False, False),
         (r"NCCL error|NCCL WARN", "NCCL error (run with env NCCL_DEBUG=INFO for details)", False, True),
-        (r"terminate called without an active exception", "a C++ thread was still running when the process ended: "
-         "with gloo or NCCL, usually no torch.distributed.destroy_process_group() at the end of the program", False, False),
+        (r"terminate called without an active exception", "a C++ thread was still running when the process ended: with gloo or NCCL, "
+         "free the model, then call torch.distributed.destroy_process_group() at the end of the program", False, False),
         (r"Connection (closed|reset) by peer", "a peer rank went away (it failed or its node was lost)", True, True),
         (r"^(ModuleNotFoundError|ImportError|SyntaxError)\b", "the program could not be imported (a missing module or a syntax error)", False, False),
     )
