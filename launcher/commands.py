@@ -6,27 +6,26 @@ import base64
 import json
 
 from launcher.batch import BatchPlan
-from launcher.spec.job import JobSpec
+from launcher.spec.job import PYTHON_NAMES, JobSpec, interpreter_options
 
 TORCHRUN_MODULE = "torch.distributed.run"
 DEEPSPEED_MODULE = "deepspeed.launcher.launch"
 RECIPE_MODULE = "launcher.recipes.train"
 
 
-PYTHON_NAMES = ("python", "python3")
-
 
 def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) -> tuple[bool, list[str]]:
     """What each rank runs: (is_python, args). Python programs omit the interpreter.
 
     An entrypoint whose program is exactly ``python`` or ``python3`` runs under the cluster's
-    interpreter; any other program (``/opt/py38/bin/python3.8``, ``pythonic-tool``) runs as written.
+    interpreter (its ``-u``, the one option the spec allows, dropped: output is unbuffered already);
+    any other program (``/opt/py38/bin/python3.8``, ``pythonic-tool``) runs as written.
     """
     if job.entrypoint is None:
         return True, ["-m", RECIPE_MODULE, *recipe_args(job, batch, ds_config)]
     argv = list(job.entrypoint)
     if argv[0] in PYTHON_NAMES:
-        return True, argv[1:]
+        return True, argv[1 + len(interpreter_options(argv)):]
     return False, argv
 
 

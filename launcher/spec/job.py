@@ -14,6 +14,22 @@ from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_
 from launcher.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+PYTHON_NAMES = ("python", "python3")  # an entrypoint program that runs under the cluster's interpreter
+UNBUFFERED = "-u"  # the one interpreter option an entrypoint may keep: launch sets PYTHONUNBUFFERED=1 anyway
+INTERPRETER_ENV = ("-B: PYTHONDONTWRITEBYTECODE=1, -O: PYTHONOPTIMIZE=1, -W ARG: PYTHONWARNINGS=ARG, "
+                   "-X faulthandler: PYTHONFAULTHANDLER=1")
+
+
+def interpreter_options(entrypoint: list[str]) -> list[str]:
+    """The interpreter options before a python entrypoint's script or ``-m MODULE`` (``-u`` included)."""
+    if entrypoint[0] not in PYTHON_NAMES:
+        return []
+    options = []
+    for arg in entrypoint[1:]:
+        if not arg.startswith("-") or arg == "-m":
+            break
+        options.append(arg)
+    return options
 
 
 class ModelSpec(Strict):
@@ -130,8 +146,16 @@ class JobSpec(Strict):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and (not v[0] or v[0].startswith("-")):
+        if v is None:
+            return v
+        if not v[0] or v[0].startswith("-"):
             raise ValueError(f"the first item is the program to run; {v[0]!r} is not a program name or path")
+        refused = [option for option in interpreter_options(v) if option != UNBUFFERED]
+        if refused:
+            raise ValueError(
+                f"{refused[0]!r} is an option of the interpreter, but torchrun and DeepSpeed's launcher start "
+                f"{v[0]} themselves and take only a script or -m MODULE after it: drop it, or set its variable "
+                f"in env: ({INTERPRETER_ENV}; -u is fine: output is unbuffered already)")
         return v
 
 

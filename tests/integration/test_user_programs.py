@@ -181,12 +181,12 @@ def test_users_programs_run_on_two_ssh_hosts(tmp_path, home, testbed, launcher):
     out = tmp_path / "out"
     out.mkdir()
     if launcher == "torchrun":
-        spec = {"entrypoint": ["python", str(PROGRAMS / "user_ddp.py"), "--out", str(out), "--epochs", "2"]}
+        spec = {"entrypoint": ["python", "-u", str(PROGRAMS / "user_ddp.py"), "--out", str(out), "--epochs", "2"]}
     else:
         config = tmp_path / "ds.json"
         config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                                                    "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}))
-        spec = {"entrypoint": ["python", str(PROGRAMS / "user_deepspeed.py"), "--out", str(out), "--steps", "2",
+        spec = {"entrypoint": ["python", "-u", str(PROGRAMS / "user_deepspeed.py"), "--out", str(out), "--steps", "2",
                                "--deepspeed", "--deepspeed_config", str(config)], "launcher": "deepspeed",
                 "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR}}
     job = write_yaml(tmp_path / "job.yaml", {"name": f"user-{launcher}", "resources": {"nodes": 2, "nproc_per_node": 1},

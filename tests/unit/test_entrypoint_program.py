@@ -28,6 +28,11 @@ def test_python_and_python3_become_the_clusters_interpreter(program):
     assert program_args(_job([program, "train.py", "--lr", "1"]), BATCH, None) == (True, ["train.py", "--lr", "1"])
 
 
+def test_python_dash_u_is_dropped_the_script_and_its_own_flags_kept():
+    assert program_args(_job(["python", "-u", "train.py", "-u"]), BATCH, None) == (True, ["train.py", "-u"])
+    assert program_args(_job(["python3", "-u", "-m", "pkg.train", "-u"]), BATCH, None) == (True, ["-m", "pkg.train", "-u"])
+
+
 @pytest.mark.parametrize("entrypoint", [
     ["pythonic-tool", "--flag"],
     ["/opt/py38/bin/python3.8", "train.py"],

@@ -51,6 +51,8 @@ CASES = [
     ("leaving out a node of the local cluster", "name: x\nentrypoint: [python, t.py]\nbatch: {micro_batch: 8}\n"
      "leave_out_failed_nodes: true\nrestarts: 2\n",
      ["leave_out_failed_nodes: needs a cluster whose nodes are listed (ssh)", "cluster 'local' is local"]),
+    ("an interpreter option the launchers cannot take", "name: x\nentrypoint: [python, -X, faulthandler, t.py]\n",
+     ["entrypoint: '-X' is an option of the interpreter", "-X faulthandler: PYTHONFAULTHANDLER=1"]),
     ("not yaml", "name: x\nbatch: {micro_batch: 8\n", ["not valid YAML"]),
 ]
 
