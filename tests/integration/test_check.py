@@ -94,7 +94,9 @@ def test_submit_refuses_nodes_whose_versions_differ(tmp_path, home, testbed):
     )
     wrapper.chmod(0o755)
     cluster = _testbed_cluster(tmp_path, testbed, [str(wrapper), str(wrapper)])
-    job = write_yaml(tmp_path / "job.yaml", {"name": "drift", "entrypoint": ["python", "-c", "print(1)"],
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    job = write_yaml(tmp_path / "job.yaml", {"name": "drift", "entrypoint": ["python", str(script)],
                                              "batch": {"micro_batch": 1}, "resources": {"nodes": 2}})
     result = run_cli(home, "submit", str(job), "--cluster", str(cluster))
     assert result.returncode == 3, result.stderr

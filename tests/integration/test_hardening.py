@@ -83,7 +83,9 @@ def test_a_run_directory_made_by_another_user_stops_the_launch_with_nothing_star
     theirs = runtime / "launch"
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 12345, 12345)
-    job = write_yaml(tmp_path / "job.yaml", {"name": "dir", "entrypoint": ["python", "-c", "print('ran')"],
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')\n")
+    job = write_yaml(tmp_path / "job.yaml", {"name": "dir", "entrypoint": ["python", str(script)],
                                               "resources": {"nodes": 1, "nproc_per_node": 1}})
     result = run_cli(home, "submit", str(job), env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)))
     assert result.returncode == 1

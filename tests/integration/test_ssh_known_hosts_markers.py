@@ -35,8 +35,9 @@ def test_a_revoked_host_key_is_refused_before_anything_runs(testbed: tb.Testbed,
         "nodes": [{"host": h.name, "gpus": 0, "slots": 1} for h in testbed.hosts[:2]],
         "python": sys.executable, "workdir": str(tmp_path),
     }))
-    job = tmp_path / "job.yaml"
-    job.write_text(json.dumps({"name": "revoked", "entrypoint": ["python", "-c", "pass"], "batch": {"micro_batch": 1},
+    job, script = tmp_path / "job.yaml", tmp_path / "train.py"
+    script.write_text("pass\n")
+    job.write_text(json.dumps({"name": "revoked", "entrypoint": ["python", str(script)], "batch": {"micro_batch": 1},
                                "resources": {"nodes": 2, "nproc_per_node": 1}}))
     home = tmp_path / "home"
     done = subprocess.run([LAUNCH, "submit", str(job), "--cluster", str(cluster)], capture_output=True, text=True,
