@@ -1,5 +1,5 @@
 """``python -m launcher`` runs the `launch` CLI."""
 
-from launcher.cli import main
+from launcher.cli.main import main
 
 main()

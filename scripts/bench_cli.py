@@ -49,10 +49,10 @@ def fill_store(work: Path, env: dict[str, str], jobs: int, real: int) -> None:
         subprocess.run([launch, "submit", "tiny.yaml"], env=env, cwd=work, check=True, capture_output=True)
 
     os.environ["LAUNCH_HOME"] = env["LAUNCH_HOME"]
-    from launcher import orchestrate
+    from launcher.run import orchestrate
     from launcher.backends import backend_class
-    from launcher.plan import make_plan
-    from launcher.store import LAUNCHING, RUNNING, SUCCEEDED, Store
+    from launcher.backends import plan_job
+    from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 
     store = Store()
     template = store.job(store.jobs(limit=1)[0]["id"])
@@ -60,8 +60,7 @@ def fill_store(work: Path, env: dict[str, str], jobs: int, real: int) -> None:
     spec_data = {"job": prepared.job.model_dump(mode="json"), "cluster": prepared.cluster.model_dump(mode="json")}
     for index in range(jobs - real):
         job_id = f"{prepared.job.name}-{index:06x}"  # new_job_id()'s shape; 6 random hex would collide at 10k
-        plan = make_plan(prepared.job, prepared.cluster, job_id, backend=backend_class(prepared.cluster.backend),
-                         rdzv_port=prepared.plan.rendezvous.port)
+        plan = plan_job(prepared.job, prepared.cluster, job_id, rdzv_port=prepared.plan.rendezvous.port)
         store.create_job(plan, spec_data)
         store.transition(job_id, LAUNCHING, attempt=0)
         store.transition(job_id, RUNNING)
@@ -83,7 +82,7 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path, runs: int) -> float:
 def imports_torch(env: dict[str, str], cwd: Path, args: list[str]) -> bool:
     """Whether `launch ARGS` imports torch (run in-process, then sys.modules inspected)."""
     code = (
-        "import sys, contextlib, io\nfrom launcher.cli import main\n"
+        "import sys, contextlib, io\nfrom launcher.cli.main import main\n"
         f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n    main({args!r})\n"
         "print('torch' in sys.modules)"
     )

@@ -101,7 +101,7 @@ def reporter_cost(work: Path, world_size: int = 2, every: int = 10, steps: int =
 
     from launcher.metrics.record import parse_line
     from launcher.metrics.reporter import Reporter
-    from launcher.store import Store
+    from launcher.store.db import Store
 
     out = io.StringIO()
     reporter = Reporter(every=every, stream=out, flops_per_sample=1e9)

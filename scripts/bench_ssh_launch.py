@@ -67,8 +67,8 @@ def write_specs(bed: testbed.Testbed, work: Path, hosts: int) -> tuple[Path, Pat
 
 def launch_once(cluster: Path, job: Path) -> tuple[float, float]:
     """(preflight seconds, start seconds) of one foreground submit, which must succeed."""
-    from launcher import orchestrate
-    from launcher.store import Store
+    from launcher.run import orchestrate
+    from launcher.store.db import Store
 
     started = time.time()
     job_id, state = orchestrate.submit(orchestrate.prepare(str(job), str(cluster)), detach=False, echo=None)
@@ -81,7 +81,7 @@ def launch_once(cluster: Path, job: Path) -> tuple[float, float]:
 def fan_out_floor(bed: testbed.Testbed, hosts: int) -> float:
     """Seconds to connect to ``hosts`` hosts and run ``true`` on each, in parallel: the fan-out alone."""
     from launcher.spec.cluster import SSHSpec
-    from launcher.sshconn import Pool, SSHSettings, fan_out
+    from launcher.backends.ssh.connection import Pool, SSHSettings, fan_out
 
     settings = SSHSettings(SSHSpec(user="root", key_file=str(bed.key_file), known_hosts=str(bed.known_hosts),
                                    config_file=str(bed.ssh_config)))

@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def fill_store(home: Path, jobs: int, records: int, log_mb: int) -> str:
     from launcher.backends import backend_class
-    from launcher.plan import make_plan
+    from launcher.backends import plan_job
     from launcher.spec import ClusterSpec, JobSpec
-    from launcher.store import LAUNCHING, RUNNING, Store
+    from launcher.store.db import LAUNCHING, RUNNING, Store
 
     store = Store(home)
     spec = JobSpec(name="bench", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, max_steps=100000)
-    plan = make_plan(spec, ClusterSpec(name="local"), "bench-00000000", backend=backend_class("local"), rdzv_port=29500)
+    plan = plan_job(spec, ClusterSpec(name="local"), "bench-00000000", rdzv_port=29500)
     for i in range(jobs):
         store.create_job(plan.model_copy(update={"job_id": f"bench-{i:08x}"}), {})
     job_id = f"bench-{jobs - 1:08x}"
@@ -75,8 +75,8 @@ def refresh_cost(home: Path, job_id: str, runs: int) -> tuple[float, float]:
     """(one read of the store + snapshot, one render of the bar) in seconds, medians."""
     import io
 
-    from launcher.progress import LiveProgress
-    from launcher.store import Store
+    from launcher.views.progress import LiveProgress
+    from launcher.store.db import Store
 
     store = Store(home)
     view = LiveProgress(io.StringIO(), max_steps=100000, nnodes=2)

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import importlib
 
+from typing import Any
+
 from launcher.backends.base import Backend
+from launcher.plan.planner import Plan, make_plan
 from launcher.spec.cluster import ClusterSpec
+from launcher.spec.job import JobSpec
 
 BACKENDS: dict[str, str] = {
-    "local": "launcher.backends.local:LocalBackend",
-    "ssh": "launcher.backends.ssh:SSHBackend",
-    "ray": "launcher.backends.ray:RayBackend",
-    "slurm": "launcher.backends.slurm:SlurmBackend",
+    "local": "launcher.backends.local.backend:LocalBackend",
+    "ssh": "launcher.backends.ssh.backend:SSHBackend",
+    "ray": "launcher.backends.ray.backend:RayBackend",
+    "slurm": "launcher.backends.slurm.backend:SlurmBackend",
 }
 
 
@@ -35,4 +39,9 @@ def get_backend(cluster: ClusterSpec) -> Backend:
     return backend_class(cluster.backend)(cluster)
 
 
-__all__ = ["BACKENDS", "Backend", "backend_class", "get_backend"]
+def plan_job(job: JobSpec, cluster: ClusterSpec, job_id: str, **options: Any) -> Plan:
+    """``make_plan`` under the policy of ``cluster``'s backend (the options are ``make_plan``'s)."""
+    return make_plan(job, cluster, job_id, policy=backend_class(cluster.backend).plan_policy(job, cluster), **options)
+
+
+__all__ = ["BACKENDS", "Backend", "backend_class", "get_backend", "plan_job"]

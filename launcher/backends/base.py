@@ -21,12 +21,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from launcher import containers
-from launcher.commands import RECIPE_MODULE
-from launcher.failures import LOST_NODE_EXIT
-from launcher.netenv import NodeNetwork
+from launcher.plan import containers
+from launcher.plan.commands import RECIPE_MODULE
+from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.plan.netenv import NodeNetwork
 from launcher.node.ship import node_argv
-from launcher.plan import NodePlan, Plan
+from launcher.plan.planner import NodePlan, Plan
+from launcher.plan.policy import PlanPolicy
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec
 
@@ -169,6 +170,23 @@ class Backend(ABC):
 
     # planning: pure, no connection
 
+    #: whether a node's GPUs or slots bound the processes per node (off where one machine hosts every node)
+    checks_capacity: ClassVar[bool] = True
+
+    @classmethod
+    def plan_policy(cls, job: JobSpec, cluster: ClusterSpec) -> PlanPolicy:
+        """This backend's choices for planning ``job`` on ``cluster``, as the value the planner reads."""
+        return PlanPolicy(
+            nodes=tuple(cls.plan_nodes(cluster, job.resources.nodes)),
+            python=cls.default_python(cluster),
+            resource_problems=tuple(cls.resource_problems(job, cluster)),
+            spare_nodes=cls.spare_nodes(cluster, job.resources.nodes),
+            places_nodes=cls.places_nodes,
+            checks_capacity=cls.checks_capacity,
+            pinned_interface=cls.pinned_interface(cluster),
+            uses_hcas=cls.uses_hcas(cluster),
+        )
+
     @classmethod
     def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
         """The nodes a job of ``count`` nodes is planned on (placeholders where placed later)."""
@@ -198,16 +216,6 @@ class Backend(ABC):
         if wanted > len(cluster.nodes):
             return [f"resources.nodes: the job asks for {wanted} nodes; cluster '{cluster.name}' lists {len(cluster.nodes)}"]
         return []
-
-    @classmethod
-    def capacity_problems(cls, job: JobSpec, nodes: list[NodeSpec]) -> list[str]:
-        """Nodes that cannot take the job's processes per node (their GPUs, or CPU slots without GPUs)."""
-        nproc = job.resources.nproc_per_node
-        return [
-            f"resources.nproc_per_node: {nproc} processes on node {index} ({node.host}), which has "
-            + (f"{node.gpus} GPUs" if node.gpus else f"{node.capacity} CPU slots")
-            for index, node in enumerate(nodes) if nproc > node.capacity
-        ]
 
     @classmethod
     def spare_nodes(cls, cluster: ClusterSpec, wanted: int) -> int | None:

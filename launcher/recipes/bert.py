@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.recipes import (
+from launcher.catalog.recipes import (
     BERT_MAX_POSITIONS,
     BERT_TYPE_VOCAB,
     BERT_VOCAB,

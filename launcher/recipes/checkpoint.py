@@ -4,7 +4,7 @@ Layout in ``--checkpoint-dir``: one folder per saved step (``step_00000500``)
 and a ``latest`` file naming the newest complete one (written last, by rank 0,
 atomically), the convention DeepSpeed uses for its own checkpoints.
 
-The format is the strategy's (``launcher.strategies``): DeepSpeed's
+The format is the strategy's (``launcher.catalog.strategies``): DeepSpeed's
 ``save_checkpoint``/``load_checkpoint`` (the step travels in ``client_state``),
 or ``torch.distributed.checkpoint`` with ``get_state_dict``/``set_state_dict`` of
 the bare module, so every rank writes its own shard, FSDP2 never gathers a full
@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launcher.recipes.strategies import TorchTrainer, Trainer
-from launcher.strategies import CheckpointFormat, names
+from launcher.catalog.strategies import CheckpointFormat, names
 
 LATEST = "latest"
 DEEPSPEED_MARKER = "*model_states.pt"

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launcher.recipes import (
+from launcher.catalog.recipes import (
     BERT_VOCAB,
     CIFAR_CLASSES,
     CIFAR_IMAGE,

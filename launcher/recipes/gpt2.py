@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.recipes import GPT2_MAX_POSITIONS, GPT2_VOCAB, transformer_shape
+from launcher.catalog.recipes import GPT2_MAX_POSITIONS, GPT2_VOCAB, transformer_shape
 
 
 def make_config(size: str | None = None, num_layers: int | None = None):

@@ -1,6 +1,6 @@
 """Wrap a recipe's model and optimizer for a strategy and run one optimizer step.
 
-Which trainer runs a strategy is its ``Family`` in ``launcher.strategies``; ``TRAINERS``
+Which trainer runs a strategy is its ``Family`` in ``launcher.catalog.strategies``; ``TRAINERS``
 maps each family to its class here.
 
 ``TorchTrainer`` (DDP, FSDP2): micro-batches accumulate with gradient sync suppressed on
@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.recipes import LANGUAGE_MODELS
-from launcher.strategies import CheckpointFormat, Family, Strategy, get_strategy
+from launcher.catalog.recipes import LANGUAGE_MODELS
+from launcher.catalog.strategies import CheckpointFormat, Family, Strategy, get_strategy
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 WEIGHT_DECAY = 0.01  # AdamW decay for the language models; the CNNs use plain Adam

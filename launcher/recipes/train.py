@@ -17,8 +17,8 @@ import json
 import os
 import sys
 
-from launcher.recipes import DEFAULT_SEQ_LEN, LANGUAGE_MODELS, RECIPES, recipe_info
-from launcher.strategies import (
+from launcher.catalog.recipes import DEFAULT_SEQ_LEN, LANGUAGE_MODELS, RECIPES, recipe_info
+from launcher.catalog.strategies import (
     DEFAULT_STRATEGY,
     PRECISIONS,
     STRATEGIES,
@@ -117,7 +117,7 @@ def check_args(args: argparse.Namespace, world_size: int, local_world_size: int,
 
 
 def _ds_config(args: argparse.Namespace, world_size: int) -> dict:
-    from launcher.dsconfig import DSConfigError, make_ds_config
+    from launcher.plan.dsconfig import DSConfigError, make_ds_config
 
     user = None
     if args.ds_config_json is not None:

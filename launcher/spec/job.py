@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from launcher.recipes import RECIPES
+from launcher.catalog.recipes import RECIPES
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name
-from launcher.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
+from launcher.catalog.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 PYTHON_NAMES = ("python", "python3")  # an entrypoint program that runs under the cluster's interpreter

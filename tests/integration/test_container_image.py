@@ -1,4 +1,4 @@
-"""The podman test image and the runtime commands launcher/containers.py builds, run for real.
+"""The podman test image and the runtime commands launcher/plan/containers.py builds, run for real.
 
 Each container is started with the argv ``run_argv`` makes, so these tests check the product's
 commands against podman itself: the suite's interpreter and torch inside the image, secrets passed by
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.containers import (
+from launcher.plan.containers import (
     ContainerName, exit_meaning, image_present_argv, inspect_argv, list_argv, parse_names, parse_state,
     remove_argv, run_argv, stop_argv,
 )

@@ -16,10 +16,10 @@ import pytest
 
 from launcher.backends import backend_class
 from launcher.node import proctree
-from launcher.orchestrate import stored_spec
-from launcher.plan import make_plan
+from launcher.run.orchestrate import stored_spec
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.store import Store
+from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, run_cli, status_json, write_yaml
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def test_hostile_rank_output_neither_wedges_the_job_nor_breaks_the_views(tmp_pat
 def test_cancel_never_signals_a_process_that_took_over_the_supervisors_pid(tmp_path, home):
     spec = JobSpec(name="stale", entrypoint=["python", "t.py"], resources={"nodes": 1, "nproc_per_node": 1})
     cluster = ClusterSpec(name="local", backend="local", python=sys.executable, workdir=str(tmp_path))
-    plan = make_plan(spec, cluster, "stale-0000aaaa", backend=backend_class("local"), rdzv_port=29511)
+    plan = plan_job(spec, cluster, "stale-0000aaaa", rdzv_port=29511)
     store = Store(home)
     store.create_job(plan, stored_spec(spec, cluster, run_check=True))
     store.transition(plan.job_id, "LAUNCHING")

@@ -49,7 +49,7 @@ def launch_argv() -> list[str]:
     script = Path(sys.executable).with_name("launch")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from launcher.cli import main; main(sys.argv[1:])"]
+    return [sys.executable, "-c", "import sys; from launcher.cli.main import main; main(sys.argv[1:])"]
 
 
 def run_launch(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -23,8 +23,8 @@ import pytest
 
 from launcher.node import proctree
 from tools import testbed as tb
-from launcher.ports import free_port
-from launcher.backends.ray import NAMESPACE
+from launcher.run.ports import free_port
+from launcher.backends.ray.backend import NAMESPACE
 from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
 
 pytestmark = [

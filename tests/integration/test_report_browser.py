@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.metrics import report
+from launcher.views import report
 from launcher.metrics.record import MetricRecord
 from tests.integration.test_metrics_cli import (
     run_launch,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.store import Store
+from launcher.store.db import Store
 from tests.container_fixture import needs_podman
 from tests.helpers import rank_results
 from tests.slurm_fixture import (

@@ -18,12 +18,12 @@ import pytest
 from launcher.node import agent as agent_module
 from launcher.node import proctree
 from tools import testbed as tb
-from launcher.backends.ssh import SSHBackend
-from launcher.plan import Plan
+from launcher.backends.ssh.backend import SSHBackend
+from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
-from launcher.sshconn import Connection, Target
-from launcher.store import Store
-from launcher.sync import sync_workdir
+from launcher.backends.ssh.connection import Connection, Target
+from launcher.store.db import Store
+from launcher.backends.ssh.sync import sync_workdir
 
 from tests.helpers import rank_results
 from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_client, sshd_stopped

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.store import Store
+from launcher.store.db import Store
 from tests.testbed_fixture import needs_root
 from tools import testbed as tb
 

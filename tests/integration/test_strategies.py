@@ -229,7 +229,7 @@ def single_rank_group(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["ddp", "dp", "zero2"])
 def test_accumulation_matches_one_big_batch(strategy, single_rank_group):
-    from launcher.dsconfig import make_ds_config
+    from launcher.plan.dsconfig import make_ds_config
     from launcher.recipes import convnet
     from launcher.recipes.data import DataSpec, split_micro_batches, step_batches
     from launcher.recipes.strategies import TrainOptions, build_trainer

@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from launcher.progress import open_progress
-from launcher.store import Store
+from launcher.views.progress import open_progress
+from launcher.store.db import Store
 
 LINES_PER_THREAD = 40
 

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from launcher.backends.base import Backend, CommandResult, Preflight, StartContext
 from launcher.errors import NodeStartError
-from launcher.plan import Plan
+from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
 
 

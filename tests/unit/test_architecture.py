@@ -14,14 +14,14 @@ def _module(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
-def _imports(path: Path) -> set[str]:
-    """The launcher modules ``path`` imports (at any depth, except under ``if TYPE_CHECKING:``)."""
+def _imports(path: Path, typing_too: bool = False) -> set[str]:
+    """The launcher modules ``path`` imports (at any depth; under ``if TYPE_CHECKING:`` only with ``typing_too``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not typing_too:
             return
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("launcher"))
@@ -40,9 +40,50 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(typing_too: bool = False) -> dict[str, set[str]]:
     modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: {dep for dep in _imports(path) if dep in modules and dep != name} for name, path in modules.items()}
+    return {
+        name: {dep for dep in _imports(path, typing_too) if dep in modules and dep != name}
+        for name, path in modules.items()
+    }
+
+
+#: The layers of docs/ARCHITECTURE.md, lowest first: a module imports its own layer or lower ones.
+LAYERS = ["errors", "catalog", "spec", "plan", "metrics", "store", "backends", "views", "run", "cli", "__main__", "recipes"]
+#: Imported by any layer: the package root and the node side (shipped to nodes, stdlib only).
+SHARED = {"", "node"}
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def test_dependencies_point_down_the_layers() -> None:
+    """Type-only imports count too: a planner that names the Backend class in its signature depends on it."""
+    upward = sorted(
+        f"{module} -> {dep}"
+        for module, deps in _graph(typing_too=True).items()
+        for dep in deps
+        if _layer(module) not in SHARED and _layer(dep) not in SHARED
+        and LAYERS.index(_layer(dep)) > LAYERS.index(_layer(module))
+    )
+    assert upward == []
+
+
+def test_every_module_sits_in_a_known_layer() -> None:
+    """A new top-level package or module must be given its place in LAYERS (and in docs/ARCHITECTURE.md)."""
+    assert {_layer(module) for module in _graph()} <= set(LAYERS) | SHARED
+
+
+def test_the_direction_test_sees_an_upward_import() -> None:
+    """The AST reader finds a type-only import of a higher layer (the knot the planner once had)."""
+    module = PACKAGE / "plan" / "_probe_upward.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.backends.base import Backend\n")
+    try:
+        assert _imports(module) == set()
+        assert "launcher.backends.base" in _imports(module, typing_too=True)
+    finally:
+        module.unlink()
 
 
 def test_no_import_cycles_among_launcher_modules() -> None:
@@ -69,7 +110,7 @@ def test_no_import_cycles_among_launcher_modules() -> None:
 
 
 def test_the_base_backend_imports_no_concrete_backend() -> None:
-    concrete = {"launcher.backends.local", "launcher.backends.ssh", "launcher.backends.ray"}
+    concrete = {"launcher.backends.local.backend", "launcher.backends.ssh.backend", "launcher.backends.ray.backend"}
     assert not _imports(PACKAGE / "backends" / "base.py") & concrete
 
 
@@ -80,10 +121,11 @@ def test_no_backend_branches_outside_the_backends_and_the_spec_models() -> None:
 
 
 def test_the_node_side_imports_nothing_outside_itself() -> None:
-    for path in (PACKAGE / "node").glob("*.py"):
-        if path.name == "ship.py":
-            continue
-        assert not {m for m in _imports(path) if not m.startswith("launcher.node")}, path.name
+    outside = {
+        path.name: sorted(m for m in _imports(path, typing_too=True) if not m.startswith("launcher.node"))
+        for path in (PACKAGE / "node").glob("*.py")
+    }
+    assert {name: found for name, found in outside.items() if found} == {}
 
 
 def test_the_test_harness_is_not_shipped_in_the_package() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.batch import resolve_batch
+from launcher.plan.batch import resolve_batch
 from launcher.errors import PlanError
 from launcher.spec.job import BatchSpec
 

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from launcher.metrics import compare
+from launcher.views import compare
 
 MB = 1024 * 1024
 

@@ -11,9 +11,9 @@ import click
 import pytest
 
 from launcher.backends import backend_class
-from launcher.plan import make_plan
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.store import Store
+from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, run_cli
 
 IDS = ("cifar-00000001", "cifar-00000002", "bert-00000003")  # made in this order: newest last
@@ -25,7 +25,7 @@ def jobs(home):
     store = Store(home)
     for job_id in IDS:
         job = JobSpec(name=job_id.split("-")[0], entrypoint=["python", "t.py"], batch={"micro_batch": 2})
-        store.create_job(make_plan(job, ClusterSpec(name="local"), job_id, backend=backend_class("local"), rdzv_port=29500), {})
+        store.create_job(plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500), {})
         time.sleep(0.01)  # distinct created_at: completion lists the newest first
     store.close()
     return home
@@ -68,8 +68,8 @@ def test_completion_prints_each_shells_script(home, shell, marks):
 
 
 def test_every_job_argument_completes_job_ids():
-    from launcher.cli import cli
-    from launcher.completion import JOB_ID
+    from launcher.cli.main import cli
+    from launcher.cli.completion import JOB_ID
 
     completing = {name for name, command in cli.commands.items() if any(p.type is JOB_ID for p in command.params)}
     assert completing >= set(JOB_COMMANDS)
@@ -141,7 +141,7 @@ def test_zsh_completion_function_offers_job_ids(jobs, launch_on_path):
 def test_completing_imports_nothing_heavy(jobs):
     check = (
         "import sys\n"
-        "from launcher.cli import main\n"
+        "from launcher.cli.main import main\n"
         "try:\n    main([])\nexcept SystemExit:\n    pass\n"
         "print('LOADED:' + ','.join(m for m in ('torch', 'deepspeed', 'ray', 'rich', 'pydantic', 'yaml') if m in sys.modules))\n"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.dsconfig import DSConfigError, make_ds_config, validate_with_deepspeed
+from launcher.plan.dsconfig import DSConfigError, make_ds_config, validate_with_deepspeed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,6 +109,6 @@ def test_deepspeed_reports_problems():
 
 
 def test_make_ds_config_does_not_import_deepspeed():
-    code = ("import sys; from launcher.dsconfig import make_ds_config; make_ds_config('zero3', 'bf16', 1, 1, 2); "
+    code = ("import sys; from launcher.plan.dsconfig import make_ds_config; make_ds_config('zero3', 'bf16', 1, 1, 2); "
             "sys.exit('deepspeed' in sys.modules or 'torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

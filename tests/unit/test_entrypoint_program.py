@@ -1,6 +1,6 @@
 """The cluster's interpreter replaces an entrypoint's program only when that program is exactly `python` or `python3`.
 
-The rule of ``launcher.commands.program_args``: only ``python`` and ``python3`` become the cluster's interpreter; anything
+The rule of ``launcher.plan.commands.program_args``: only ``python`` and ``python3`` become the cluster's interpreter; anything
 else, `pythonic-tool` or an explicit `/opt/py38/bin/python3.8`, runs as written under `--no-python`.
 """
 
@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from launcher.batch import BatchPlan
-from launcher.cli import main
-from launcher.commands import program_args
+from launcher.plan.batch import BatchPlan
+from launcher.cli.main import main
+from launcher.plan.commands import program_args
 from launcher.spec import JobSpec
 from tests.helpers import write_yaml
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.failures import Failure, FailureKind, classify, oom_kill, parse_agent_failure, precedence, signal_name
+from launcher.backends.failures import Failure, FailureKind, classify, oom_kill, parse_agent_failure, precedence, signal_name
 
 TORCHRUN_REPORT = """\
 [1] E1130 11:55:21.093000 14062 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 14341) of binary: /usr/bin/python

@@ -7,7 +7,7 @@ import re
 import click
 import pytest
 
-from launcher.cli import cli, main
+from launcher.cli.main import cli, main
 
 
 def _help(argv: list[str]) -> None:

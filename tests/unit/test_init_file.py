@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.clusterfile import SSHDraft, local_cluster_text, ssh_cluster_text, write
+from launcher.backends.ssh.clusterfile import SSHDraft, local_cluster_text, ssh_cluster_text, write
 from launcher.errors import LaunchError, SpecError
 from launcher.spec.cluster import SSHSpec
 from launcher.spec.load import load_cluster
-from launcher.survey import GPU, HostReport, Interpreter, choose_python, differences
+from launcher.backends.ssh.survey import GPU, HostReport, Interpreter, choose_python, differences
 from tests.helpers import launch_argv, run_cli
 
 CONDA = "/opt/conda/bin/python"
@@ -164,7 +164,7 @@ def test_init_refuses_mixed_modes(home):
 def test_the_summary_table_marks_what_differs():
     from rich.console import Console
 
-    from launcher.cli_init import summary_table
+    from launcher.cli.init import summary_table
 
     newer = (Interpreter(CONDA, "3.11.7", "2.4.0", "0.14.4", imports_torch=True),)
     reports = [_host("gpu-1"), _host("gpu-2", interpreters=newer)]

@@ -12,12 +12,12 @@ import pytest
 
 from launcher.backends import backend_class
 from launcher.errors import PreflightError
-from launcher.failures import Failure, FailureKind
-from launcher.orchestrate import stored_spec
-from launcher.plan import make_plan
+from launcher.backends.failures import Failure, FailureKind
+from launcher.run.orchestrate import stored_spec
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.store import Store
-from launcher.supervisor import Supervisor
+from launcher.store.db import Store
+from launcher.run.supervisor import Supervisor
 
 CLUSTER = ClusterSpec(
     name="three", backend="ssh", python="/usr/bin/python3", workdir="/work",
@@ -38,7 +38,7 @@ class Backend:
 
 @pytest.fixture
 def supervisor(tmp_path: Path) -> Supervisor:
-    plan = make_plan(JOB, CLUSTER, "flaky-00000001", backend=backend_class("ssh"), rdzv_port=29500)
+    plan = plan_job(JOB, CLUSTER, "flaky-00000001", rdzv_port=29500)
     store = Store(tmp_path / "home")
     store.create_job(plan, stored_spec(JOB, CLUSTER, run_check=True))
     replans = []
@@ -47,7 +47,7 @@ def supervisor(tmp_path: Path) -> Supervisor:
         replans.append(hosts)
         smaller = CLUSTER.model_copy(update={"nodes": [n for n in CLUSTER.nodes if n.host not in hosts]})
         job = JOB.model_copy(update={"leave_out_failed_nodes": False})
-        return make_plan(job, smaller, current.job_id, backend=backend_class("ssh"), rdzv_port=29500), Backend()
+        return plan_job(job, smaller, current.job_id, rdzv_port=29500), Backend()
 
     sup = Supervisor(store, plan, Backend(), restarts=3, replan=replan)
     sup.replans = replans

@@ -9,7 +9,7 @@ import pytest
 
 CHECK = """
 import sys
-from launcher.cli import main
+from launcher.cli.main import main
 try:
     main({argv!r})
 except SystemExit:
@@ -29,7 +29,7 @@ def test_control_plane_commands_stay_light(argv, tmp_path):
 
 
 def test_every_command_help_shows_an_example(capsys):
-    from launcher.cli import cli, main
+    from launcher.cli.main import cli, main
 
     for name in cli.commands:
         try:
@@ -42,7 +42,7 @@ def test_every_command_help_shows_an_example(capsys):
 def test_status_of_a_running_job_reads_records_without_pydantic(tmp_path):
     """Live summaries read stored records with the standard library: pydantic (~0.1 s) stays out of `status`."""
     from launcher.metrics.record import MetricRecord, ProcessSample
-    from launcher.store import Store
+    from launcher.store.db import Store
 
     store = Store(tmp_path)
     store._execute("INSERT INTO jobs (id, name, state, created_at, attempt) VALUES ('live-1', 'live', 'RUNNING', 1.0, 0)")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from launcher.failures import FailureKind
-from launcher.liveness import HangDetector, Liveness
+from launcher.backends.failures import FailureKind
+from launcher.run.liveness import HangDetector, Liveness
 
 TIMEOUT = 300.0
 

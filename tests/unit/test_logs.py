@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from launcher import logs
+from launcher.views import logs
 from launcher.backends import backend_class
-from launcher.plan import make_plan
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.store import LAUNCHING, RUNNING, SUCCEEDED, Store
+from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli
 from tests.terminal import run_in_terminal
 
@@ -24,7 +24,7 @@ def make_job(home, job_id: str, node_lines: list[list[str]], attempt: int = 0) -
     store = Store(home)
     job = JobSpec(name=job_id.split("-")[0], entrypoint=["python", "t.py"], batch={"micro_batch": 2})
     try:
-        store.create_job(make_plan(job, ClusterSpec(name="local"), job_id, backend=backend_class("local"), rdzv_port=29500), {})
+        store.create_job(plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500), {})
     except Exception:  # noqa: BLE001 - a second attempt of a job made before
         pass
     for node, lines in enumerate(node_lines):

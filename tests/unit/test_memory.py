@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import memory, strategies
-from launcher.recipes import RecipeInfo, recipe_info
+from launcher.plan import memory
+
+from launcher.catalog import strategies
+from launcher.catalog.recipes import RecipeInfo, recipe_info
 
 REPO = Path(__file__).resolve().parents[2]
 # (total params, largest layer params, nodes, GPUs per node)
@@ -122,6 +124,6 @@ def test_recommendation_order_is_the_documented_one():
 
 
 def test_memory_module_does_not_import_torch():
-    code = ("import sys, launcher.memory, launcher.strategies; "
+    code = ("import sys, launcher.plan.memory, launcher.catalog.strategies; "
             "sys.exit('torch' in sys.modules or 'deepspeed' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from launcher.node import agent, proctree
 from launcher.node.ship import node_argv
-from launcher.shell import render_command
+from launcher.plan.shell import render_command
 
 ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('V'), os.environ.get('SECRET'), os.getcwd()]))"
 HOSTILE = ["a;b", "$(id)", "`id`", "it's", 'say "hi"', "two  words", "line\nbreak", "naïve ☃ 漢字", "", "-rf", "*", "\\"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from launcher.backends import backend_class
 from launcher.backends.base import node_problems
-from launcher.plan import make_plan
+from launcher.backends import plan_job
 from launcher.spec.load import load_cluster, load_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +16,7 @@ GIB = 2**30
 def _offload_plan():
     job = load_job(ROOT / "jobs" / "bert_large_zero3.yaml", ["strategy=zero3_offload"])
     cluster = load_cluster(ROOT / "examples" / "clusters" / "a800.yaml")
-    return make_plan(job, cluster, "offload-1", backend=backend_class("ssh"), rdzv_port=29500)
+    return plan_job(job, cluster, "offload-1", rdzv_port=29500)
 
 
 def test_zero3_offload_is_refused_on_a_node_whose_memory_cannot_hold_the_offloaded_states() -> None:

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.backends import backend_class
-from launcher.plan import make_plan
-from launcher.render import plan_json
+from launcher.backends import plan_job
+from launcher.views.render import plan_json
 from launcher.spec.load import load_cluster, load_job
 from tests.unit.test_plan_golden import check_golden
 
@@ -18,8 +18,8 @@ BERT_LARGE = "jobs/bert_large_zero3.yaml"
 
 
 def test_bert_large_zero3_on_two_a800_nodes_matches_golden():
-    plan = make_plan(load_job(BERT_LARGE), load_cluster(A800), "bert-large-zero3-golden", backend=backend_class("ssh"), rdzv_port=29500,
-                     ds_config=__import__("launcher.orchestrate", fromlist=["x"]).deepspeed_config(load_job(BERT_LARGE)))
+    plan = plan_job(load_job(BERT_LARGE), load_cluster(A800), "bert-large-zero3-golden", rdzv_port=29500,
+                     ds_config=__import__("launcher.run.orchestrate", fromlist=["x"]).deepspeed_config(load_job(BERT_LARGE)))
     data = plan_json(plan)
     check_golden("plan_bert_large_zero3_a800_2x8", data)
     assert data["world_size"] == 16 and data["ds_config"]["train_batch_size"] == data["batch"]["global_batch"]

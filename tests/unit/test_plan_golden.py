@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import backend_class
-from launcher.plan import make_plan
-from launcher.render import plan_json
+from launcher.backends import plan_job
+from launcher.views.render import plan_json
 from launcher.spec import ClusterSpec, JobSpec
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -41,21 +41,21 @@ def check_golden(name: str, data: dict) -> None:
 
 @pytest.mark.parametrize("nodes,nproc", [(1, 1), (1, 2), (2, 2)])
 def test_local_plan_matches_golden(nodes, nproc):
-    plan = make_plan(_job(nodes, nproc), LOCAL, "golden-abc123", backend=backend_class(LOCAL.backend), rdzv_port=29500)
+    plan = plan_job(_job(nodes, nproc), LOCAL, "golden-abc123", rdzv_port=29500)
     check_golden(f"plan_local_{nodes}x{nproc}", plan_json(plan))
 
 
 def test_plan_is_pure_and_repeatable():
     job = _job(2, 2)
-    first = make_plan(job, LOCAL, "golden-abc123", backend=backend_class(LOCAL.backend), rdzv_port=29500)
-    second = make_plan(job, LOCAL, "golden-abc123", backend=backend_class(LOCAL.backend), rdzv_port=29500)
+    first = plan_job(job, LOCAL, "golden-abc123", rdzv_port=29500)
+    second = plan_job(job, LOCAL, "golden-abc123", rdzv_port=29500)
     assert first == second
     with pytest.raises(Exception):
         first.world_size = 3
 
 
 def test_plan_facts():
-    plan = make_plan(_job(2, 2), LOCAL, "golden-abc123", backend=backend_class(LOCAL.backend), rdzv_port=29500)
+    plan = plan_job(_job(2, 2), LOCAL, "golden-abc123", rdzv_port=29500)
     assert plan.world_size == 4 and plan.batch.grad_accum == 2 and plan.batch.global_batch == 256
     assert [n.index for n in plan.nodes] == [0, 1]
     for node in plan.nodes:
@@ -69,7 +69,7 @@ def test_plan_facts():
 
 
 def test_ssh_plan_pins_and_probes():
-    from launcher.netenv import NodeNetwork
+    from launcher.plan.netenv import NodeNetwork
 
     cluster = ClusterSpec(
         name="a800", backend="ssh", python="/opt/py/bin/python", workdir="/shared",
@@ -78,11 +78,11 @@ def test_ssh_plan_pins_and_probes():
     )
     job = JobSpec(name="j", entrypoint=["python", "train.py"], batch={"micro_batch": 4},
                   resources={"nodes": 2, "nproc_per_node": 8})
-    unresolved = make_plan(job, cluster, "j-1", backend=backend_class(cluster.backend), rdzv_port=29500)
+    unresolved = plan_job(job, cluster, "j-1", rdzv_port=29500)
     assert unresolved.dist_backend == "nccl"
     assert "node 1: NCCL_SOCKET_IFNAME" in unresolved.unresolved()
     probes = {0: NodeNetwork("ib0", "10.0.0.11", ("mlx5_0",)), 1: NodeNetwork("bond0", "10.0.0.12", ("mlx5_1", "mlx5_2"))}
-    plan = make_plan(job, cluster, "j-1", backend=backend_class(cluster.backend), rdzv_port=29500, probes=probes)
+    plan = plan_job(job, cluster, "j-1", rdzv_port=29500, probes=probes)
     assert plan.unresolved() == []
     assert plan.rendezvous.endpoint == "10.0.0.11:29500"
     assert plan.nodes[1].address == "10.0.0.12"
@@ -91,7 +91,7 @@ def test_ssh_plan_pins_and_probes():
     assert plan.nodes[0].env["NCCL_IB_HCA"] == "mlx5_0"
     assert "probed" in plan.nodes[1].env_sources["NCCL_IB_HCA"]
     pinned = cluster.model_copy(update={"network": cluster.network.model_copy(update={"interface": "eth9"})})
-    assert make_plan(job, pinned, "j-1", backend=backend_class(pinned.backend), rdzv_port=29500, probes=probes).nodes[1].env["GLOO_SOCKET_IFNAME"] == "eth9"
+    assert plan_job(job, pinned, "j-1", rdzv_port=29500, probes=probes).nodes[1].env["GLOO_SOCKET_IFNAME"] == "eth9"
 
 
 def test_too_many_nodes_for_the_cluster():
@@ -100,4 +100,4 @@ def test_too_many_nodes_for_the_cluster():
     cluster = ClusterSpec(name="c", backend="ssh", nodes=[{"host": "a"}])
     job = JobSpec(name="j", entrypoint=["python", "t.py"], batch={"micro_batch": 4}, resources={"nodes": 3})
     with pytest.raises(PlanError, match="asks for 3 nodes; cluster 'c' lists 1"):
-        make_plan(job, cluster, "j-1", backend=backend_class(cluster.backend), rdzv_port=29500)
+        plan_job(job, cluster, "j-1", rdzv_port=29500)

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from launcher.backends import backend_class
-from launcher.plan import make_plan
+from launcher.backends import plan_job
 from launcher.metrics.snapshot import snapshot, summary_line
-from launcher.progress import PlainProgress
+from launcher.views.progress import PlainProgress
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.store import LAUNCHING, RUNNING, Store
+from launcher.store.db import LAUNCHING, RUNNING, Store
 from tests.helpers import ROOT, cli_env
 from tests.terminal import run_in_terminal
 
@@ -96,7 +96,7 @@ def job_with_records(home):
     """A running job with two ranks at step 30 of 60 (rank 1 the slower)."""
     store = Store(home)
     job = JobSpec(name="p", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, max_steps=60)
-    store.create_job(make_plan(job, ClusterSpec(name="local"), "p-000001", backend=backend_class("local"), rdzv_port=29500), {})
+    store.create_job(plan_job(job, ClusterSpec(name="local"), "p-000001", rdzv_port=29500), {})
     assert store.transition("p-000001", LAUNCHING) and store.transition("p-000001", RUNNING)
     store.add_metrics("p-000001", 0, [record(0, 30, sps=80.0, step_s=0.1, mem=3 * GIB // 2),
                                       record(1, 30, sps=40.0, step_s=0.2)])
@@ -151,7 +151,7 @@ def test_plain_output_on_a_pipe(job_with_records):
 def test_live_stage_lines_count_many_nodes_and_are_drawn_once(job_with_records, monkeypatch):
     import pyte
 
-    from launcher.progress import LiveProgress
+    from launcher.views.progress import LiveProgress
 
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("LINES", "40")

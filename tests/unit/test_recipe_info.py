@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.recipes import RECIPES, recipe_info
+from launcher.catalog.recipes import RECIPES, recipe_info
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,5 +104,5 @@ def test_recipes_listed():
 
 
 def test_recipe_info_does_not_import_torch():
-    code = "import sys; from launcher.recipes import recipe_info; recipe_info('bert'); sys.exit('torch' in sys.modules)"
+    code = "import sys; from launcher.catalog.recipes import recipe_info; recipe_info('bert'); sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -20,17 +20,17 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from launcher import render
-from launcher.metrics import compare
+from launcher.views import render
+from launcher.views import compare
 from launcher.metrics.aggregate import summarize
 from launcher.metrics.export import write_csv
 from launcher.metrics.record import MARKER, MetricRecord, Rejected, parse_line
-from launcher.metrics.report import build_report
+from launcher.views.report import build_report
 from launcher.metrics.summary import JobSummary
 from launcher.backends import backend_class
-from launcher.plan import make_plan
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.store import Store
+from launcher.store.db import Store
 
 WORLD = 4
 
@@ -95,7 +95,7 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def plan():
     spec = JobSpec(name="prop", entrypoint=["python", "t.py"], batch={"micro_batch": 1}, resources={"nproc_per_node": WORLD})
-    return make_plan(spec, ClusterSpec(name="local"), "prop-000000", backend=backend_class("local"), rdzv_port=29500)
+    return plan_job(spec, ClusterSpec(name="local"), "prop-000000", rdzv_port=29500)
 
 
 def _finite_numbers(record: MetricRecord) -> bool:

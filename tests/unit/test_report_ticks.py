@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from launcher.metrics.report import line_chart, nice_ticks
+from launcher.views.report import line_chart, nice_ticks
 
 
 @pytest.mark.parametrize(

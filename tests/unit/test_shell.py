@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.shell import mask, render_command
+from launcher.plan.shell import mask, render_command
 
 HOSTILE = ["a;b", "$(id)", "`id`", "it's", 'say "hi"', "two words", "line\nbreak", "naïve ☃ 漢字", "", "-rf", "*", "\\"]
 ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('V'), os.getcwd()]))"

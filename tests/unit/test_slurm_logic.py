@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from launcher.backends import backend_class
-from launcher.backends import slurm_cli as cli
-from launcher.backends.slurm import batch_script
+from launcher.backends.slurm import commands as cli
+from launcher.backends.slurm.backend import batch_script
 from launcher.errors import PlanError
-from launcher.plan import make_plan
+from launcher.backends import plan_job
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
 from launcher.spec.load import load_cluster
@@ -118,12 +118,12 @@ def test_the_plan_has_placeholders_until_slurm_allocates_and_refuses_more_ranks_
     cluster = ClusterSpec(name="s", backend="slurm", slurm={"partition": "p", "gpus_per_node": 2}, workdir="/w")
     job = JobSpec.model_validate({"name": "j", "entrypoint": ["python", "t.py"],
                                   "resources": {"nodes": 2, "nproc_per_node": 2}})
-    plan = make_plan(job, cluster, "j-1", backend=backend_class("slurm"), rdzv_port=29500)
+    plan = plan_job(job, cluster, "j-1", rdzv_port=29500)
     assert [n.host for n in plan.nodes] == ["slurm-node-0", "slurm-node-1"]
     assert plan.nodes[1].env["NCCL_SOCKET_IFNAME"] == "auto"
     too_many = job.model_copy(update={"resources": job.resources.model_copy(update={"nproc_per_node": 4})})
     with pytest.raises(PlanError, match="asks Slurm for 2 GPUs per node"):
-        make_plan(too_many, cluster, "j-2", backend=backend_class("slurm"), rdzv_port=29500)
+        plan_job(too_many, cluster, "j-2", rdzv_port=29500)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
 from tests.helpers import PROBE, write_yaml
 
 GOOD = {

@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.errors import SpecError
 from launcher.spec.load import load_cluster, load_job
 from launcher.spec.safeyaml import MAX_SPEC_BYTES, MAX_VALUES

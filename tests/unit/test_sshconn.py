@@ -14,8 +14,8 @@ import pytest
 
 from launcher.errors import LaunchError
 from launcher.spec.cluster import SSHSpec
-from launcher.sshconn import HostKeyError, SSHSettings, Target, check_host_key, error_text, fan_out, fingerprint
-from launcher.trust import record_key
+from launcher.backends.ssh.connection import HostKeyError, SSHSettings, Target, check_host_key, error_text, fan_out, fingerprint
+from launcher.backends.ssh.trust import record_key
 
 def _key(tmp_path: Path, name: str) -> paramiko.PKey:
     path = tmp_path / name

@@ -10,14 +10,14 @@ import pytest
 from launcher.errors import JobNotFound
 from launcher.backends import backend_class
 from launcher.metrics.record import MetricRecord
-from launcher.plan import make_plan
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.store import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
+from launcher.store.db import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
 
 
 def _plan(job_id: str):
     job = JobSpec(name="s", entrypoint=["python", "t.py"], batch={"micro_batch": 2})
-    return make_plan(job, ClusterSpec(name="local"), job_id, backend=backend_class("local"), rdzv_port=29500)
+    return plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500)
 
 
 @pytest.fixture

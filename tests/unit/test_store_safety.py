@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.errors import JobNotFound
 from launcher.metrics.record import ProcessSample
-from launcher.store import SCHEMA_VERSION, Store, StoreError
+from launcher.store.db import SCHEMA_VERSION, Store, StoreError
 
 # The schema of the first releases, exactly as their store.py created it (no version, no samples table).
 SCHEMA_V0 = """

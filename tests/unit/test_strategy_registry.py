@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from launcher import strategies
-from launcher.bench import strategy_overrides
-from launcher.cli import main
-from launcher.dsconfig import DSConfigError, make_ds_config
+from launcher.catalog import strategies
+from launcher.run.bench import strategy_overrides
+from launcher.cli.main import main
+from launcher.plan.dsconfig import DSConfigError, make_ds_config
 from launcher.spec.job import JobSpec
-from launcher.strategies import Family, get_strategy
+from launcher.catalog.strategies import Family, get_strategy
 
 CONVNET = "jobs/cifar10_convnet.yaml"
 

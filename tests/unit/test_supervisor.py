@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher import supervisor as supervisor_module
+from launcher.run import supervisor as supervisor_module
 from launcher.backends import backend_class
-from launcher.orchestrate import stored_spec
-from launcher.plan import make_plan
+from launcher.run.orchestrate import stored_spec
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.states import JobState
-from launcher.store import Store
-from launcher.supervisor import Supervisor
+from launcher.store.states import JobState
+from launcher.store.db import Store
+from launcher.run.supervisor import Supervisor
 from tests.unit.fakes import FakeBackend, NodeScript, output, record, sample
 
 CLUSTER = ClusterSpec(
@@ -49,7 +49,7 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
 def _run(tmp_path: Path, attempts: list[list[NodeScript]], job: dict | None = None, **backend_options):
     spec = JobSpec(name="unit", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 2},
                    max_steps=4, **(job or {}))
-    plan = make_plan(spec, CLUSTER, "unit-00000001", backend=backend_class("ssh"), rdzv_port=29500)
+    plan = plan_job(spec, CLUSTER, "unit-00000001", rdzv_port=29500)
     store = Store(tmp_path / "home")
     store.create_job(plan, stored_spec(spec, CLUSTER, run_check=True))
     backend = FakeBackend(CLUSTER, attempts, **backend_options)

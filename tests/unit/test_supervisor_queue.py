@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher import supervisor as supervisor_module
+from launcher.run import supervisor as supervisor_module
 from launcher.backends import backend_class
 from launcher.errors import LaunchError
-from launcher.failures import Failure, FailureKind
-from launcher.orchestrate import stored_spec
-from launcher.plan import make_plan
+from launcher.backends.failures import Failure, FailureKind
+from launcher.run.orchestrate import stored_spec
+from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.states import JobState
-from launcher.store import Store
-from launcher.supervisor import Supervisor
+from launcher.store.states import JobState
+from launcher.store.db import Store
+from launcher.run.supervisor import Supervisor
 from tests.unit.fakes import FakeBackend, NodeScript, output
 
 CLUSTER = ClusterSpec(name="s", backend="slurm", slurm={"partition": "p"}, python="/usr/bin/python3", workdir="/w")
@@ -65,7 +65,7 @@ class QueueingBackend(FakeBackend):
 
 def _run(tmp_path: Path, scripts: list[NodeScript], **options) -> tuple[JobState, dict, QueueingBackend, list[str]]:
     spec = JobSpec(name="queued", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 1})
-    plan = make_plan(spec, CLUSTER, "queued-00000001", backend=backend_class("slurm"), rdzv_port=29500)
+    plan = plan_job(spec, CLUSTER, "queued-00000001", rdzv_port=29500)
     store = Store(tmp_path / "home")
     store.create_job(plan, stored_spec(spec, CLUSTER, run_check=True))
     backend = QueueingBackend([scripts], store, **options)

@@ -1,0 +1,188 @@
+"""The embedded default backend: every node of the plan is a node agent on this machine.
+
+The local cluster describes this machine as it is: ``local.slots`` defaults to the CPUs this
+process may use and ``local.gpus`` to the GPUs found (see ``launcher.backends.local.host``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import ClassVar
+
+from launcher.backends.base import (
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+)
+from launcher.errors import NodeStartError
+from launcher.node.ship import node_argv
+from launcher.plan.planner import Plan
+from launcher.spec.cluster import ClusterSpec, NodeSpec
+
+
+class LocalNode:
+    """A node agent in its own session on this machine."""
+
+    def __init__(self, index: int, proc: subprocess.Popen) -> None:
+        self.index = index
+        self.pid: int | None = proc.pid
+        self.lost_reason: str | None = None
+        self._proc = proc
+        self._first: list[str] = []
+
+    def wait_started(self) -> None:
+        """Read up to the agent's ``@started`` line; NodeStartError with its output if it exits first."""
+        assert self._proc.stdout is not None
+        for raw in iter(self._proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._first.append(line)
+            if line.startswith("@started "):
+                return
+        self._proc.wait()
+        shown = " | ".join(line.lstrip("|") for line in self._first if not line.startswith("@"))[-500:]
+        raise NodeStartError(f"localhost: the node agent exited {self._proc.returncode}: {shown or 'no output'}", self.index)
+
+    def lines(self) -> Iterator[str]:
+        assert self._proc.stdout is not None
+        yield from self._first
+        for raw in iter(self._proc.stdout.readline, b""):
+            yield raw.decode("utf-8", "replace").rstrip("\n")
+        self._proc.stdout.close()
+
+    def poll(self) -> int | None:
+        code = self._proc.poll()
+        return None if code is None else agent_exit_code(code)
+
+    def terminate(self, grace: float) -> None:
+        """TERM the agent (it ends its command's group and the job's tagged processes); KILL it if it lingers."""
+        if self._proc.poll() is not None:
+            return
+        _signal(self._proc.pid, signal.SIGTERM)
+        try:
+            self._proc.wait(grace + 10)
+        except subprocess.TimeoutExpired:
+            _signal(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class LocalBackend(Backend):
+    """Runs the plan's nodes as node agents on this machine (gloo on CPU slots, or local GPUs)."""
+
+    name: ClassVar[str] = "local"
+    #: every local node is this machine: check_host_memory counts all their processes together
+    checks_capacity: ClassVar[bool] = False
+
+    @classmethod
+    def resolve_defaults(cls, cluster: ClusterSpec) -> ClusterSpec:
+        """This machine as it is: its usable CPUs as slots, its GPUs, the current directory, this Python."""
+        from launcher.backends.local import host as localhost
+
+        local = cluster.local.model_copy(update={
+            "slots": cluster.local.slots or localhost.cpu_slots(),
+            "gpus": localhost.gpu_count() if cluster.local.gpus is None else cluster.local.gpus,
+        })
+        return cluster.model_copy(update={"local": local, "workdir": cluster.workdir or os.getcwd(),
+                                          "python": cluster.python or sys.executable})
+
+    @classmethod
+    def check_host_memory(cls, job, cluster: ClusterSpec, plan: Plan) -> None:
+        from launcher.backends.local import host as localhost
+
+        localhost.check_fits(job, cluster, plan)
+
+    @classmethod
+    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+        local = NodeSpec(host="localhost", address="127.0.0.1", gpus=cluster.local.gpus or 0,
+                         slots=cluster.local.slots)
+        return [local] * count
+
+    @classmethod
+    def default_python(cls, cluster: ClusterSpec) -> str:
+        return cluster.python or sys.executable
+
+    @classmethod
+    def pinned_interface(cls, cluster: ClusterSpec) -> tuple[str, str]:
+        return "lo", "local backend: every rank on this machine"
+
+    @classmethod
+    def uses_hcas(cls, cluster: ClusterSpec) -> bool:
+        return False
+
+    @classmethod
+    def resource_problems(cls, job, cluster: ClusterSpec) -> list[str]:
+        return []
+
+
+    @classmethod
+    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+        return ["localhost"]
+
+    @classmethod
+    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+        return 2  # two local nodes: the all-reduce crosses a process boundary, as between hosts
+
+    def host(self, plan: Plan | None, index: int) -> str:
+        return "localhost"
+
+    def preflight(self, plan: Plan) -> Preflight:
+        answer, error = self.node_command(plan, 0, "facts", facts_request(plan, 0), timeout=FACTS_TIMEOUT_S)
+        if answer is None:
+            return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
+                                       " (cluster.yaml python)"])
+        return Preflight(problems=node_problems("localhost", plan, answer), facts={0: answer})
+
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[LocalNode]]:
+        handles: list[LocalNode] = []
+        try:
+            for node in plan.nodes:
+                context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+                request = agent_request(plan, node, context.grace, secrets_on_stdin=True)
+                try:
+                    proc = subprocess.Popen(
+                        node_argv(plan.python, "agent", request), cwd=node.cwd,
+                        env={**os.environ, "LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)},
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", node.index) from None
+                handle = LocalNode(node.index, proc)
+                handles.append(handle)
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(dict(context.secrets)).encode() + b"\n")
+                proc.stdin.close()
+                handle.wait_started()
+                context.stage(Stage.START, node.index, node.host, StageState.DONE)
+        except BaseException:
+            for handle in handles:
+                handle.terminate(context.grace)
+            raise
+        return plan, handles
+
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return CommandResult(124, "", f"`{argv[0]}` did not finish within {timeout:.0f} s")
+        except OSError as exc:
+            return CommandResult(127, "", f"cannot run {argv[0]}: {exc.strerror or exc}")
+        return CommandResult(done.returncode, done.stdout, done.stderr)

@@ -1,0 +1,398 @@
+"""The Ray backend: one placement-group bundle and one node-agent actor per node of the plan.
+
+Preflight places a STRICT_SPREAD placement group (one bundle per node: the
+job's CPUs, and its GPUs when the cluster has GPUs), starts one actor
+(``launcher.backends.ray.actor``) in each bundle, and asks each for its node's IP
+(node 0's is the rendezvous address), hostname and Python (the interpreter
+Ray's workers run: the nodes' default when the cluster spec names none), then
+runs the node facts probe there; the planner re-plans with those. The group
+and the actors are named after the job and detached, so a detached supervisor
+(another process) finds them, starts each node's agent through its actor and
+pulls its output; the sweep (or ``launch cancel``) ends the processes through
+the actors, kills them and removes the group.
+
+Ray is imported only here, inside the class, so the CLI never loads it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import ClassVar
+
+from launcher.backends.ray import actor as rayagent
+from launcher.backends.base import (
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+    unreachable,
+)
+from launcher.errors import LaunchError, NodeStartError, PreflightError
+from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.plan.netenv import AUTO, NodeNetwork
+from launcher.node.ship import node_argv
+from launcher.plan.planner import Plan
+from launcher.spec.cluster import ClusterSpec, NodeSpec
+
+NAMESPACE = "launch"
+CONNECT_TIMEOUT_S = 10.0
+AGENT_TIMEOUT_S = 60.0
+WAIT_REPORT_S = 3.0
+PULL_WAIT_S = 0.5
+SILENCE_S = 10.0
+
+
+def group_name(job_id: str) -> str:
+    """Name of the job's placement group (in the ``launch`` namespace)."""
+    return f"launch-{job_id}"
+
+
+def agent_name(job_id: str, index: int) -> str:
+    """Name of the agent actor of node ``index`` of the job."""
+    return f"launch-{job_id}-node{index}"
+
+
+class RayNode:
+    """A node agent's run, seen from the driver: output pulled in batches, exit code, terminate."""
+
+    def __init__(self, index: int, agent, pid: int, ray) -> None:
+        self.index = index
+        self.pid: int | None = pid
+        self.lost_reason: str | None = None
+        self._agent = agent
+        self._ray = ray
+        self._code: int | None = None
+
+    def lines(self) -> Iterator[str]:
+        """Output lines until the agent reports the exit; a last line says why if the agent is lost."""
+        ray = self._ray
+        while True:
+            try:
+                batch, code = ray.get(self._agent.pull.remote(PULL_WAIT_S), timeout=PULL_WAIT_S + SILENCE_S)
+            except ray.exceptions.GetTimeoutError:
+                yield from self._lost(f"no answer from its Ray agent for {SILENCE_S:.0f} s (node down or cut off)")
+                return
+            except ray.exceptions.RayError as exc:  # the actor died, or its node, or the connection
+                yield from self._lost(f"its Ray agent died: {_first_line(exc)}")
+                return
+            yield from batch
+            if code is not None:
+                self._code = agent_exit_code(code) if code >= 0 else code
+                return
+
+    def _lost(self, why: str) -> Iterator[str]:
+        self.lost_reason = f"node {self.index} lost: {why}"
+        self._code = LOST_NODE_EXIT
+        yield from ()
+
+    def poll(self) -> int | None:
+        """The exit code once ``lines()`` has read the node's last output; None before."""
+        return self._code
+
+    def terminate(self, grace: float) -> None:
+        """End the node's process group and tagged processes through its agent."""
+        ray = self._ray
+        try:
+            ray.get(self._agent.terminate.remote(grace), timeout=grace + 10 + SILENCE_S)
+        except ray.exceptions.RayError:
+            return  # actor gone with its node: the sweep that follows reports what is left
+
+
+class RayBackend(Backend):
+    """Runs a plan's nodes on an existing Ray cluster (``ray: {address: ...}``).
+
+    Connects when created (in the caller's main thread: ``ray.init`` installs
+    its own SIGTERM handler there, which is put back as it was).
+    """
+
+    name: ClassVar[str] = "ray"
+    places_nodes: ClassVar[bool] = True
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        super().__init__(cluster)
+        self._ray = None
+        self._owns = False
+        self._runs: dict[str, Plan] = {}
+        self._connect()
+
+    def _connect(self) -> None:
+        import ray
+        from ray import cloudpickle
+
+        self._ray = ray
+        cloudpickle.register_pickle_by_value(rayagent)
+        if ray.is_initialized():
+            return
+        address = self.cluster.ray.address
+        _check_reachable(address)
+        previous = signal.getsignal(signal.SIGTERM)
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise PreflightError(
+                f"cannot connect to the Ray cluster at '{address}' (cluster.yaml ray.address): {_first_line(exc)}",
+                hint="start it with `ray start --head`, or use ray://HOST:10001 (Ray Client) or 'auto' on a cluster node",
+            ) from None
+        finally:
+            if previous is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
+        self._owns = True
+
+    @classmethod
+    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+        return [NodeSpec(host=f"ray-node-{i}", address=AUTO) for i in range(count)]
+
+    @classmethod
+    def default_python(cls, cluster: ClusterSpec) -> str:
+        return cluster.python or "(the Python of the Ray workers)"
+
+    @classmethod
+    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+        raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
+
+    def preflight(self, plan: Plan) -> Preflight:
+        """Place the job's group, start its agents, learn each node's address and network; start nothing else."""
+        ray = self._ray
+        bundle = self._bundle(plan)
+        group = ray.util.placement_group(
+            [bundle] * plan.nnodes, strategy="STRICT_SPREAD", name=group_name(plan.job_id), lifetime="detached"
+        )
+        try:
+            self._wait_placed(plan, group, bundle)
+            agents = self._create_agents(plan, group, bundle)
+            found = self._probe(plan, agents)
+        except BaseException:
+            self._remove(plan)
+            raise
+        if found.problems:
+            self._remove(plan)
+        return found
+
+    def _bundle(self, plan: Plan) -> dict[str, float]:
+        cpus = self.cluster.ray.cpus_per_node or plan.nproc_per_node
+        bundle = {"CPU": float(cpus)}
+        if self._ray.cluster_resources().get("GPU", 0) > 0:
+            bundle["GPU"] = float(plan.nproc_per_node)
+        return bundle
+
+    def _wait_placed(self, plan: Plan, group, bundle: dict[str, float]) -> None:
+        ray, timeout = self._ray, self.cluster.ray.placement_timeout
+        start = time.monotonic()
+        ready = group.ready()
+        while True:
+            waited = time.monotonic() - start
+            done, _ = ray.wait([ready], timeout=min(WAIT_REPORT_S, max(0.0, timeout - waited)))
+            if done:
+                return
+            waited = time.monotonic() - start
+            if waited >= timeout:
+                raise PreflightError(_unplaced(ray, plan, bundle, timeout), hint=_UNPLACED_HINT)
+            sys.stderr.write(
+                f"waiting for Ray to place {plan.nnodes} bundle(s) of {_resources(bundle)}, one per node: "
+                f"{waited:.0f} s of {timeout:.0f} s (ray.placement_timeout)\n"
+            )
+            sys.stderr.flush()
+
+    def _create_agents(self, plan: Plan, group, bundle: dict[str, float]) -> list:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        actor = self._ray.remote(rayagent.NodeAgent)
+        return [
+            actor.options(
+                name=agent_name(plan.job_id, index),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                max_concurrency=4,
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+            ).remote(plan.job_id, index, group_name(plan.job_id))
+            for index in range(plan.nnodes)
+        ]
+
+    def _probe(self, plan: Plan, agents: list) -> Preflight:
+        facts = self._gather([agent.describe.remote() for agent in agents], "report their nodes")
+        master = facts[0]["ip"]
+        python = self.cluster.python or facts[0]["python"]
+        probe_route = self.cluster.network.interface == AUTO
+        resolve = plan.launcher == "torchrun" and not ipaddress.ip_address(master).is_loopback
+
+        def request(index: int) -> list[str]:
+            return node_argv(python, "facts", facts_request(plan, index, master=master if probe_route else None,
+                                                             resolve_self=resolve))
+
+        answers = self._gather([agent.run.remote(request(index), FACTS_TIMEOUT_S) for index, agent in enumerate(agents)],
+                               "probe their nodes")
+        problems, found = [], {}
+        for index, (fact, (code, out, err)) in enumerate(zip(facts, answers)):
+            where = f"node {index} ({fact['hostname']}, {fact['ip']})"
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if code != 0 or not lines:
+                problems.append(f"{where}: {python} cannot run the node probe: {(err or out).strip()[-300:]} "
+                                "(the Ray workers run this Python unless 'python:' is set in the cluster spec)")
+                continue
+            found[index] = json.loads(lines[-1])
+            problems += node_problems(where, plan.model_copy(update={"python": python}), found[index], plan.nodes[index])
+        nodes = [
+            NodeSpec(host=fact["hostname"], address=fact["ip"], gpus=fact["gpus"], slots=plan.nproc_per_node)
+            for fact in facts
+        ]
+        networks = {
+            index: NodeNetwork(
+                interface=answer.get("dev") or self.cluster.network.interface,
+                address=answer.get("source") or facts[index]["ip"],
+                ib_hcas=tuple(answer.get("hcas", [])),
+            )
+            for index, answer in found.items()
+        }
+        return Preflight(problems=problems, nodes=nodes, probes=networks, python=python, facts=found)
+
+    def _gather(self, refs: list, what: str) -> list:
+        ray = self._ray
+        try:
+            return ray.get(refs, timeout=AGENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise PreflightError(f"the job's Ray agents did not {what} within {AGENT_TIMEOUT_S:.0f} s") from None
+        except ray.exceptions.RayError as exc:
+            raise PreflightError(f"the job's Ray agents could not {what}: {_first_line(exc)}") from None
+
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[RayNode]]:
+        """Start every node's agent through its actor, with the plan's env (and secrets) for the ranks."""
+        ray = self._ray
+        self._runs[plan.job_id] = plan
+        handles = []
+        for node in plan.nodes:
+            context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+            agent = self._agent(plan.job_id, node.index)
+            if agent is None:
+                raise NodeStartError(f"node {node.index}: its Ray actor is gone (placement group removed?)", node.index)
+            argv = node_argv(plan.python, "agent", agent_request(plan, node, context.grace, secrets_on_stdin=True))
+            tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
+            started = ray.get(agent.start.remote(argv, tag, json.dumps(dict(context.secrets)) + "\n", node.cwd))
+            if isinstance(started, str):
+                raise NodeStartError(f"node {node.index} ({node.host}): {started}", node.index)
+            handles.append(RayNode(node.index, agent, started, ray))
+            context.stage(Stage.START, node.index, node.host, StageState.DONE)
+        return plan, handles
+
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """Run a short command on node ``index`` of a placed job, through its actor."""
+        if plan is None:
+            raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
+        agent = self._agent(plan.job_id, index)
+        if agent is None:
+            return unreachable(f"node {index}: the job's Ray actor there is gone")
+        ray = self._ray
+        try:
+            code, out, err = ray.get(agent.run.remote(argv, timeout), timeout=timeout + SILENCE_S)
+        except ray.exceptions.RayError as exc:
+            return unreachable(f"node {index}: its Ray actor did not answer: {_first_line(exc)}")
+        return CommandResult(code, out, err)
+
+    def sweep(self, plan: Plan, grace: float, end: bool = True):
+        """End the job's processes on every node through the actors (they stay for a restart; ``close``
+        removes them and the group)."""
+        self._runs[plan.job_id] = plan
+        return super().sweep(plan, grace, end)
+
+    def _agent(self, job_id: str, index: int):
+        """The live agent of a job's node, or None (never created, or gone)."""
+        try:
+            return self._ray.get_actor(agent_name(job_id, index), namespace=NAMESPACE)
+        except ValueError:
+            return None
+
+    def _remove(self, plan: Plan) -> None:
+        """Kill the job's agents and remove its placement group."""
+        ray = self._ray
+        for index in range(plan.nnodes):
+            agent = self._agent(plan.job_id, index)
+            if agent is not None:
+                ray.kill(agent, no_restart=True)
+        try:
+            group = ray.util.get_placement_group(group_name(plan.job_id))
+        except ValueError:
+            return
+        ray.util.remove_placement_group(group)
+
+    def close(self) -> None:
+        """Remove the groups and agents of the jobs this backend started or swept, then disconnect.
+
+        A submit that only ran preflight (``--detach``) leaves them to the
+        detached supervisor, which finds them by name.
+        """
+        for plan in self._runs.values():
+            self._remove(plan)
+        self._runs.clear()
+        if self._owns:
+            self._ray.shutdown()
+            self._owns = False
+
+
+_UNPLACED_HINT = (
+    "lower resources.nproc_per_node (or ray.cpus_per_node), add nodes to the Ray cluster, "
+    "free what other work holds, or raise ray.placement_timeout"
+)
+
+
+def _unplaced(ray, plan: Plan, bundle: dict[str, float], timeout: float) -> str:
+    """Why the group was not placed: what it asked for against what the cluster has."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    fitting = [n for n in alive if all(n["Resources"].get(k, 0) >= v for k, v in bundle.items())]
+    if len(alive) < plan.nnodes:
+        missing = f"the cluster has {len(alive)} alive node(s), {plan.nnodes - len(alive)} too few"
+    elif not fitting:
+        missing = f"no node has {_resources(bundle)} in total"
+    elif len(fitting) < plan.nnodes:
+        missing = f"only {len(fitting)} node(s) have {_resources(bundle)} in total"
+    else:
+        missing = "enough nodes exist, but other work holds their resources"
+    nodes = "; ".join(f"{n['NodeManagerAddress']} {_resources(n['Resources'])}" for n in alive) or "none"
+    return (
+        f"Ray could not place the job within {timeout:.0f} s (ray.placement_timeout): it asks for "
+        f"{plan.nnodes} bundle(s) of {_resources(bundle)}, each on a different node (STRICT_SPREAD), and {missing}. "
+        f"Nodes (total resources): {nodes}. Available now: {_resources(ray.available_resources(), bundle)}. "
+        "Nothing was started and the placement group was removed."
+    )
+
+
+def _resources(resources: Mapping[str, float], keys: Mapping[str, float] | None = None) -> str:
+    """CPU and GPU of a resource map as ``{CPU: 2, GPU: 8}`` (the ``keys`` ones, 0 when absent)."""
+    names = sorted(keys) if keys else [k for k in ("CPU", "GPU") if k in resources]
+    return "{" + ", ".join(f"{k}: {resources.get(k, 0):g}" for k in names) + "}"
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast if a HOST:PORT (or ray://HOST:PORT) address does not accept connections."""
+    if address == AUTO:
+        return
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise PreflightError(f"ray.address '{address}' is not 'auto', HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise PreflightError(
+            f"cannot reach the Ray cluster at '{address}' (cluster.yaml ray.address): {exc}",
+            hint="is the head running (`ray status` on it)? GCS port 6379 by default, Ray Client 10001",
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

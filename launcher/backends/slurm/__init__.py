@@ -1,0 +1,1 @@
+"""The Slurm backend: sbatch/srun/squeue/scontrol, following a job through the scheduler."""

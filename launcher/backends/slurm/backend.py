@@ -1,0 +1,361 @@
+"""The ``slurm`` backend: one ``sbatch`` job per attempt, one step running the node side on every node.
+
+``launch`` runs where Slurm's clients work (a login node); ``workdir`` lies on a filesystem that
+every node and this machine mount. Each attempt gets a private directory
+``<workdir>/.launch/<job id>/a<N>/`` holding the batch script and everything the nodes and the
+supervisor exchange (see ``launcher.node.slurmnode``): the nodes' facts, their run requests, their
+agents' framed output. So a detached supervisor needs nothing but these files and ``squeue``; and
+the Slurm job, detached by ``sbatch`` itself, survives the submitting shell.
+
+While Slurm holds the job pending, the supervisor records it QUEUED with Slurm's reason and
+job id. Once allocated, the nodes' facts are checked as preflight is on SSH (a problem ends the
+job FAILED with the same report, and ``scancel``); then the plan is re-made with the nodes'
+names, addresses and interfaces and each node's agent starts. A node Slurm declares failed, the
+time limit and any other end Slurm decides are reported with Slurm's own words. Cancel is
+``scancel`` confirmed by ``squeue`` (the job ended, no step left). The time-limit warning
+(``sbatch --signal=B:USR1@N``) reaches the batch shell, which leaves a file the node agents
+watch for; they pass SIGUSR1 on to the ranks that handle it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from launcher.backends.slurm import commands as cli
+from launcher.backends.base import (
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    NodeSweep,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    SweepOutcome,
+    SweepReport,
+    agent_request,
+    facts_request,
+    node_problems,
+    unreachable,
+)
+from launcher.backends.slurm.job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
+from launcher.errors import LaunchError, NodeStartError, PreflightError
+from launcher.plan.netenv import AUTO, NodeNetwork
+from launcher.node.ship import node_argv
+from launcher.node.slurmnode import ABORT_FILE, write_private
+from launcher.plan.planner import Plan
+from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.job import JobSpec
+from launcher.spec.slurm import time_minutes
+
+JOB_DIR = ".launch"
+WARN_FILE = "time-warning"
+STARTED_TIMEOUT_S = 120.0
+CONFIRM_TIMEOUT_S = 60.0
+SETTLE_S = 10.0  # the sweep lets a job whose agents have exited end by itself this long before scancel
+CHECK_NODES = 16  # `launch check` probes at most this many of the partition's nodes
+CHECK_QUEUE_WAIT_S = 300.0  # ... and waits this long for each probe's allocation
+NOT_YET_SCHEDULED = "None"  # squeue's reason until the scheduler has looked at the job
+UNSCHEDULED_QUIET_S = 3.0  # a job the scheduler has not looked at yet is not called queued before this
+
+
+def job_name(job_id: str) -> str:
+    """The Slurm job name of every attempt of a launch job."""
+    return f"launch-{job_id}"
+
+
+def batch_script(node_command: list[str], folder: Path) -> str:
+    """The batch script: one step on every node with all the job's CPUs, GPUs and memory there (``--whole``,
+    Slurm 21.08+); USR1 (the time-limit warning) leaves WARN_FILE for the agents."""
+    step = ["srun", "--ntasks-per-node=1", "--whole", "--kill-on-bad-exit=0", f"--output={folder}/node%n.step.log",
+            *node_command]
+    return "\n".join([
+        "#!/bin/bash",
+        "# written by launch: the node side on every node of the allocation (launcher/node/slurmnode.py)",
+        f"trap {shlex.quote('touch ' + shlex.quote(str(folder / WARN_FILE)))} USR1",
+        f"{shlex.join(step)} &",
+        "step=$!",
+        'while true; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || exit "$code"; done',
+        "",
+    ])
+
+
+class SlurmBackend(Backend):
+    """Submits each attempt with ``sbatch``; follows it with ``squeue``/``scontrol`` and the job directory."""
+
+    name: ClassVar[str] = "slurm"
+    places_nodes: ClassVar[bool] = True
+    places_at_start: ClassVar[bool] = True
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        super().__init__(cluster)
+        self.spec = cluster.slurm
+        self._jobs: dict[str, SlurmJob] = {}
+        self._check_nodes: list[str] | None = None
+
+    @classmethod
+    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+        gpus = cluster.slurm.gpus_per_node
+        return [NodeSpec(host=f"slurm-node-{i}", address=AUTO, gpus=gpus) for i in range(count)]
+
+    @classmethod
+    def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
+        gpus, nproc = cluster.slurm.gpus_per_node, job.resources.nproc_per_node
+        if gpus and nproc > gpus:
+            return [f"resources.nproc_per_node: {nproc} processes per node, but the job asks Slurm for {gpus} GPUs "
+                    "per node (slurm.gpus_per_node)"]
+        return []
+
+    @classmethod
+    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+        """`launch check` probes the partition's nodes in service (CHECK_NODES at most), each through its own
+        ``srun``, which may wait in the queue."""
+        names = cli.nodes_in_service(cluster.slurm.partition)[:CHECK_NODES]
+        if not names:
+            raise LaunchError(f"partition '{cluster.slurm.partition}' has no node in service (idle, mixed or "
+                              f"allocated): `sinfo -p {cluster.slurm.partition}` says why")
+        sys.stderr.write(f"launch check: each node is probed by `srun --partition={cluster.slurm.partition} "
+                         f"--nodelist=NODE` (it may wait in Slurm's queue); nodes: {', '.join(names)}\n")
+        return names
+
+    @classmethod
+    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+        return len(cli.nodes_in_service(cluster.slurm.partition)[:CHECK_NODES])
+
+    # at submit: what the controller answers at once
+
+    def preflight(self, plan: Plan) -> Preflight:
+        """Whether the partition exists and can ever hold the job (nodes, GPUs per node, time limit)."""
+        spec, problems = self.spec, []
+        found = cli.partition(spec.partition)
+        if found is None:
+            return Preflight(problems=[f"slurm.partition: Slurm has no partition '{spec.partition}' (`sinfo -s` lists them)"])
+        if not found.up:
+            problems.append(f"slurm.partition: partition '{spec.partition}' is not UP (`scontrol show partition {spec.partition}`)")
+        limit = min(n for n in (found.total_nodes, found.max_nodes) if n is not None)
+        if plan.nnodes > limit:
+            problems.append(f"resources.nodes: the job asks for {plan.nnodes} nodes; partition '{spec.partition}' "
+                            f"can give at most {limit} (TotalNodes={found.total_nodes}, MaxNodes={found.max_nodes or 'UNLIMITED'})")
+        wanted = time_minutes(spec.time) if spec.time else None
+        if spec.time and found.max_minutes is not None and (wanted is None or wanted > found.max_minutes):
+            problems.append(f"slurm.time: {spec.time} is more than partition '{spec.partition}' allows "
+                            f"(MaxTime {found.max_minutes} min); the job would stay pending forever")
+        if spec.gpus_per_node:
+            enough = sum(count for count, gpus in cli.partition_gpus(spec.partition) if gpus >= spec.gpus_per_node)
+            if enough < plan.nnodes:
+                problems.append(f"slurm.gpus_per_node: {plan.nnodes} nodes with {spec.gpus_per_node} GPUs each wanted; "
+                                f"partition '{spec.partition}' has {enough} such nodes (`sinfo -p {spec.partition} -o %D|%G`)")
+        return Preflight(problems=problems)
+
+    # start: submit, wait in the queue, check the allocation, start the agents
+
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SlurmNode]]:
+        folder = self._attempt_dir(plan.job_id)
+        request = {"dir": str(folder), "port": plan.rendezvous.port, "wait_s": FACTS_TIMEOUT_S,
+                   "facts": [{**facts_request(plan, index, gpus=self.spec.gpus_per_node), "port": None,
+                              "resolve_self": plan.launcher == "torchrun"} for index in range(plan.nnodes)]}
+        script = folder / "job.sh"
+        script.write_text(batch_script(node_argv(plan.python, "slurm", request), folder))
+        argv = cli.sbatch_argv(self.spec, nodes=plan.nnodes, job_name=job_name(plan.job_id),
+                               output=str(folder / "batch.log"), workdir=self.cluster.workdir, script=str(script))
+        job = SlurmJob(cli.parse_job_id(cli.checked(argv)), folder)
+        self._jobs[plan.job_id] = job
+        try:
+            context.submitted(job.slurm_id)
+            self._wait_allocated(plan, job, context)
+            found = self._gather_facts(plan, job, context)
+            if found.problems:
+                raise PreflightError(
+                    f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
+                    + "\n".join(f"  {p}" for p in found.problems),
+                    hint="fix the nodes or the cluster spec (python, workdir, network); Slurm job "
+                         f"{job.slurm_id} was cancelled")
+            placed = context.place(plan, found) if context.place else plan
+            for node in placed.nodes:
+                request = {**agent_request(placed, node, context.grace, secrets_on_stdin=False),
+                           "warn_file": str(folder / WARN_FILE)}
+                write_private(str(folder / f"node{node.index}.run.json"),
+                              {"agent": request, "secrets": dict(context.secrets)})
+            pids = self._wait_started(placed, job, context)
+        except BaseException:
+            (folder / ABORT_FILE).touch()
+            self._end(job)
+            raise
+        return placed, [SlurmNode(node.index, node.host, job, pids[node.index]) for node in placed.nodes]
+
+    def _attempt_dir(self, job_id: str) -> Path:
+        base = Path(self.cluster.workdir) / JOB_DIR / job_id
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        attempt = 0
+        while True:
+            folder = base / f"a{attempt}"
+            try:
+                folder.mkdir(mode=0o700)
+                return folder
+            except FileExistsError:
+                attempt += 1
+
+    def _wait_allocated(self, plan: Plan, job: SlurmJob, context: StartContext) -> None:
+        """Until Slurm runs the job: QUEUED with its reason while pending; the start stage once allocated."""
+        shown, submitted = None, time.monotonic()
+        while True:
+            self._check_cancelled(context)
+            status = job.status(fresh=True)
+            if status.state == cli.SlurmState.PENDING:
+                reason = status.reason if status.reason != NOT_YET_SCHEDULED else "submitted, not yet scheduled"
+                unscheduled = status.reason == NOT_YET_SCHEDULED and time.monotonic() - submitted < UNSCHEDULED_QUIET_S
+                if reason != shown and not unscheduled:
+                    context.queued(reason, job.slurm_id)
+                    context.stage(Stage.QUEUED, None, "", StageState.RUNNING)
+                    shown = reason
+            elif status.state.ended:
+                raise NodeStartError(f"Slurm job {job.slurm_id} ended {status.state.value} (Reason={status.reason}) "
+                                     f"before it started{slurm_lines(job.folder)}", 0)
+            elif status.state != cli.SlurmState.CONFIGURING:
+                if shown is not None:
+                    context.stage(Stage.QUEUED, None, "", StageState.DONE)
+                context.allocated(job.slurm_id)
+                return
+            time.sleep(POLL_S)
+
+    def _gather_facts(self, plan: Plan, job: SlurmJob, context: StartContext) -> Preflight:
+        """Every node's facts from the allocation; the problems node_problems finds, and the probed network."""
+        facts: dict[int, dict] = {}
+        for node in plan.nodes:
+            context.stage(Stage.PREFLIGHT, node.index, node.host, StageState.RUNNING)
+        deadline = time.monotonic() + FACTS_TIMEOUT_S
+        while len(facts) < plan.nnodes:
+            self._check_cancelled(context)
+            for index in set(range(plan.nnodes)) - set(facts):
+                path = job.folder / f"node{index}.facts.json"
+                if path.exists():
+                    facts[index] = json.loads(path.read_text())
+            if len(facts) == plan.nnodes:
+                break
+            status = job.status()
+            if status.state.ended or time.monotonic() > deadline:
+                missing = sorted(set(range(plan.nnodes)) - set(facts))
+                raise NodeStartError(
+                    f"nodes {missing} sent no facts (Slurm job {job.slurm_id} {status.state.value}, "
+                    f"Reason={status.reason}): {step_log_tail(job.folder, missing[0])}", missing[0])
+            time.sleep(POLL_S)
+        problems, nodes, probes = [], [], {}
+        for index in range(plan.nnodes):
+            found, host = facts[index], facts[index].get("slurm_node") or facts[index]["hostname"]
+            where = f"node {index} ({host})"
+            node_problems_here = node_problems(where, plan, found, plan.nodes[index], self.spec.gpus_per_node)
+            problems += node_problems_here
+            context.stage(Stage.PREFLIGHT, index, host, StageState.FAILED if node_problems_here else StageState.DONE)
+            address = found.get("source") or found.get("master") or host
+            nodes.append(NodeSpec(host=host, address=address, gpus=self.spec.gpus_per_node, slots=plan.nproc_per_node))
+            probes[index] = NodeNetwork(interface=found.get("dev") or self.cluster.network.interface, address=address,
+                                        ib_hcas=tuple(found.get("hcas", [])))
+        return Preflight(problems=problems, nodes=nodes, probes=probes, facts=facts)
+
+    def _wait_started(self, plan: Plan, job: SlurmJob, context: StartContext) -> dict[int, int | None]:
+        """Each node's agent PID from its ``@started`` line (or its ``@exit``: it could not start)."""
+        pids: dict[int, int | None] = {}
+        deadline = time.monotonic() + STARTED_TIMEOUT_S
+        for node in plan.nodes:
+            context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+        while len(pids) < plan.nnodes:
+            self._check_cancelled(context)
+            for node in plan.nodes:
+                path = job.folder / f"node{node.index}.out"
+                if node.index in pids or not path.exists():
+                    continue
+                for line in path.read_text(errors="replace").split("\n")[:-1]:  # whole lines only
+                    if line.startswith("@started "):
+                        pids[node.index] = int(json.loads(line.partition(" ")[2])["pid"])
+                    elif line.startswith("@exit ") and node.index not in pids:
+                        pids[node.index] = None
+                if node.index in pids:
+                    context.stage(Stage.START, node.index, node.host, StageState.DONE)
+            status = job.status()
+            if len(pids) < plan.nnodes and (status.state.ended or time.monotonic() > deadline):
+                index = min(set(range(plan.nnodes)) - set(pids))
+                raise NodeStartError(f"node {index} ({plan.nodes[index].host}): its agent did not start (Slurm job "
+                                     f"{job.slurm_id} {status.state.value}): {step_log_tail(job.folder, index)}", index)
+            time.sleep(POLL_S / 5)
+        return pids
+
+    def _check_cancelled(self, context: StartContext) -> None:
+        if context.cancelled.is_set():
+            raise LaunchError("cancelled before the job started")
+
+    # ending and confirming
+
+    def _end(self, job: SlurmJob, settle: float = 0.0) -> bool:
+        """``scancel`` unless it ends by itself within ``settle`` seconds (a job whose agents all exited: its
+        batch script ends it COMPLETED); True once squeue confirms it ended with no step left."""
+        deadline = time.monotonic() + settle
+        while not job.status(fresh=True).state.ended and time.monotonic() < deadline:
+            time.sleep(POLL_S / 2)
+        if not job.status(fresh=True).state.ended:
+            cli.cancel(job.slurm_id)
+        deadline = time.monotonic() + CONFIRM_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if job.status(fresh=True).state.ended and not cli.steps(job.slurm_id):
+                return True
+            time.sleep(POLL_S / 2)
+        return False
+
+    def sweep(self, plan: Plan, grace: float, end: bool = True) -> SweepReport:
+        """End (``scancel``) every Slurm job of this launch job and confirm from squeue that each ended with no
+        step left; a node Slurm marks down cannot be checked (its processes outlive a dead slurmd)."""
+        ids = set(cli.jobs_named(job_name(plan.job_id)))
+        if plan.job_id in self._jobs:
+            ids.add(self._jobs[plan.job_id].slurm_id)
+        folder = self._jobs[plan.job_id].folder if plan.job_id in self._jobs else Path(self.cluster.workdir)
+        left = []
+        for slurm_id in sorted(ids):
+            job = SlurmJob(slurm_id, folder)
+            known = self._jobs.get(plan.job_id)
+            settle = SETTLE_S if known is not None and known.slurm_id == slurm_id and known.agents_done(plan.nnodes) else 0
+            confirmed = self._end(job, settle) if end else job.status().state.ended and not cli.steps(slurm_id)
+            if not confirmed:
+                left.append(f"Slurm job {slurm_id} is still {job.status(fresh=True).state.value} "
+                            f"(steps: {', '.join(cli.steps(slurm_id)) or 'none'})")
+        for stale in (Path(self.cluster.workdir) / JOB_DIR / plan.job_id).glob("a*/node*.run.json"):
+            stale.unlink(missing_ok=True)  # a run request never read holds the secrets
+        hosts = [node.host for node in plan.nodes]
+        down = {name: why for name, why in cli.node_reasons([h for h in hosts if not h.startswith("slurm-node-")]).items()
+                if "down" in why[0] or "*" in why[0]}
+        return SweepReport(tuple(
+            NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail=f"Slurm has the node {down[host][0]}: {down[host][1]}")
+            if host in down else
+            NodeSweep(index, host, SweepOutcome.LEFTOVERS, detail="; ".join(left)) if left else
+            NodeSweep(index, host, SweepOutcome.CLEAN)
+            for index, host in enumerate(hosts)))
+
+    # short commands on a node of a running job (stacks, kernel log)
+
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """Run ``argv`` on node ``index`` of the job's running allocation (``srun --overlap``)."""
+        if plan is None:
+            return self._run_checked(index, argv, timeout)
+        job = self._jobs.get(plan.job_id)
+        if job is None or job.status().state != cli.SlurmState.RUNNING:
+            return unreachable(f"node {index}: the job's Slurm allocation is not running")
+        host = plan.nodes[index].host
+        done = cli.run(["srun", f"--jobid={job.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                        "--quiet", *argv], timeout=timeout + 30)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def _run_checked(self, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """`launch check`'s command on the partition's node ``index`` (of ``check_hosts``), in an allocation of its own."""
+        if self._check_nodes is None:
+            self._check_nodes = cli.nodes_in_service(self.spec.partition)[:CHECK_NODES]
+        minutes = max(1, math.ceil(timeout / 60))
+        try:
+            done = cli.run([*cli.srun_argv(self.spec, self._check_nodes[index], minutes), *argv],
+                           timeout=timeout + CHECK_QUEUE_WAIT_S)
+        except cli.SlurmCommandError as exc:
+            return unreachable(str(exc))
+        return CommandResult(done.returncode, done.stdout, done.stderr)

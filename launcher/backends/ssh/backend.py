@@ -1,0 +1,293 @@
+"""The ``ssh`` backend: each node of the plan is a node agent started over SSH (paramiko).
+
+On every host the command is ``cd WORKDIR && exec env LAUNCH_JOB_ID=... PYTHON -c AGENT ...``
+(``launcher.node.ship``), every part quoted by ``shell.render_command``. The job's secrets
+travel on the channel's stdin, never on a command line. The agent starts the node's torchrun
+(or DeepSpeed launcher) in a session of its own and streams framed lines back over the channel
+(no pty: a pty mangles output). If the connection dies, the agent's writes fail and it ends its
+node's processes itself; ``terminate`` signals the agent by PID and start time; the sweep ends
+whatever is still tagged with the job. One connection per host serves the whole submit:
+preflight, the version comparison, sync, setup, start and watch.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import ClassVar
+
+import paramiko
+
+from launcher.backends.ssh import sync
+from launcher.backends.base import (
+    FACTS_TIMEOUT_S,
+    Backend,
+    CommandResult,
+    Preflight,
+    Stage,
+    StageState,
+    StartContext,
+    agent_exit_code,
+    agent_request,
+    facts_request,
+    node_problems,
+    unreachable,
+)
+from launcher.errors import LaunchError, NodeStartError
+from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.plan.netenv import AUTO, NodeNetwork
+from launcher.node.ship import node_argv
+from launcher.plan.planner import NodePlan, Plan
+from launcher.plan.shell import render_command
+from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
+
+START_TIMEOUT_S = 30.0
+CLEANUP_CONNECT_S = 1.0
+EXIT_STATUS_WAIT_S = 2.0
+
+
+class SSHNode:
+    """One node agent, followed over its SSH channel."""
+
+    def __init__(self, index: int, backend: SSHBackend, plan: Plan, channel: paramiko.Channel) -> None:
+        self.index = index
+        self.pid: int | None = None
+        self.lost_reason: str | None = None
+        self._backend = backend
+        self._plan = plan
+        self._channel = channel
+        self._host = backend.targets[index].alias
+        self._stream = _channel_lines(channel)
+        self._early: list[str] = []
+        self._start_ticks: int | None = None
+
+    def wait_started(self, timeout: float) -> None:
+        """Read up to the agent's ``@started`` line; NodeStartError with the output if it did not start."""
+        self._channel.settimeout(timeout)
+        try:
+            for line in self._stream:
+                self._early.append(line)
+                if line.startswith("@started "):
+                    started = json.loads(line.partition(" ")[2])
+                    self.pid, self._start_ticks = int(started["pid"]), started.get("start_ticks")
+                    self._channel.settimeout(None)
+                    return
+        except TimeoutError:
+            self._early.append(f"(no answer within {timeout:.0f} s)")
+        self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
+        self._channel.close()
+        shown = " | ".join(line.lstrip("|") for line in self._early[-5:] if not line.startswith("@")) or "no output"
+        raise NodeStartError(f"{self._host}: the node agent did not start (exit {self._channel.exit_status}): {shown}",
+                             self.index)
+
+    def lines(self) -> Iterator[str]:
+        yield from self._early
+        try:
+            yield from self._stream
+        except CONNECTION_ERRORS as exc:
+            self.lost_reason = f"connection to {self._host} lost: {exc}"
+            self._backend.mark_unreachable(self.index)
+        if self._channel.get_transport().is_active():
+            self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
+        if self._channel.exit_status == -1 and self.lost_reason is None:
+            self.lost_reason = f"connection to {self._host} lost: the node's exit status is unknown"
+        if self.lost_reason is not None:
+            self._backend.mark_unreachable(self.index)
+
+    def poll(self) -> int | None:
+        if self._channel.status_event.is_set():
+            status = self._channel.exit_status
+            return LOST_NODE_EXIT if status == -1 else agent_exit_code(status)
+        if self._channel.get_transport().is_active():
+            return None
+        self.lost_reason = self.lost_reason or f"connection to {self._host} lost"
+        self._backend.mark_unreachable(self.index)
+        return LOST_NODE_EXIT
+
+    def terminate(self, grace: float) -> None:
+        """TERM the agent (it ends its node's processes), then KILL it if it lingers; the sweep does the rest."""
+        if self._channel.status_event.is_set() or self.pid is None or self.poll() == LOST_NODE_EXIT:
+            return  # ended, never started, or out of reach: the agent ends its node itself when its reader is gone
+        for sig, wait in ((signal.SIGTERM, grace + 10), (signal.SIGKILL, EXIT_STATUS_WAIT_S)):
+            self._backend.node_command(self._plan, self.index, "signal",
+                                       {"pid": self.pid, "start_ticks": self._start_ticks, "signal": int(sig)},
+                                       timeout=30)
+            if self._channel.status_event.wait(wait):
+                return
+
+
+def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
+    """Decoded output lines of ``channel`` until it closes (linear in the output's size)."""
+    pending = bytearray()
+    while chunk := channel.recv(65536):
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending += chunk[start:end]
+            yield pending.decode("utf-8", "replace")
+            pending.clear()
+            start = end + 1
+        pending += chunk[start:]
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+class SSHBackend(Backend):
+    """Runs each node of a plan on its host over SSH, fanning out to all hosts in parallel."""
+
+    name: ClassVar[str] = "ssh"
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        super().__init__(cluster)
+        settings = SSHSettings(cluster.ssh)
+        self.targets = [settings.target(n.host, n.port, n.user) for n in cluster.nodes]
+        self._pool = Pool(settings, cluster.ssh.connect_timeout)
+        self._unreachable: set[int] = set()
+        self._guard = threading.Lock()
+
+    @property
+    def pool(self) -> Pool:
+        """The connections to the cluster's hosts, one per host (`launch init` fetches host keys through it)."""
+        return self._pool
+
+    @classmethod
+    def spare_nodes(cls, cluster: ClusterSpec, wanted: int) -> int:
+        return len(cluster.nodes) - wanted
+
+    def preflight(self, plan: Plan) -> Preflight:
+        """Connect to every host and probe it in parallel; every problem is reported together."""
+        specs = self.cluster.nodes[: plan.nnodes]
+        master: Future[str | None] = Future()
+        if specs[0].address and specs[0].address != AUTO:
+            master.set_result(specs[0].address)
+        results = fan_out(lambda index: self._check(plan, index, specs[index], master), list(range(plan.nnodes)))
+        problems = [p for r in results for p in (r.value[2] if r.ok else [error_text(r.error)])]
+        if problems:
+            return Preflight(problems=problems)
+        nodes = [specs[r.key].model_copy(update={"address": r.value[0]}) for r in results]
+        return Preflight(nodes=nodes, probes={r.key: r.value[1] for r in results},
+                         facts={r.key: r.value[3] for r in results})
+
+    def _check(self, plan: Plan, index: int, spec: NodeSpec, master: Future) -> tuple[str, NodeNetwork, list[str], dict]:
+        """One host's preflight: (its address, its network probe, its problems, its facts).
+
+        Every host probes its route to node 0, whose address (unless pinned) node 0's step
+        publishes in ``master`` as soon as TCP connects (behind a jump host: once logged in;
+        None if it failed).
+        """
+        address = None
+
+        def publish(peer: str | None) -> None:
+            if index == 0 and not master.done():
+                master.set_result(peer)
+
+        try:
+            conn = self._pool.get(self.targets[index], on_peer=publish)
+            address = spec.address if spec.address and spec.address != AUTO else conn.peer_address()
+        finally:
+            publish(address)
+        node = plan.nodes[index]
+        pinned = node.env.get("GLOO_SOCKET_IFNAME", AUTO)
+        request = facts_request(
+            plan, index, ifaces=[] if pinned == AUTO else [name for name in pinned.split(",") if name],
+            gpus=spec.gpus, master=master.result() if self.cluster.network.interface == AUTO else None,
+        )
+        if self.cluster.sync_workdir:
+            request["workdir"] = None  # made by the sync at start
+        host = self.targets[index].alias
+        facts, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
+        if facts is None:
+            missing = error and ("not found" in error or "No such file" in error)
+            why = (f"python interpreter '{plan.python}' not found (cluster.yaml python)" if missing
+                   else f"the preflight probe failed: {error}")
+            return address, NodeNetwork("", address), [f"{host}: {why}"], {}
+        network = NodeNetwork(facts.get("dev") or "", address, tuple(facts["hcas"]))
+        return address, network, node_problems(host, plan, facts, node, spec.gpus), facts
+
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SSHNode]]:
+        """Sync and set up every node (once, all in parallel), then start every agent in parallel."""
+        problems = self._prepare(plan, context)
+        if problems:
+            raise NodeStartError(
+                "preparing the nodes failed; no agent was started:\n" + "\n".join(f"  {p}" for _, p in problems),
+                node=problems[0][0],
+            )
+
+        def start_one(node: NodePlan) -> SSHNode:
+            context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+            conn = self._pool.get(self.targets[node.index])
+            tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
+            argv = node_argv(plan.python, "agent", agent_request(plan, node, context.grace, secrets_on_stdin=True))
+            channel = conn.exec(render_command(argv, tag, node.cwd, replace_shell=False), combine=True)
+            channel.sendall(json.dumps(dict(context.secrets)).encode() + b"\n")
+            channel.shutdown_write()
+            handle = SSHNode(node.index, self, plan, channel)
+            handle.wait_started(START_TIMEOUT_S)
+            context.stage(Stage.START, node.index, node.host, StageState.DONE)
+            return handle
+
+        results = fan_out(start_one, list(plan.nodes))
+        failed = [r for r in results if not r.ok]
+        if failed:
+            for r in results:
+                if r.ok:
+                    r.value.terminate(context.grace)
+            error = failed[0].error
+            node = error.node if isinstance(error, NodeStartError) else failed[0].key.index
+            raise NodeStartError(error_text(error), node)
+        return plan, [r.value for r in results]
+
+    def _prepare(self, plan: Plan, context: StartContext) -> list[tuple[int, str]]:
+        """(node index, problem) for every node whose sync or setup failed, in node order."""
+        if not (self.cluster.sync_workdir or self.cluster.setup):
+            return []
+
+        def step(node: NodePlan) -> None:
+            stage = Stage.SYNC if self.cluster.sync_workdir else Stage.SETUP
+            context.stage(stage, node.index, node.host, StageState.RUNNING)
+            conn = self._pool.get(self.targets[node.index])
+            try:
+                sync.prepare_node(conn, self.cluster, node, plan.job_id, context.run_dir / f"setup-node{node.index}.log")
+            except BaseException:
+                context.stage(stage, node.index, node.host, StageState.FAILED)
+                raise
+            context.stage(stage, node.index, node.host, StageState.DONE)
+
+        return [(r.key.index, error_text(r.error)) for r in fan_out(step, list(plan.nodes)) if not r.ok]
+
+    def host(self, plan: Plan | None, index: int) -> str:
+        return self.targets[index].alias
+
+    def mark_unreachable(self, index: int) -> None:
+        """Node ``index`` was lost: later commands to it try to connect for CLEANUP_CONNECT_S only."""
+        with self._guard:
+            self._unreachable.add(index)
+
+    def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
+        """Run ``argv`` on node ``index`` (quoted by render_command); an unreachable node is the result.
+
+        A node found unreachable once is retried with a short connect timeout, so clean-up never
+        hangs on a dead host.
+        """
+        host = self.targets[index].alias
+        with self._guard:
+            quick = index in self._unreachable
+        try:
+            conn = self._pool.get(self.targets[index], timeout=CLEANUP_CONNECT_S if quick else None)
+            result = conn.run(argv, timeout=timeout)
+        except (LaunchError, *CONNECTION_ERRORS) as exc:
+            with self._guard:
+                self._unreachable.add(index)
+            return unreachable(error_text(exc) if isinstance(exc, LaunchError) else f"{host}: cannot connect: {exc}")
+        with self._guard:
+            self._unreachable.discard(index)
+        if result.code == -1:
+            return unreachable(f"{host}: the connection closed before `{argv[0]}` finished")
+        return CommandResult(result.code, result.out, result.err)
+
+    def close(self) -> None:
+        """Close every SSH connection."""
+        self._pool.close()

@@ -1,0 +1,239 @@
+"""What `launch init` learns about SSH hosts: their keys, their GPUs, interpreters, network, CPUs, memory.
+
+The hosts are reached through the ``ssh`` backend of a throwaway cluster spec (one connection per
+host); their keys go through ``launch trust``'s functions; everything a host says about itself
+comes from the node side's ``facts`` command (``pythons`` lists its candidate interpreters).
+``choose_python`` picks the interpreter the cluster file names and ``differences`` lists what
+differs between the hosts. Answers are parsed into typed, bounded values here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.backends.ssh.backend import SSHBackend
+
+PROBE_TIMEOUT_S = 180.0
+TEXT_LIMIT = 200
+
+
+def _text(value: object) -> str | None:
+    """A node's string, bounded and on one line (None stays None)."""
+    if value is None:
+        return None
+    return " ".join(str(value).split())[:TEXT_LIMIT]
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_mib: float
+
+    @property
+    def memory_gib(self) -> float:
+        return round(self.memory_mib / 1024, 1)
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """One candidate interpreter on a host, as it answered."""
+
+    path: str
+    version: str | None
+    torch: str | None = None
+    deepspeed: str | None = None
+    imports_torch: bool | None = None  # None: not tried (no torch listed)
+    import_error: str | None = None
+
+    @property
+    def has_torch(self) -> bool:
+        return bool(self.torch) and self.imports_torch is not False
+
+    @property
+    def preference(self) -> tuple[bool, bool]:
+        """Higher is better: torch that imports, then deepspeed beside it."""
+        return self.has_torch, self.has_torch and bool(self.deepspeed)
+
+    def describe(self) -> str:
+        parts = [f"Python {self.version}"]
+        if self.torch and not self.has_torch:
+            parts.append(f"torch {self.torch} fails to import ({self.import_error})")
+        else:
+            parts.append(f"torch {self.torch}" if self.torch else "no torch")
+        parts.append(f"deepspeed {self.deepspeed}" if self.deepspeed else "no deepspeed")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """What one host said about itself."""
+
+    host: str
+    address: str
+    hostname: str
+    gpus: tuple[GPU, ...]
+    interpreters: tuple[Interpreter, ...]
+    interface: str | None
+    route_error: str | None
+    hcas: tuple[str, ...]
+    cpus: int
+    memory_bytes: int | None
+    hostname_resolves: bool | str | None = None
+
+    def interpreter(self, path: str | None) -> Interpreter | None:
+        return next((i for i in self.interpreters if i.path == path), None)
+
+    @property
+    def best(self) -> Interpreter | None:
+        """The most useful interpreter here (the first found among equals)."""
+        return max(self.interpreters, key=lambda i: i.preference, default=None)
+
+    @property
+    def gpu_model(self) -> str:
+        return ", ".join(sorted({g.name for g in self.gpus})) or "none"
+
+    @classmethod
+    def from_facts(cls, host: str, address: str, facts: dict) -> HostReport:
+        gpus = tuple(GPU(_text(g.get("name")) or "?", float(g.get("total_mb") or 0)) for g in facts.get("gpus") or [])
+        interpreters = tuple(
+            Interpreter(_text(p["path"]), _text(p.get("version")), _text(p.get("torch")), _text(p.get("deepspeed")),
+                        p.get("imports_torch"), _text(p.get("import_error")))
+            for p in facts.get("pythons") or [] if not p.get("error") and p.get("version")
+        )
+        memory = facts.get("mem_total_bytes")
+        resolves = facts.get("hostname_resolves")
+        return cls(
+            host=host, address=address, hostname=_text(facts.get("hostname")) or host, gpus=gpus,
+            interpreters=interpreters, interface=_text(facts.get("dev")), route_error=_text(facts.get("route_error")),
+            hcas=tuple(_text(h) for h in facts.get("hcas") or []), cpus=int(facts.get("cpus") or 1),
+            memory_bytes=memory if isinstance(memory, int) else None,
+            hostname_resolves=resolves if resolves is True else _text(resolves),
+        )
+
+
+@dataclass(frozen=True)
+class PythonChoice:
+    """The interpreter the cluster file names, and what each host runs at that path (None: not there)."""
+
+    path: str | None
+    per_host: tuple[Interpreter | None, ...]
+
+    @property
+    def same_everywhere(self) -> bool:
+        return self.path is not None and all(i is not None for i in self.per_host)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One property whose value differs between hosts (values in host order)."""
+
+    what: str
+    values: tuple[str, ...]
+
+    def describe(self, hosts: list[str]) -> str:
+        return f"{self.what} differs: " + ", ".join(f"{h} {v}" for h, v in zip(hosts, self.values))
+
+
+def choose_python(reports: list[HostReport]) -> PythonChoice:
+    """The best path present on every host (judged on its worst host), unless only the first host has one
+    that imports torch: then the first host's best (the file says the hosts differ)."""
+    first = reports[0]
+    best = first.best
+    path = best.path if best else None
+    common = [i.path for i in first.interpreters if all(r.interpreter(i.path) for r in reports)]
+    if common:
+        def worst(candidate: str) -> tuple[bool, bool]:
+            return min(r.interpreter(candidate).preference for r in reports)
+
+        shared = max(common, key=worst)
+        if best is None or worst(shared)[0] >= best.has_torch:
+            path = shared
+    return PythonChoice(path, tuple(r.interpreter(path) for r in reports))
+
+
+def differences(reports: list[HostReport], choice: PythonChoice) -> list[Difference]:
+    """GPU model and count, and the chosen interpreter's Python, torch and deepspeed, where hosts differ."""
+    def runs(index: int, field: str) -> str:
+        interp = choice.per_host[index]
+        return "(no interpreter)" if interp is None else (getattr(interp, field) or "none")
+
+    columns = {
+        "GPU model": [r.gpu_model for r in reports],
+        "GPU count": [str(len(r.gpus)) for r in reports],
+        "python version": [runs(i, "version") for i in range(len(reports))],
+        "torch": [runs(i, "torch") for i in range(len(reports))],
+        "deepspeed": [runs(i, "deepspeed") for i in range(len(reports))],
+    }
+    return [Difference(what, tuple(values)) for what, values in columns.items() if len(set(values)) > 1]
+
+
+def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callable[[str], None]) -> dict[str, str]:
+    """Show every host's key; record new ones the user accepts (as `launch trust` does). The problems, by
+    host: unreachable, declined or a recorded key that differs (refused, never replaced here)."""
+    from launcher.backends.ssh.connection import error_text, fan_out, fingerprint, key_status
+    from launcher.backends.ssh.trust import fetch_host_key, record_key
+
+    settings = backend.pool.settings
+    problems: dict[str, str] = {}
+    for result in fan_out(lambda target: fetch_host_key(target, backend.pool), backend.targets):
+        target = result.key
+        if not result.ok:
+            problems[target.alias] = error_text(result.error)
+            continue
+        key = result.value
+        status, recorded = key_status(settings.host_keys(), target.known_hosts_name, key)
+        if status == "trusted":
+            continue
+        echo(f"{target.label}  {key.get_name()}  {fingerprint(key)}")
+        if status == "changed":
+            echo(f"  CHANGED: {settings.known_hosts} has {recorded.get_name()} {fingerprint(recorded)}")
+            problems[target.alias] = (f"{target.label}: the host key differs from the one recorded in "
+                                      f"{settings.known_hosts}; not replaced (check it, then "
+                                      f"`launch trust {target.alias} --replace`)")
+        elif confirm(f"  trust this key for {target.known_hosts_name}?"):
+            record_key(settings.known_hosts, target, key)
+            echo(f"  recorded in {settings.known_hosts}")
+        else:
+            problems[target.alias] = f"{target.label}: host key not trusted (declined)"
+    return problems
+
+
+def probe(backend: SSHBackend, python: str | None,
+          skip: Collection[str] = ()) -> tuple[list[HostReport], dict[str, str]]:
+    """Connect to every host not in ``skip``, then ask each (in parallel) for its facts and interpreters:
+    the reports of the hosts that answered and the problems of those that did not, by host. The route
+    is checked towards the first host that answered. ``python`` pins the interpreter to check."""
+    from launcher.backends.ssh.connection import error_text, fan_out
+
+    indexes = [i for i, target in enumerate(backend.targets) if target.alias not in skip]
+    connected = fan_out(lambda i: backend.pool.get(backend.targets[i]).peer_address(), indexes)
+    problems = {backend.targets[i].alias: error_text(r.error) for i, r in zip(indexes, connected) if not r.ok}
+    addresses = {i: r.value for i, r in zip(indexes, connected) if r.ok}
+    if not addresses:
+        return [], problems
+    request = {
+        "gpus": True, "resolve_self": True, "master": next(iter(addresses.values())),
+        "pythons": {"paths": [python], "search": False} if python else {"paths": [sys.executable], "search": True},
+    }
+    answers = fan_out(lambda i: backend.node_command(None, i, "facts", request, timeout=PROBE_TIMEOUT_S),
+                      list(addresses))
+    reports = []
+    for index, result in zip(addresses, answers):
+        host = backend.targets[index].alias
+        facts, error = result.value if result.ok else (None, error_text(result.error))
+        if facts is None:
+            problems[host] = f"{host}: the probe failed (it needs python3 on the host's PATH): {error}"
+        else:
+            reports.append(HostReport.from_facts(host, addresses[index], facts))
+    return reports, problems
+
+
+def unusable(problems: Collection[str], probed: int = 0) -> str:
+    """The message for hosts that cannot be used, one line each (``probed``: how many others were)."""
+    others = f" ({probed} other host(s) probed: see the table above)" if probed else ""
+    return (f"{len(problems)} host(s) cannot be used; nothing was written{others}:\n"
+            + "\n".join(f"  {p}" for p in problems))

@@ -1,0 +1,57 @@
+"""Per-node network environment for NCCL and gloo, and where each value came from.
+
+A value pinned in ``cluster.yaml`` wins. Otherwise the value is probed on each
+node at launch (the interface that routes to node 0, the InfiniBand HCAs
+present), so rank 0's choice is never forced on nodes that differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from launcher.spec.cluster import ClusterSpec
+
+from launcher.plan.policy import PlanPolicy
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """What a node's probe found: its interface and address towards node 0, its HCAs."""
+
+    interface: str
+    address: str
+    ib_hcas: tuple[str, ...] = ()
+
+
+def network_env(
+    cluster: ClusterSpec, policy: PlanPolicy, probe: NodeNetwork | None, master_addr: str
+) -> dict[str, tuple[str, str]]:
+    """Socket and HCA variables for one node: name -> (value, source).
+
+    Without a probe, auto values stay ``auto`` with the source "probed at
+    launch"; a plan holding such a value cannot be launched until resolved.
+    """
+    env: dict[str, tuple[str, str]] = {}
+    pinned = cluster.network.interface
+    if pinned != AUTO:
+        interface = (pinned, "cluster.yaml network.interface")
+    elif (fixed := policy.pinned_interface) is not None:
+        interface = fixed
+    elif probe is not None:
+        interface = (probe.interface, f"probed: the interface routing to node 0 ({master_addr})")
+    else:
+        interface = (AUTO, "probed at launch: the interface routing to node 0")
+    env["NCCL_SOCKET_IFNAME"] = interface
+    env["GLOO_SOCKET_IFNAME"] = interface
+
+    hca = cluster.network.ib_hca
+    if hca is None or not policy.uses_hcas:
+        return env
+    if hca != AUTO:
+        env["NCCL_IB_HCA"] = (hca, "cluster.yaml network.ib_hca")
+    elif probe is None:
+        env["NCCL_IB_HCA"] = (AUTO, "probed at launch: InfiniBand HCAs on the node")
+    elif probe.ib_hcas:
+        env["NCCL_IB_HCA"] = (",".join(probe.ib_hcas), "probed: /sys/class/infiniband on the node")
+    return env

@@ -1,0 +1,285 @@
+"""The plan: a pure function from (job, cluster, job id) to a frozen value.
+
+No sockets, clocks or environment reads happen here: what the plan needs
+from the world (the rendezvous port, probed network facts, concrete nodes
+from a Ray placement) is passed in. Backends execute a plan unchanged.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from launcher.plan import commands, containers
+from launcher.plan.batch import BatchPlan, resolve_batch
+from launcher.errors import PlanError
+from launcher.plan.fit import MemoryFit, memory_fit, misfit_problem
+from launcher.plan.netenv import AUTO, NodeNetwork, network_env
+from launcher.plan.policy import PlanPolicy, capacity_problems
+from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.container import ContainerSpec, Runtime, effective_container
+from launcher.spec.job import JobSpec
+from launcher.catalog.strategies import get_strategy
+
+LOG_PREFIX_TEMPLATE = "[${rank}]:"
+RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # the node agent puts the node's run directory in its place
+DS_CONFIG_FILE = "ds_config.json"
+FLIGHT_RECORDER_EVENTS = "2000"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Rendezvous(Frozen):
+    backend: str = "c10d"
+    id: str
+    host: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class NodePlan(Frozen):
+    """One node of the run: where it is, what it runs, with which added environment."""
+
+    index: int
+    host: str
+    address: str
+    nproc: int
+    gpus: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    env_sources: dict[str, str]
+    cwd: str
+    files: dict[str, tuple[str, str]] = {}
+    cleanup: tuple[tuple[str, ...], ...] = ()
+    env_prefix: str = ""
+
+
+class Plan(Frozen):
+    """Everything a backend needs to start a job, and everything a user checks in a dry-run."""
+
+    job_id: str
+    job_name: str
+    backend: str
+    cluster_name: str
+    launcher: str
+    strategy: str | None
+    precision: str
+    dist_backend: str
+    nnodes: int
+    nproc_per_node: int
+    world_size: int
+    batch: BatchPlan | None
+    max_steps: int
+    rendezvous: Rendezvous
+    nodes: tuple[NodePlan, ...]
+    secrets: tuple[str, ...]
+    python: str
+    container: ContainerSpec | None = None
+    ds_config: dict | None = None
+    memory: MemoryFit | None = None
+
+    def unresolved(self) -> list[str]:
+        """Values still waiting for a probe (``auto``), as ``node N: NAME``."""
+        return [f"node {n.index}: {k}" for n in self.nodes for k, v in n.env.items() if v == AUTO]
+
+
+def make_plan(
+    job: JobSpec,
+    cluster: ClusterSpec,
+    job_id: str,
+    *,
+    policy: PlanPolicy,
+    rdzv_port: int,
+    nodes: list[NodeSpec] | None = None,
+    probes: dict[int, NodeNetwork] | None = None,
+    python: str | None = None,
+    ds_config: dict | None = None,
+    check_fit: bool = True,
+) -> Plan:
+    """Plan ``job`` on ``cluster`` under a backend's ``policy``. Every job/cluster mismatch is reported at once.
+
+    ``nodes`` overrides the backend's choice of nodes (a placement), ``probes`` resolves auto
+    network values per node index, ``python`` is the interpreter the nodes run (found by
+    preflight), ``ds_config`` the DeepSpeed config. With ``check_fit`` a recipe whose strategy
+    does not fit the cluster's GPU memory is a planning problem.
+    """
+    placed = nodes is not None
+    chosen = list(nodes)[: job.resources.nodes] if placed else list(policy.nodes)
+    world_size = job.resources.nodes * job.resources.nproc_per_node
+    problems = _fit_problems(job, cluster, policy, chosen, placed)
+    batch = None
+    if job.batch is not None:
+        try:
+            batch = resolve_batch(job.batch, world_size)
+        except PlanError as exc:
+            problems.append(exc.message)
+    memory = None
+    if batch is not None and job.recipe is not None:
+        gpu_gb = cluster.gpu.memory_gb if all(node.gpus for node in chosen) else None
+        memory = memory_fit(job, batch.micro_batch, len(chosen), job.resources.nproc_per_node, gpu_gb)
+        problem = misfit_problem(memory) if check_fit else None
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise PlanError(f"job '{job.name}' does not fit cluster '{cluster.name}':\n" + "\n".join(f"  {p}" for p in problems))
+
+    probes = probes or {}
+    python = python or policy.python
+    container = effective_container(job.container, cluster.container)
+    launcher_python = container.python if container else python
+    master = _address(chosen[0], probes.get(0))
+    rendezvous = Rendezvous(id=job_id, host=master, port=rdzv_port)
+    gpus = [node.gpus for node in chosen]
+    program = commands.program_args(job, batch, ds_config)
+    cwd = cluster.workdir or "."
+    if container and not cwd.startswith("/"):
+        raise PlanError(f"job '{job.name}': a container mounts the workdir at its own path: cluster.yaml workdir "
+                        f"must be an absolute path (got {cwd!r})")
+    files = {"LAUNCH_DS_CONFIG": (DS_CONFIG_FILE, _json(ds_config))} if ds_config and job.entrypoint else {}
+    node_plans = []
+    for index, node in enumerate(chosen):
+        address = _address(node, probes.get(index))
+        if job.launcher == "deepspeed":
+            argv = commands.deepspeed_argv(
+                launcher_python, [job.resources.nproc_per_node] * len(chosen), index, master, rdzv_port, program,
+                local_rank_flag=not job.deepspeed.no_local_rank,
+            )
+        else:
+            argv = commands.torchrun_argv(
+                launcher_python, len(chosen), job.resources.nproc_per_node, index, rendezvous.endpoint, job_id,
+                address, program,
+            )
+        env = _node_env(job, cluster, policy, job_id, index, node, probes.get(index), master, batch)
+        in_container = _in_container(container, job_id, index, argv, [*env, *job.secrets, *files, "LAUNCH_RUN_DIR"],
+                                     cwd, node.gpus, job.watch.grace_period) if container else None
+        node_plans.append(
+            NodePlan(
+                index=index,
+                host=node.host,
+                address=address,
+                nproc=job.resources.nproc_per_node,
+                gpus=node.gpus,
+                argv=tuple(in_container.argv if in_container else argv),
+                env={k: v for k, (v, _) in env.items()},
+                env_sources={k: s for k, (_, s) in env.items()},
+                cwd=cwd,
+                files=files,
+                cleanup=in_container.cleanup if in_container else (),
+                env_prefix=in_container.env_prefix if in_container else "",
+            )
+        )
+    return Plan(
+        job_id=job_id,
+        job_name=job.name,
+        backend=cluster.backend,
+        cluster_name=cluster.name,
+        launcher=job.launcher,
+        strategy=job.strategy if job.recipe else None,
+        precision=job.precision,
+        dist_backend="nccl" if all(gpus) else "gloo",
+        nnodes=len(chosen),
+        nproc_per_node=job.resources.nproc_per_node,
+        world_size=world_size,
+        batch=batch,
+        max_steps=job.max_steps,
+        rendezvous=rendezvous,
+        nodes=tuple(node_plans),
+        secrets=tuple(job.secrets),
+        python=python,
+        container=container,
+        ds_config=ds_config,
+        memory=memory,
+    )
+
+
+class InContainer(Frozen):
+    """A node's command wrapped in its container runtime, and what removes the container afterwards."""
+
+    argv: tuple[str, ...]
+    cleanup: tuple[tuple[str, ...], ...]
+    env_prefix: str
+
+
+def _in_container(spec: ContainerSpec, job_id: str, index: int, argv: list[str], env_names: list[str], cwd: str,
+                  gpus: int, grace: float) -> InContainer:
+    """The node's launcher command run in the job's image: the node's run directory mounted at its own path
+    (the agent fills it in), every variable passed by name, the container named after the job and node."""
+    name = containers.ContainerName(job_id, index)
+    run_dir = ["--bind", RUN_DIR_TOKEN] if spec.runtime == Runtime.APPTAINER else ["-v", f"{RUN_DIR_TOKEN}:{RUN_DIR_TOKEN}"]
+    with_run_dir = spec.model_copy(update={"options": [*run_dir, *spec.options]})
+    wrapped = containers.run_argv(with_run_dir, name, argv, env_names, cwd, gpus)
+    cleanup = [command for command in (containers.stop_argv(spec.runtime, name, grace),
+                                       containers.remove_argv(spec.runtime, name)) if command]
+    prefix = containers.APPTAINER_ENV_PREFIX if spec.runtime == Runtime.APPTAINER else ""
+    return InContainer(argv=tuple(wrapped), cleanup=tuple(tuple(c) for c in cleanup), env_prefix=prefix)
+
+
+def _json(data: dict) -> str:
+    import json
+
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+def _fit_problems(job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen: list[NodeSpec], placed: bool) -> list[str]:
+    problems = [] if placed else list(policy.resource_problems)
+    wanted = job.resources.nodes
+    if job.leave_out_failed_nodes:
+        spare = policy.spare_nodes
+        if spare is None:
+            problems.append(
+                f"leave_out_failed_nodes: needs a cluster whose nodes are listed (ssh): a left-out node is a host of "
+                f"its node list; cluster '{cluster.name}' is {cluster.backend}"
+            )
+        elif spare <= 0:
+            problems.append(
+                f"leave_out_failed_nodes: cluster '{cluster.name}' lists {len(cluster.nodes)} nodes and the job uses "
+                f"{wanted}: no spare node to restart on; list more nodes or drop the option"
+            )
+    if job.recipe is not None:
+        problems += get_strategy(job.strategy).resource_problems(wanted, job.resources.nproc_per_node)
+    if (policy.places_nodes and not placed) or not policy.checks_capacity:
+        return problems
+    return problems + capacity_problems(job.resources.nproc_per_node, chosen)
+
+
+def _address(node: NodeSpec, probe: NodeNetwork | None) -> str:
+    if node.address and node.address != AUTO:
+        return node.address
+    if probe is not None:
+        return probe.address
+    return node.address or node.host
+
+
+def _node_env(
+    job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, job_id: str, index: int, node: NodeSpec,
+    probe: NodeNetwork | None, master: str, batch: BatchPlan | None,
+) -> dict[str, tuple[str, str]]:
+    env: dict[str, tuple[str, str]] = {
+        "LAUNCH_JOB_ID": (job_id, "launch: tags every process of the job"),
+        "LAUNCH_NODE": (str(index), "launch: node index"),
+        "PYTHONUNBUFFERED": ("1", "launch: logs stream as they are written"),
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": (LOG_PREFIX_TEMPLATE, "launch: rank prefix on every line"),
+    }
+    if batch is not None and job.entrypoint is not None:
+        env["LAUNCH_GLOBAL_BATCH"] = (str(batch.global_batch), "launch: batch.global_batch (micro x accumulation x world)")
+        env["LAUNCH_MICRO_BATCH"] = (str(batch.micro_batch), "launch: batch.micro_batch")
+        env["LAUNCH_GRAD_ACCUM"] = (str(batch.grad_accum), "launch: batch.grad_accum")
+    if node.gpus == 0:
+        env["OMP_NUM_THREADS"] = ("1", "launch: one thread per CPU rank (torchrun's default, made explicit)")
+    else:
+        trace = (f"{RUN_DIR_TOKEN}/nccl_trace_rank_", "launch: NCCL flight recorder dumps in the node's run directory")
+        env["TORCH_FR_BUFFER_SIZE"] = (FLIGHT_RECORDER_EVENTS, "launch: NCCL flight recorder on (torch >= 2.9 name)")
+        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = (FLIGHT_RECORDER_EVENTS, "launch: NCCL flight recorder on (older torch)")
+        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = ("1", "launch: dump the flight recorder on a collective timeout")
+        env["TORCH_FR_DUMP_TEMP_FILE"] = trace
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = trace
+    if job.uses_deepspeed and node.gpus == 0:
+        env["DS_ACCELERATOR"] = ("cpu", "launch: DeepSpeed on CPU ranks (gloo)")
+    env.update(network_env(cluster, policy, probe, master))
+    for key, value in job.env.items():
+        env[key] = (value, "job env")
+    return env

@@ -1,0 +1,128 @@
+"""Is a job alive, progressing, or hung? Verdicts from what launch observes from outside the ranks.
+
+Liveness is not progress. A rank that never reports steps (a user's program without the
+Reporter) is alive while it prints, gains CPU time (the node agent reads /proc) or keeps its GPU
+busy; the job is called hung only when every rank has been silent and idle for
+``watch.stall_timeout``. Once ranks report steps, the job is also called stalled when no step
+has been reported for ``stall_timeout``, and hung sooner when, besides, every rank has gone silent
+and idle: the limit then adapts to the job (five times the longest gap seen between two
+reports, at least FLOOR_S, never more than ``stall_timeout``), so a job reporting every second is
+called hung in seconds, not after NCCL's timeout. Pure logic: times are passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launcher.backends.failures import Failure, FailureKind
+
+CPU_BUSY = 0.02  # a rank gaining more than 2% of a core between two samples is working
+GPU_BUSY = 0.05  # GPU utilisation above 5% is working
+
+
+@dataclass
+class RankSeen:
+    """What launch last saw of one rank."""
+
+    node: int
+    cpu_s: float | None = None
+    cpu_at: float | None = None
+    active_at: float | None = None
+    step: int | None = None
+    step_at: float | None = None
+
+
+@dataclass
+class Liveness:
+    """Activity and progress of one attempt's ranks, fed by the supervisor's node watchers."""
+
+    started: float
+    output_at: float | None = None
+    ranks: dict[int, RankSeen] = field(default_factory=dict)
+    longest_gap: float = 0.0
+    newest_report: float | None = None
+
+    def output(self, t: float) -> None:
+        """A line of output from any rank or node agent."""
+        self.output_at = max(self.output_at or t, t)
+
+    def sample(self, node: int, rank: int, cpu_s: float, gpu_util: float | None, t: float) -> None:
+        """A node agent's measurement of one rank's process tree."""
+        seen = self.ranks.setdefault(rank, RankSeen(node))
+        if seen.cpu_s is not None and seen.cpu_at is not None and t > seen.cpu_at:
+            if (cpu_s - seen.cpu_s) / (t - seen.cpu_at) >= CPU_BUSY:
+                seen.active_at = t
+        elif seen.cpu_s is None:
+            seen.active_at = t  # a new rank: alive from its first sample
+        if gpu_util is not None and gpu_util >= GPU_BUSY:
+            seen.active_at = t
+        seen.cpu_s, seen.cpu_at = cpu_s, t
+
+    def progress(self, node: int, rank: int, step: int, t: float) -> None:
+        """A metric record: ``rank`` reported ``step``."""
+        seen = self.ranks.setdefault(rank, RankSeen(node))
+        seen.step, seen.step_at = step, t
+        if self.newest_report is not None and t > self.newest_report:
+            self.longest_gap = max(self.longest_gap, t - self.newest_report)
+        self.newest_report = max(self.newest_report or t, t)
+
+    def last_activity(self) -> float:
+        times = [self.started, self.output_at or 0.0, *(r.active_at or 0.0 for r in self.ranks.values())]
+        return max(times)
+
+    @property
+    def reporting(self) -> bool:
+        return self.newest_report is not None
+
+    def laggard(self) -> tuple[int, RankSeen] | None:
+        """The reporting rank heard from least recently (by its last step)."""
+        reported = [(rank, seen) for rank, seen in self.ranks.items() if seen.step_at is not None]
+        return min(reported, key=lambda item: (item[1].step_at, item[0])) if reported else None
+
+    def finished_steps(self, max_steps: int) -> bool:
+        return any(seen.step is not None and seen.step >= max_steps for seen in self.ranks.values())
+
+
+class HangDetector:
+    """Verdicts on a Liveness: None while the job lives, else a STALL or HANG failure."""
+
+    FLOOR_S = 30.0
+    FACTOR = 5.0
+
+    def __init__(self, stall_timeout: float, max_steps: int) -> None:
+        self.stall_timeout = stall_timeout
+        self.max_steps = max_steps
+
+    def limit(self, live: Liveness) -> float:
+        """Seconds of silence and idleness allowed now for a reporting job."""
+        if live.longest_gap <= 0 or live.finished_steps(self.max_steps):
+            return self.stall_timeout
+        return min(self.stall_timeout, max(self.FLOOR_S, self.FACTOR * live.longest_gap))
+
+    def check(self, live: Liveness, now: float) -> Failure | None:
+        idle = now - live.last_activity()
+        what = "every rank alive but silent and idle (no output, no CPU time gained, no GPU activity)"
+        if not live.reporting:
+            if idle < self.stall_timeout:
+                return None
+            return Failure(
+                kind=FailureKind.HANG, stalled_s=idle, transient=False,
+                reason=f"hung before the first step: {what} for {idle:.0f} s (watch.stall_timeout {self.stall_timeout:g} s)",
+            )
+        rank, seen = live.laggard()
+        since = now - (live.newest_report or now)
+        place = f"step {seen.step} on node {seen.node}/rank {rank}"
+        limit = self.limit(live)
+        if since >= limit and idle >= limit:
+            return Failure(
+                kind=FailureKind.HANG, node=seen.node, rank=rank, step=seen.step, stalled_s=idle, transient=True,
+                reason=f"hung at {place}: {what} for {idle:.0f} s (limit {limit:.0f} s; "
+                       f"node {seen.node}/rank {rank} reported least recently)",
+            )
+        if since >= self.stall_timeout:
+            return Failure(
+                kind=FailureKind.STALL, node=seen.node, rank=rank, step=seen.step, stalled_s=since, transient=True,
+                reason=f"stalled at {place}: no rank reported progress for {since:.0f} s although the ranks are "
+                       f"alive (watch.stall_timeout {self.stall_timeout:g} s)",
+            )
+        return None

@@ -1,0 +1,344 @@
+"""Submit and cancel: load -> plan -> preflight -> record -> supervise (here or detached)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets as token
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.backends import Backend, backend_class, get_backend, plan_job
+from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
+from launcher.run.checks import version_differences
+from launcher.errors import LaunchError, PreflightError, SpecError
+from launcher.plan.planner import Plan, make_plan
+from launcher.spec.cluster import ClusterSpec
+from launcher.spec.job import JobSpec
+from launcher.store.states import JobState, is_terminal
+from launcher.store.db import Store
+
+DEFAULT_CLUSTER_FILE = "cluster.yaml"
+SUBMITTED_WAIT_S = 30.0  # --detach on a scheduler: how long to wait for the scheduler to have the job
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated job, its cluster, and the plan made from them."""
+
+    job: JobSpec
+    cluster: ClusterSpec
+    plan: Plan
+
+
+def new_job_id(name: str) -> str:
+    """``<name>-<8 hex>``: readable, a valid rendezvous id, and unique (checked when stored)."""
+    return f"{name}-{token.token_hex(4)}"
+
+
+def load_cluster_spec(path: str | None) -> ClusterSpec:
+    """The cluster from ``--cluster``, else ./cluster.yaml, else the embedded local default,
+    with what its backend fills in (the local cluster: this machine's CPUs, GPUs, directory)."""
+    from launcher.spec.load import load_cluster
+
+    if path is None and os.path.exists(DEFAULT_CLUSTER_FILE):
+        path = DEFAULT_CLUSTER_FILE
+    cluster = load_cluster(path) if path else ClusterSpec(name="local", backend="local")
+    return backend_class(cluster.backend).resolve_defaults(cluster)
+
+
+def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] = (), check_fit: bool = True) -> Prepared:
+    """Validate the specs and make the plan; contacts nothing. ``check_fit=False`` plans a
+    recipe job even when its strategy does not fit the GPUs (for `launch plan`)."""
+    from launcher.spec.load import load_job
+
+    return prepare_job(load_job(job_path, overrides), load_cluster_spec(cluster_path), check_fit)
+
+
+def prepare_job(job: JobSpec, cluster: ClusterSpec, check_fit: bool = True) -> Prepared:
+    """Plan a validated job on a cluster (a free port for its rendezvous unless pinned)."""
+    from launcher.run.ports import free_port
+
+    backend = backend_class(cluster.backend)
+    port = cluster.rendezvous.port or free_port()
+    plan = make_plan(job, cluster, new_job_id(job.name), policy=backend.plan_policy(job, cluster), rdzv_port=port,
+                     ds_config=deepspeed_config(job), check_fit=check_fit)
+    if check_fit:
+        backend.check_host_memory(job, cluster, plan)
+    return Prepared(job, cluster, plan)
+
+
+def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None:
+    """The DeepSpeed config the job's ranks get: a recipe's under a DeepSpeed strategy, or, for an
+    entrypoint under `launcher: deepspeed`, the generated one merged with the user's (LAUNCH_DS_CONFIG)."""
+    entrypoint = job.entrypoint is not None and job.launcher == "deepspeed"
+    if not (job.recipe and job.uses_deepspeed) and not entrypoint:
+        return None
+    from launcher.plan.batch import resolve_batch
+    from launcher.plan.dsconfig import DSConfigError, entrypoint_ds_config, make_ds_config
+    from launcher.errors import PlanError
+
+    world = world_size or job.resources.nodes * job.resources.nproc_per_node
+    try:
+        batch = resolve_batch(job.batch, world) if job.batch is not None else None
+    except PlanError:
+        return None
+    user = None
+    if job.deepspeed.config:
+        try:
+            user = json.loads(Path(job.deepspeed.config).expanduser().read_text())
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"deepspeed.config: cannot read '{job.deepspeed.config}' as JSON: {exc}") from None
+        if not isinstance(user, dict):
+            raise SpecError(f"deepspeed.config: '{job.deepspeed.config}' must hold a JSON object")
+    try:
+        if entrypoint:
+            if batch is None and user is None:
+                return None  # nothing of the job's to give the program: it brings its own config
+            return entrypoint_ds_config(job.precision, batch, job.deepspeed.gradient_clipping, user)
+        return make_ds_config(
+            job.strategy, job.precision, batch.micro_batch, batch.grad_accum, world,
+            gradient_clipping=job.deepspeed.gradient_clipping, user_config=user,
+        )
+    except DSConfigError as exc:
+        raise SpecError(f"deepspeed: {exc}") from None
+
+
+def submit(
+    prepared: Prepared,
+    *,
+    detach: bool,
+    echo: Callable[[str], None] | None,
+    on_recorded: Callable[[str], None] | None = None,
+    run_check: bool = True,
+    warn: Callable[[str], None] | None = None,
+    stage: StageSink = no_stage,
+) -> tuple[str, JobState]:
+    """Check, preflight, record and run the job; (job id, state). Nothing starts if a check fails.
+
+    ``run_check`` also compares the nodes' python, torch, deepspeed and NCCL versions (from the
+    facts preflight gathered) and validates a DeepSpeed config with DeepSpeed's own classes.
+    One backend, so one connection per host, serves the whole submit.
+    """
+    from launcher.run.secrets import read_secrets
+    from launcher.run.supervisor import Supervisor
+
+    job, cluster = prepared.job, prepared.cluster
+    secret_values = read_secrets(job.secrets)
+    backend = get_backend(cluster)
+    try:
+        plan = preflight(prepared, backend, run_check, warn, stage)
+    except BaseException:
+        backend.close()
+        raise
+    store = Store()
+    store.create_job(plan, stored_spec(job, cluster, run_check))
+    if on_recorded:
+        on_recorded(plan.job_id)
+    if detach:
+        backend.close()
+        _spawn_supervisor(store, plan.job_id)
+        if backend.places_at_start:
+            return plan.job_id, _scheduler_has(store, plan.job_id)
+        return plan.job_id, JobState.PENDING
+    supervisor = Supervisor(
+        store, plan, backend, echo=echo, warn=warn, stage=stage, secrets=secret_values, grace=job.watch.grace_period,
+        restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
+        replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
+        place=placer(job, cluster),
+    )
+    supervisor.install_signal_handlers()
+    return plan.job_id, supervisor.run()
+
+
+def _scheduler_has(store: Store, job_id: str, timeout: float = SUBMITTED_WAIT_S) -> JobState:
+    """Wait until the detached supervisor has handed the job to the scheduler (its id recorded) or the job
+    ended; the job's state then (PENDING if neither came within ``timeout``: the supervisor goes on)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = store.job(job_id)
+        if job.get("scheduler_id") or is_terminal(job["state"]):
+            return JobState(job["state"])
+        time.sleep(0.1)
+    return JobState(store.job(job_id)["state"])
+
+
+def stored_spec(job: JobSpec, cluster: ClusterSpec, run_check: bool) -> dict:
+    """What the store keeps of a job's specs: enough for a detached supervisor, `cancel` and a re-plan."""
+    return {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json"), "check": run_check}
+
+
+def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool):
+    """The supervisor's way to re-plan a restart without some hosts. It checks the new nodes as submit did
+    (``run_check``: versions compared, warnings filed as events) and records the smaller cluster, so that
+    `launch cancel` and the final sweep address the nodes the job now runs on."""
+
+    def replan(plan: Plan, hosts: frozenset[str]) -> tuple[Plan, Backend]:
+        def warn(text: str) -> None:
+            store.add_event(plan.job_id, "warning", text)
+
+        smaller, new_plan, backend = plan_without(job, cluster, plan, hosts, run_check, warn)
+        store.update_job(plan.job_id, plan=new_plan.model_dump(mode="json"), spec=stored_spec(job, smaller, run_check))
+        return new_plan, backend
+
+    return replan
+
+
+def preflight(
+    prepared: Prepared, backend: Backend, run_check: bool, warn: Callable[[str], None] | None,
+    stage: StageSink = no_stage,
+) -> Plan:
+    """Every check before the first process starts; the plan re-made with what the backend probed."""
+    job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
+    validation = _start_ds_validation(plan.ds_config) if run_check else None
+    for node in plan.nodes:
+        stage(Stage.PREFLIGHT, node.index, node.host, StageState.RUNNING)
+    found = backend.preflight(plan)
+    if validation is not None:
+        found.problems.extend(_ds_problems(validation))
+    if run_check and len(found.facts) > 1:
+        found.problems.extend(version_differences({plan.nodes[i].host: f for i, f in sorted(found.facts.items())}))
+    for node in plan.nodes:
+        failed = any(problem.startswith((f"{node.host}:", f"node {node.index} ")) for problem in found.problems)
+        stage(Stage.PREFLIGHT, node.index, node.host, StageState.FAILED if failed else StageState.DONE)
+    if found.problems:
+        raise PreflightError(
+            f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
+            + "\n".join(f"  {p}" for p in found.problems),
+            hint="`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
+        )
+    if run_check and warn is not None:
+        from launcher.run.checks import NodeFacts, node_warnings
+
+        for text in node_warnings([NodeFacts(i, plan.nodes[i].host, f) for i, f in sorted(found.facts.items())]):
+            warn(f"warning: {text}")
+    if backend.places_at_start:
+        return plan  # placed by the supervisor once the scheduler allocates the nodes (StartContext.place)
+    return placed(job, cluster, plan, type(backend), found)
+
+
+def placed(job: JobSpec, cluster: ClusterSpec, plan: Plan, backend: type[Backend], found: Preflight) -> Plan:
+    """The plan re-made with what the backend found on the nodes (addresses, network, interpreter);
+    PreflightError if a value the plan needs is still unknown."""
+    if found.nodes is not None or found.probes or found.python:
+        plan = make_plan(
+            job, cluster, plan.job_id, policy=backend.plan_policy(job, cluster), rdzv_port=plan.rendezvous.port,
+            nodes=found.nodes, probes=found.probes, python=found.python or plan.python, ds_config=plan.ds_config,
+        )
+    if plan.unresolved():
+        raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))
+    return plan
+
+
+def placer(job: JobSpec, cluster: ClusterSpec) -> Callable[[Plan, Preflight], Plan]:
+    """For backends that learn the nodes only once a scheduler allocates them (Slurm): the supervisor's way
+    to re-plan the job with the preflight it ran inside the allocation."""
+    backend = backend_class(cluster.backend)
+    return lambda plan, found: placed(job, cluster, plan, backend, found)
+
+
+def plan_without(
+    job: JobSpec, cluster: ClusterSpec, plan: Plan, hosts: frozenset[str], run_check: bool = True,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[ClusterSpec, Plan, Backend]:
+    """For a restart that leaves ``hosts`` out: (the cluster without them, the preflighted plan on it, its backend).
+
+    The job keeps its id, rendezvous port, world size and batch; PlanError or
+    PreflightError (nothing started) when the other nodes cannot take it.
+    """
+    smaller = cluster.model_copy(update={"nodes": [n for n in cluster.nodes if n.host not in hosts]})
+    job = job.model_copy(update={"leave_out_failed_nodes": False})
+    fresh = plan_job(job, smaller, plan.job_id, rdzv_port=plan.rendezvous.port,
+                      ds_config=plan.ds_config)
+    backend = get_backend(smaller)
+    try:
+        return smaller, preflight(Prepared(job, smaller, fresh), backend, run_check, warn), backend
+    except BaseException:
+        backend.close()
+        raise
+
+
+def _start_ds_validation(ds_config: dict | None) -> subprocess.Popen | None:
+    """Validate the DeepSpeed config with DeepSpeed's own classes, in a subprocess beside preflight
+    (only when deepspeed is installed on the submitting machine)."""
+    import importlib.util
+
+    if ds_config is None or importlib.util.find_spec("deepspeed") is None:
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher.plan.dsconfig", json.dumps(ds_config)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")},
+    )
+
+
+def _ds_problems(proc: subprocess.Popen) -> list[str]:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        last = err.strip().splitlines()[-1] if err.strip() else f"exit code {proc.returncode}"
+        return [f"deepspeed config: DeepSpeed's validation could not run: {last}"]
+    return [f"deepspeed config: {problem}" for problem in json.loads(out)]
+
+
+def _spawn_supervisor(store: Store, job_id: str) -> None:
+    log = open(store.run_dir(job_id) / "supervisor.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.run.detached", job_id],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=os.environ.copy(),
+    )
+    log.close()
+    store.update_job(job_id, supervisor_pid=proc.pid)
+
+
+def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
+    """Cancel a job: signal its supervisor (once proven to be it), or clean up directly if it is gone."""
+    from launcher.run import identity
+
+    job = store.job(job_ref)
+    if is_terminal(job["state"]):
+        raise LaunchError(f"job {job['id']} already ended {job['state']}; nothing to cancel")
+    store.add_event(job["id"], "cancel_requested", "cancel requested by `launch cancel`")
+    run_dir = store.run_dir(job["id"])
+    deadline = time.monotonic() + 5.0
+    pid = identity.verified_pid(run_dir, job["id"])
+    while pid is None and job["state"] == JobState.PENDING and time.monotonic() < deadline:
+        time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
+        pid = identity.verified_pid(run_dir, job["id"])
+        job = store.job(job["id"])
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            job = store.job(job["id"])
+            if is_terminal(job["state"]):
+                return job
+            time.sleep(0.1)
+    _cancel_orphaned(store, job)
+    return store.job(job["id"])
+
+
+def _cancel_orphaned(store: Store, job: dict) -> None:
+    """The supervisor is gone: end the job's processes ourselves and record CANCELLED, unless a node
+    could not be checked (then say which, and leave the job for another try)."""
+    plan = Plan.model_validate(job["plan"])
+    cluster = ClusterSpec.model_validate(job["spec"]["cluster"])
+    backend = get_backend(cluster)
+    try:
+        report = backend.sweep(plan, job["spec"]["job"]["watch"]["grace_period"])
+    finally:
+        backend.close()
+    if not report.clean:
+        for problem in report.problems():
+            store.add_event(job["id"], "sweep", problem)
+        raise LaunchError(f"job {job['id']}: cancel could not confirm every node is clean:\n"
+                          + "\n".join(f"  {p}" for p in report.problems()),
+                          hint=f"`launch cancel {job['id']}` again once the node is reachable")
+    store.transition(job["id"], JobState.CANCELLED, reason="cancelled by user (supervisor was gone)")

@@ -1,0 +1,240 @@
+"""What `launch metrics` and `launch compare` show: per-job figures, stragglers, the comparison table.
+
+The figures come from the raw records (``aggregate.summarize``), enriched with
+MFU (``mfu.py``) and a straggler check per rank: a rank whose median step
+time is more than 10% above the median over the job's ranks is flagged.
+The comparison puts jobs side by side with the speed-up (samples/s) and the
+memory ratio (peak memory per GPU) against the first job that has metrics.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from launcher.metrics import columns as registry
+from launcher.metrics import mfu as mfu_mod
+from launcher.metrics.aggregate import as_records, summarize
+from launcher.metrics.columns import fmt, fmt_mem, fmt_pct
+from launcher.metrics.record import MetricRecord, RankUsage
+from launcher.store.db import TERMINAL
+
+STRAGGLER_SLOWDOWN = 1.10
+
+# The comparison table: the job's own columns, then every figure of ``columns.table_columns()``
+# (step time, steps/s, samples/s, tokens/s, memory, GPU util, and any figure registered there),
+# then the figures computed here.
+HEAD_COLUMNS: tuple[tuple[str, str], ...] = (("job", "JOB"), ("strategy", "STRATEGY"), ("precision", "PRECISION"),
+                                             ("world_size", "WORLD"))
+TAIL_COLUMNS: tuple[tuple[str, str], ...] = (("mfu", "MFU"), ("speedup", "SPEED-UP"), ("mem_ratio", "MEM RATIO"))
+TEXT_HEADERS = ("JOB", "STRATEGY", "PRECISION")
+
+
+def table_headers() -> list[str]:
+    """The comparison table's headers, in the order users read them."""
+    return [h for _, h in HEAD_COLUMNS] + [c.header for c in registry.table_columns()] + [h for _, h in TAIL_COLUMNS]
+
+
+def rank_slowdowns(per_rank: list[dict[str, Any]]) -> dict[int, float]:
+    """Each rank's median step time over the median across ranks (1.25 = 25% slower).
+
+    Ranks without a step time are compared by samples/s instead (median / theirs).
+    """
+    times = {r["rank"]: r["step_time_ms_p50"] for r in per_rank if r.get("step_time_ms_p50")}
+    if len(times) == len(per_rank) and len(times) >= 2:
+        median = statistics.median(times.values())
+        return {rank: t / median for rank, t in times.items()}
+    rates = {r["rank"]: r["samples_per_sec"] for r in per_rank if r.get("samples_per_sec")}
+    if len(rates) == len(per_rank) and len(rates) >= 2:
+        median = statistics.median(rates.values())
+        return {rank: median / rate for rank, rate in rates.items()}
+    return {}
+
+
+def stragglers(per_rank: list[dict[str, Any]], threshold: float = STRAGGLER_SLOWDOWN) -> list[int]:
+    """Ranks more than ``threshold - 1`` (default 10%) slower than the median rank."""
+    return sorted(rank for rank, slow in rank_slowdowns(per_rank).items() if slow > threshold)
+
+
+def job_metrics(job: Mapping[str, Any], records: Iterable[MetricRecord | Mapping[str, Any]], attempt: int | None = None,
+                usage: Iterable[RankUsage] = ()) -> dict[str, Any]:
+    """The `launch metrics --json` object of a job (without id and state).
+
+    The summary's figures (``JobSummary.as_json``) plus MFU, the GPU's name and peak,
+    and per-rank MFU, slowdown and straggler flags.
+    """
+    records = as_records(records)
+    summary = summarize(records, usage, attempt)
+    peak = mfu_mod.peak_tflops(job, records)
+    data = summary.as_json()
+    slowdowns = rank_slowdowns(data["per_rank"])
+    flagged = {rank for rank, slow in slowdowns.items() if slow > STRAGGLER_SLOWDOWN}
+    data["per_rank"] = [
+        {
+            **entry,
+            "mfu": mfu_mod.rank_mfu(rank.samples_per_sec, summary.flops_per_sample, peak),
+            "slowdown": slowdowns.get(rank.rank),
+            "straggler": rank.rank in flagged,
+        }
+        for rank, entry in zip(summary.per_rank, data["per_rank"])
+    ]
+    return {
+        **data,
+        "mfu": mfu_mod.job_mfu(job, summary, records),
+        "gpu_name": mfu_mod.gpu_name(job, records),
+        "peak_tflops": peak,
+        "stragglers": sorted(flagged),
+    }
+
+
+def compare_row(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """One job's row of the comparison (before the ratios against the baseline); ``metrics`` from ``job_metrics``."""
+    row = {
+        "job": job.get("id"),
+        "name": job.get("name"),
+        "state": job.get("state"),
+        "reason": job.get("reason"),
+        "strategy": job.get("strategy"),
+        "precision": job.get("precision"),
+        "world_size": job.get("world_size"),
+        "grad_accum": job.get("grad_accum"),
+    }
+    row.update({column.row_key: metrics.get(column.name) for column in registry.columns() if column.row_key})
+    row["mfu"] = metrics.get("mfu")
+    row["stragglers"] = metrics.get("stragglers", [])
+    return row
+
+
+def failed_row(strategy: str, reason: str, state: str = "FAILED") -> dict[str, Any]:
+    """A comparison row for a run that never got a job (its spec was refused, preflight failed...)."""
+    return compare_row({"id": None, "name": None, "state": state, "reason": reason, "strategy": strategy}, {})
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with ``speedup`` and ``mem_ratio`` against the first row that has metrics (the baseline)."""
+    base = next((r for r in rows if r.get("samples_per_sec") or r.get("steps_per_sec")), None)
+    out = []
+    for row in rows:
+        row = dict(row, baseline=row is base, speedup=None, mem_ratio=None)
+        if base is not None:
+            row["speedup"] = _ratio(row.get("samples_per_sec"), base.get("samples_per_sec")) or _ratio(
+                row.get("steps_per_sec"), base.get("steps_per_sec")
+            )
+            row["mem_ratio"] = _ratio(row.get("peak_mem_mb"), base.get("peak_mem_mb"))
+        out.append(row)
+    return out
+
+
+def comparison(entries: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The comparison rows for (job row, ``job_metrics``) pairs, first job = baseline."""
+    return with_ratios([compare_row(job, metrics) for job, metrics in entries])
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value and base else None
+
+
+# text rendering
+
+
+def row_cells(row: Mapping[str, Any]) -> list[str]:
+    """The text of one comparison row, in ``table_headers()`` order."""
+    figures = registry.table_columns()
+    if row["state"] == "FAILED" and row.get("samples_per_sec") is None:
+        metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 1)
+    else:
+        metrics = [column.cell(row.get(column.row_key)) for column in figures] + [
+            fmt_pct(row["mfu"]), fmt(row["speedup"], ".2f", "x"), fmt(row["mem_ratio"], ".2f", "x"),
+        ]
+    head = [row["job"] or "-", row["strategy"] or "(entrypoint)", row["precision"] or "-", fmt(row["world_size"], "d")]
+    return [str(cell) for cell in head] + metrics
+
+
+def comparison_table(rows: list[dict[str, Any]]):
+    """A rich table of the comparison, failures and stragglers noted under it."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold")
+    for header in table_headers():
+        table.add_column(header, no_wrap=header == "JOB", justify="left" if header in TEXT_HEADERS else "right")
+    for row in rows:
+        table.add_row(*map(Text, row_cells(row)), style="red" if row["state"] == "FAILED" else None)
+    base = next((row for row in rows if row.get("baseline")), None)
+    notes = []
+    if base is not None:
+        notes.append(Text(f"speed-up (samples/s) and memory ratio (peak memory per GPU) are against {base['job']}", style="dim"))
+    notes += [
+        Text(f"{row['strategy'] or row['job']}: {str(row['state']).lower()}: {row['reason'] or 'no reason recorded'}", style="red")
+        for row in rows if row["state"] in ("FAILED", "CANCELLED")
+    ]
+    notes += [Text(f"{row['job']}: straggler rank(s) {', '.join(map(str, row['stragglers']))}", style="yellow")
+              for row in rows if row.get("stragglers")]
+    return Group(table, *notes)
+
+
+# figures that metrics_renderables writes on lines of their own; any other registered figure gets a line
+_SHOWN = {"step_time_ms_p50", "step_time_ms_p95", "steps_per_sec", "samples_per_sec", "tokens_per_sec", "peak_mem_mb",
+          "gpu_util", "flops_per_sample", "loss"}
+
+
+def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Any]:
+    """What `launch metrics JOB` prints: the summary, the per-rank table and straggler warnings."""
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    m = metrics
+    out: list[Any] = [
+        f"[bold]{escape(str(job['id']))}[/]  {escape(str(job['state']))}  "
+        + escape(f"{job.get('strategy') or '(entrypoint)'}, {job.get('precision')}, "
+                 f"{job.get('nnodes')} node(s) x {job.get('nproc_per_node')} = {job.get('world_size')} ranks"),
+        Text(f"  batch       global {job.get('global_batch')} = micro {job.get('micro_batch')} x accumulation "
+             f"{job.get('grad_accum')} x world {job.get('world_size')}"),
+        f"  steps       {m['steps']}/{escape(str(job.get('max_steps')))}  ({m['records']} records, warm-up excluded)",
+        f"  throughput  {fmt(m['samples_per_sec'])} samples/s, {fmt(m['tokens_per_sec'], '.0f')} tokens/s, "
+        f"{fmt(m['steps_per_sec'], '.2f')} steps/s",
+        f"  step time   p50 {fmt(m['step_time_ms_p50'], '.1f', ' ms')}, p95 {fmt(m['step_time_ms_p95'], '.1f', ' ms')}",
+        f"  memory      peak {fmt_mem(m['peak_mem_mb'])} per GPU (max over ranks)",
+        f"  GPU util    {fmt(m['gpu_util'], '.0%')}",
+        f"  MFU         {escape(_mfu_line(m))}",
+        f"  loss        {fmt(m['loss'], '.4g')}",
+    ]
+    out += [Text(f"  {column.name:<11} {column.cell(m.get(column.name))}") for column in registry.columns()
+            if column.name not in _SHOWN]
+    if job.get("reason"):
+        out.insert(1, Text(f"  reason      {job['reason']}"))
+    if not m["per_rank"]:
+        out.append("no metric records" + (" yet" if job["state"] not in TERMINAL else ""))
+        return out
+    table = Table(title="ranks", box=None, header_style="bold", title_justify="left")
+    for column in ("RANK", "NODE", "HOST", "SAMPLES/S", "TOKENS/S", "STEP P50", "VS MEDIAN", "PEAK MEM", "MFU", "STEPS", ""):
+        table.add_column(column, no_wrap=True)
+    for r in m["per_rank"]:
+        table.add_row(
+            str(r["rank"]), fmt(r["node"], ""), Text(fmt(r["host"], "")), fmt(r["samples_per_sec"]),
+            fmt(r["tokens_per_sec"] or None, ".0f"), fmt(r["step_time_ms_p50"], ".1f", " ms"),
+            fmt(r["slowdown"], ".2f", "x"), fmt_mem(r["peak_mem_mb"]), fmt_pct(r["mfu"]), str(r["steps"]),
+            "[yellow]STRAGGLER[/]" if r["straggler"] else "",
+            style="yellow" if r["straggler"] else None,
+        )
+    out.append(table)
+    for r in m["per_rank"]:
+        if r["straggler"]:
+            out.append(
+                f"[yellow]straggler: rank {r['rank']} on {escape(fmt(r['host'], ''))} (node {fmt(r['node'], '')}) is "
+                f"{(r['slowdown'] - 1):.0%} slower than the median rank[/]"
+            )
+    return out
+
+
+def _mfu_line(m: dict[str, Any]) -> str:
+    if m["mfu"] is not None:
+        return f"{fmt_pct(m['mfu'])} of {m['peak_tflops']:.0f} TFLOP/s per GPU ({m['gpu_name'] or 'gpu.peak_tflops'})"
+    if not m["flops_per_sample"]:
+        return "- (the program does not report FLOPs per sample)"
+    if m["peak_tflops"] is None:
+        return "- (GPU peak unknown: set gpu.name or gpu.peak_tflops in the cluster spec)"
+    return "-"

@@ -1,0 +1,299 @@
+"""Turn plans and store rows into what users read: text, tables and JSON objects.
+
+Every command imports this module (for ``console``), so it imports the metric
+summaries only inside the functions that use them: `launch --help` stays light.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.plan.fit import MemoryFit
+    from launcher.metrics.summary import JobSummary
+
+_SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+MASK = "****"
+
+
+def json_text(value: Any) -> str:
+    """Indented strict JSON for `--json` output: never a bare NaN or Infinity (unknown figures are null)."""
+    import json
+
+    from launcher.store.db import json_safe
+
+    return json.dumps(json_safe(value), indent=2, allow_nan=False)
+
+
+def console():
+    """The rich console for command output; piped output (logs, CI) is wide enough that tables are never cut."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
+
+
+def masked_env(env: dict[str, str], secrets: tuple[str, ...] = ()) -> dict[str, str]:
+    """Env for display: secret names and secret-looking names show ``****``."""
+    return {k: MASK if k in secrets or _SECRETISH.search(k) else v for k, v in env.items()}
+
+
+def plan_json(plan: Any) -> dict[str, Any]:
+    """The plan as JSON data, with secrets shown only by name."""
+    data = plan.model_dump(mode="json")
+    for node in data["nodes"]:
+        node["env"] = masked_env(node["env"], plan.secrets)
+        for name in plan.secrets:
+            node["env"][name] = MASK
+            node["env_sources"][name] = "secret: the submitter's environment"
+    if data["batch"] is not None:
+        data["batch"]["formula"] = "global_batch = micro_batch x grad_accum x world_size"
+    return data
+
+
+def plan_text(plan: Any) -> str:
+    """A readable dry-run of the plan."""
+    b = plan.batch
+    batch = (f"global {b.global_batch} = micro {b.micro_batch} x accumulation {b.grad_accum} x world {b.world_size}"
+             if b is not None else "(not given: the program batches its own data)")
+    lines = [
+        f"job {plan.job_id}  (dry run: nothing was contacted or started)",
+        f"  cluster     {plan.cluster_name} (backend {plan.backend})",
+        f"  launcher    {plan.launcher}   strategy {plan.strategy or '(entrypoint)'}   precision {plan.precision}"
+        f"   process group {plan.dist_backend}",
+        f"  world       {plan.nnodes} node(s) x {plan.nproc_per_node} process(es) = {plan.world_size} ranks",
+        f"  batch       {batch}",
+        f"  steps       {plan.max_steps}",
+        f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",
+    ]
+    if plan.memory:
+        lines.append("  memory      " + memory_line(plan.memory))
+    data = plan_json(plan)
+    for node in data["nodes"]:
+        lines.append(f"  node {node['index']}  {node['host']} ({node['address']})  {node['nproc']} proc  cwd {node['cwd']}")
+        for name, (filename, _) in node["files"].items():
+            lines.append(f"    file  {filename} in the node's run directory  # {name} holds its path")
+        lines.append(f"    argv  {shlex.join(node['argv'])}")
+        width = max((len(k) + len(v) for k, v in node["env"].items()), default=0) + 1
+        for key, value in node["env"].items():
+            lines.append(f"    env   {f'{key}={value}':<{width}}  # {node['env_sources'][key]}")
+    if plan.ds_config is not None:
+        import json
+
+        lines.append("  deepspeed config (generated):")
+        lines.extend("    " + line for line in json.dumps(plan.ds_config, indent=2, sort_keys=True).splitlines())
+    return "\n".join(lines)
+
+
+def memory_line(fit: MemoryFit) -> str:
+    """One line: the chosen strategy's per-GPU estimate and whether it fits."""
+    line = (
+        f"{fit.params / 1e6:.1f}M params; {fit.strategy} needs ~{fit.total_gib:.2f} GiB a GPU "
+        f"(model states {fit.model_states_gib:.2f} + activations {fit.activations_gib:.2f})"
+    )
+    if fit.fits is None:
+        return line + "; GPU size unknown (CPU ranks, or gpu.memory_gb unset): not checked"
+    verdict = "fits" if fit.fits else "does NOT fit"
+    return line + f"; {verdict} in {fit.usable_gib:.1f} usable GiB; recommended: {fit.recommended}"
+
+
+def fit_table(rows: list[Any], chosen: str, gpu_gb: float | None):
+    """A rich table: each strategy's per-GPU estimate and whether it fits."""
+    from rich.table import Table
+
+    gib = 2**30
+    table = Table(box=None, header_style="bold")
+    for column in ("STRATEGY", "MODEL STATES", "ACTIVATIONS", "TOTAL / GPU", "HOST / NODE", "FITS"):
+        table.add_column(column, no_wrap=True)
+    for r in rows:
+        fits = "-" if not gpu_gb else ("[green]yes[/]" if r.fits else "[red]no[/]")
+        name = f"[bold]{r.strategy}[/] *" if r.strategy == chosen else r.strategy
+        table.add_row(
+            name, f"{r.model_states_bytes / gib:.2f} GiB", f"{r.activation_bytes / gib:.2f} GiB",
+            f"{r.total_bytes / gib:.2f} GiB", f"{r.cpu_bytes_per_node / gib:.1f} GiB", fits,
+        )
+    return table
+
+
+def job_summary(store: Any, job: dict[str, Any]) -> JobSummary:
+    """A job's metric summary: the stored one of a finished job, else live from its records and process samples."""
+    from launcher.metrics.aggregate import summarize
+    from launcher.metrics.summary import JobSummary
+    from launcher.store.db import TERMINAL
+
+    if job["state"] in TERMINAL and job.get("summary"):
+        return JobSummary.from_stored(job["summary"])
+    return summarize(store.metrics(job["id"]), store.samples(job["id"]))
+
+
+NETWORK_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
+
+
+def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per node of a stored plan: its address and the network values it ran with, and where each came from.
+
+    A stored plan of another shape (an older launch, a damaged row) gives what it has: nodes without
+    the expected keys are left out.
+    """
+    rendezvous = plan.get("rendezvous")
+    master = rendezvous.get("host") if isinstance(rendezvous, dict) else None
+    nodes = plan.get("nodes")
+    out = []
+    for n in nodes if isinstance(nodes, list) else []:
+        if not isinstance(n, dict) or not isinstance(n.get("env"), dict):
+            continue
+        env, sources = n["env"], n.get("env_sources") if isinstance(n.get("env_sources"), dict) else {}
+        out.append({
+            "node": n.get("index"), "host": n.get("host"), "address": n.get("address"), "master_addr": master,
+            "env": {k: env[k] for k in NETWORK_ENV if k in env},
+            "sources": {k: sources.get(k) for k in NETWORK_ENV if k in env},
+        })
+    return out
+
+
+def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``status --json`` object of one job."""
+    obj = {
+        "id": job["id"],
+        "name": job["name"],
+        "state": job["state"],
+        "backend": job["backend"],
+        "cluster": job["cluster"],
+        "launcher": job["launcher"],
+        "strategy": job["strategy"],
+        "precision": job["precision"],
+        "nnodes": job["nnodes"],
+        "nproc_per_node": job["nproc_per_node"],
+        "world_size": job["world_size"],
+        "micro_batch": job["micro_batch"],
+        "grad_accum": job["grad_accum"],
+        "global_batch": job["global_batch"],
+        "max_steps": job["max_steps"],
+        "attempt": job["attempt"],
+        "created_at": job["created_at"],
+        "started_at": job["started_at"],
+        "ended_at": job["ended_at"],
+        "reason": job["reason"],
+        "queue_reason": job.get("queue_reason"),
+        "scheduler_id": job.get("scheduler_id"),
+        "first_failure": job["first_failure"],
+        "metrics": summary.as_json(records=False),
+    }
+    if nodes is not None:
+        obj["nodes"] = nodes
+    if job.get("plan"):
+        obj["network"] = node_network(job["plan"])
+    return obj
+
+
+def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    return f"{value:{spec}}{unit}"
+
+
+def _age(t: float | None) -> str:
+    if not isinstance(t, (int, float)):
+        return "-"
+    seconds = time.time() - t
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]]):
+    """A rich table of (job row, summary) pairs."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold")
+    table.add_column("ID", no_wrap=True)
+    for column in ("STATE", "NODES", "STEPS", "SAMPLES/S", "STEP P50", "PEAK MEM", "CREATED"):
+        table.add_column(column, no_wrap=True)
+    for job, m in jobs:
+        table.add_row(
+            Text(_fmt(job["id"], "")), _state(job["state"]), Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
+            Text(f"{m.steps}/{_fmt(job['max_steps'], 'd')}"), _fmt(m.samples_per_sec),
+            _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job["created_at"]),
+        )
+    return table
+
+
+def _state(state: Any):
+    from rich.text import Text
+
+    color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
+    return Text(_fmt(state, ""), style=color)
+
+
+def _failure(failure: dict[str, Any]):
+    """The stored failure record, or a stand-in saying it cannot be read (another version's record)."""
+    from launcher.backends.failures import Failure
+
+    try:
+        return Failure.model_validate(failure)
+    except ValueError:
+        reason = failure.get("reason")
+        return Failure(kind="internal", reason=f"first failure: {reason if isinstance(reason, str) else 'a stored record this launch cannot read'}")
+
+
+def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, Any]]) -> list[Any]:
+    """Renderables for one job: header, nodes, metrics per rank, first failure, events.
+
+    Every value from the store is shown as plain text (never as rich markup): a host name,
+    reason or failure record cannot change how the page renders.
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    m = summary
+    waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == "QUEUED" and obj.get("queue_reason") else ""
+    scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"]),
+                           f"  {obj['reason'] or ''}{waiting}{scheduler}")
+    out: list[Any] = [
+        header,
+        Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
+             f"{obj['precision']}, {obj['nnodes']} node(s) x {obj['nproc_per_node']} = {obj['world_size']} ranks, "
+             f"attempt {obj['attempt']}"),
+        Text(f"  batch: global {obj['global_batch']} = micro {obj['micro_batch']} x accumulation {obj['grad_accum']}"
+             f" x world {obj['world_size']}"),
+        Text(f"  metrics: {m.steps}/{obj['max_steps']} steps, {_fmt(m.samples_per_sec)} samples/s, "
+             f"{_fmt(m.tokens_per_sec, '.0f')} tokens/s, step p50 {_fmt(m.step_time_ms_p50, '.1f', ' ms')}"
+             f" p95 {_fmt(m.step_time_ms_p95, '.1f', ' ms')}, peak memory {_fmt(m.peak_mem_mb, '.0f', ' MB')}"
+             f", GPU util {_fmt(m.gpu_util, '.0%')}, loss {_fmt(m.loss, '.4f')}"),
+    ]
+    nodes = Table(title="nodes", box=None, header_style="bold", title_justify="left")
+    for column in ("ATTEMPT", "NODE", "HOST", "ADDRESS", "STATE", "PID", "EXIT"):
+        nodes.add_column(column)
+    for n in obj.get("nodes", []):
+        nodes.add_row(*(Text(_fmt(n.get(k), "")) for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
+    out.append(nodes)
+    for net in obj.get("network", []):
+        values = ", ".join(f"{k}={v} ({net['sources'][k]})" for k, v in net["env"].items())
+        out.append(Text(f"  node {net['node']} {net['host']} {net['address']} -> MASTER_ADDR {net['master_addr']}: {values}"))
+    if m.per_rank:
+        ranks = Table(title="ranks", box=None, header_style="bold", title_justify="left")
+        for column in ("RANK", "NODE", "HOST", "SAMPLES/S", "STEP P50", "PEAK MEM", "STEPS"):
+            ranks.add_column(column)
+        for r in m.per_rank:
+            ranks.add_row(
+                str(r.rank), _fmt(r.node, ""), Text(_fmt(r.host, "")), _fmt(r.samples_per_sec),
+                _fmt(r.step_time_ms_p50, ".1f", " ms"), _fmt(r.peak_mem_mb, ".0f", " MB"), str(r.steps),
+            )
+        out.append(ranks)
+    failure = obj.get("first_failure")
+    if isinstance(failure, dict):
+        shown = _failure(failure)
+        out.append(Text(shown.describe(), style="red"))
+        for line in shown.last_lines[-10:]:
+            out.append(Text("    " + line))
+    out.append("events:")
+    for e in events[-12:]:
+        out.append(Text(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))}  {e['kind']:<16} {e['message']}"))
+    return out

@@ -1,0 +1,116 @@
+"""`launch status --watch JOB`: the progress view of a job that another process runs, fed by the store.
+
+Stages come from ``stage`` events (filed by ``stage_recorder``), the job's state (queued) and the
+node rows of its current attempt (start); log lines from following its log files; the bar from
+its metric records. The watch ends when the job does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+from launcher.views.logs import LogQuery, LogReader
+from launcher.views.progress import STAGE_STATES, STAGES, open_progress
+from launcher.store.db import RUNNING, TERMINAL, Store
+
+STAGE_EVENT = "stage"
+QUEUED = "QUEUED"
+TAIL_LINES = 10
+
+
+@dataclass(frozen=True)
+class StageUpdate:
+    """One node's state in one stage (the arguments of ``Progress.stage``)."""
+
+    stage: str
+    node: int | None
+    host: str
+    state: str
+    detail: str = ""
+
+
+def stage_recorder(store: Store, job_id: str) -> Callable[..., None]:
+    """A stage sink (``sink(stage, node, host, state, detail="")``) that files each change as a ``stage``
+    event, for a supervisor whose job is watched from elsewhere (`launch status --watch`)."""
+
+    def record(stage: str, node: int | None, host: str, state: str, detail: str = "") -> None:
+        data = {"stage": str(stage), "node": node, "host": host, "state": str(state), "detail": detail}
+        store.add_event(job_id, STAGE_EVENT, f"{stage} node {node} ({host}): {state}", data)
+
+    return record
+
+
+def _from_event(data: Any) -> StageUpdate | None:
+    if not isinstance(data, Mapping) or data.get("stage") not in STAGES or data.get("state") not in STAGE_STATES:
+        return None
+    node = data.get("node")
+    return StageUpdate(data["stage"], node if isinstance(node, int) else None, str(data.get("host") or ""),
+                       data["state"], str(data.get("detail") or ""))
+
+
+def job_stages(
+    job: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
+) -> list[StageUpdate]:
+    """The stages of a job as the store tells them, oldest first: recorded ``stage`` events, ``queued`` while
+    the scheduler holds the job, and ``start`` from the node rows of the current attempt (when no start
+    events were recorded)."""
+    updates = [u for e in events if e.get("kind") == STAGE_EVENT and (u := _from_event(e.get("data"))) is not None]
+    if job["state"] == QUEUED:
+        updates.append(StageUpdate("queued", None, "", "running", job.get("queue_reason") or job.get("reason") or ""))
+    if any(u.stage == "start" for u in updates):
+        return updates
+    for row in nodes:
+        if row.get("state") == "STARTING":
+            failed = job["state"] in TERMINAL
+            updates.append(StageUpdate("start", row["node"], row.get("host") or "", "failed" if failed else "running",
+                                       (job.get("reason") or "") if failed else ""))
+        elif row.get("state"):
+            updates.append(StageUpdate("start", row["node"], row.get("host") or "", "done"))
+    return updates
+
+
+def watch(
+    store: Store, job_ref: str, *, stream: IO[str], plain: bool | None = None, poll_s: float = 0.5,
+) -> dict[str, Any]:
+    """Show the job's progress until it ends (its stages, its last TAIL_LINES log lines, then what comes);
+    the final job row."""
+    reader = LogReader(store, job_ref, LogQuery(tail=TAIL_LINES))
+    job = reader.job
+    progress = open_progress(stream, max_steps=job["max_steps"], nnodes=job["nnodes"] or 1, plain=plain)
+    stages = _StageFeed(store, progress)
+    try:
+        stages.show(job, reader.ended)
+        for line in reader.existing():
+            progress.log(line.text)
+        while True:
+            ended, job = reader.ended, reader.job
+            stages.show(job, ended)
+            for line in reader.new():
+                progress.log(line.text)
+            if ended:
+                break
+            time.sleep(poll_s)
+    finally:
+        progress.close()
+    return store.job(job["id"])
+
+
+class _StageFeed:
+    """Feeds a job's stages from the store to the view (the view shows only changes)."""
+
+    def __init__(self, store: Store, progress) -> None:
+        self.store, self.progress = store, progress
+        self.queued_shown = False
+
+    def show(self, job: Mapping[str, Any], ended: bool) -> None:
+        """The stages as they stand; the bar from when the job runs (or has ended)."""
+        for update in job_stages(job, self.store.nodes(job["id"], job["attempt"]), self.store.events(job["id"])):
+            self.queued_shown = self.queued_shown or update.stage == "queued"
+            self.progress.stage(update.stage, update.node, update.host, update.state, update.detail)
+        if self.queued_shown and job["state"] != QUEUED:
+            self.progress.stage("queued", None, "", "done")
+        if (job["state"] == RUNNING or ended) and not self.progress.attached:
+            self.progress.attach(self.store, job["id"])
