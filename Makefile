@@ -4,7 +4,7 @@ LAUNCH := $(VENV)/bin/launch
 export LAUNCH_HOME ?= $(HOME)/.launch
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: demo test setup setup-test
+.PHONY: demo test lint setup setup-test
 
 setup:
 	@scripts/setup.sh
@@ -16,5 +16,9 @@ demo: setup
 	$(LAUNCH) submit jobs/cifar10_convnet.yaml
 	$(LAUNCH) status --last
 
-test: setup-test
+test: setup-test lint
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+
+# The checkers (rules and reasons in pyproject.toml): ruff, then mypy at the Python floor.
+lint: setup-test
+	$(VENV)/bin/ruff check launcher tests scripts tools

@@ -49,9 +49,8 @@ def fill_store(work: Path, env: dict[str, str], jobs: int, real: int) -> None:
         subprocess.run([launch, "submit", "tiny.yaml"], env=env, cwd=work, check=True, capture_output=True)
 
     os.environ["LAUNCH_HOME"] = env["LAUNCH_HOME"]
-    from launcher.run import orchestrate
-    from launcher.backends import backend_class
     from launcher.backends import plan_job
+    from launcher.run import orchestrate
     from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 
     store = Store()

@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def fill_store(home: Path, jobs: int, records: int, log_mb: int) -> str:
-    from launcher.backends import backend_class
     from launcher.backends import plan_job
     from launcher.spec import ClusterSpec, JobSpec
     from launcher.store.db import LAUNCHING, RUNNING, Store
@@ -75,8 +74,8 @@ def refresh_cost(home: Path, job_id: str, runs: int) -> tuple[float, float]:
     """(one read of the store + snapshot, one render of the bar) in seconds, medians."""
     import io
 
-    from launcher.views.progress import LiveProgress
     from launcher.store.db import Store
+    from launcher.views.progress import LiveProgress
 
     store = Store(home)
     view = LiveProgress(io.StringIO(), max_steps=100000, nnodes=2)

@@ -23,7 +23,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

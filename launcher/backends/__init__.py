@@ -9,7 +9,6 @@ one line here (and its spec section in ``launcher/spec/cluster.py``).
 from __future__ import annotations
 
 import importlib
-
 from typing import Any
 
 from launcher.backends.base import Backend

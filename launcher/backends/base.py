@@ -21,11 +21,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.node.ship import node_argv
 from launcher.plan import containers
 from launcher.plan.commands import RECIPE_MODULE
-from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.plan.netenv import NodeNetwork
-from launcher.node.ship import node_argv
 from launcher.plan.planner import NodePlan, Plan
 from launcher.plan.policy import PlanPolicy
 from launcher.spec.cluster import ClusterSpec, NodeSpec
@@ -227,7 +227,7 @@ class Backend(ABC):
         """The cluster spec with what this backend fills in when the spec leaves it out."""
         return cluster
 
-    @classmethod
+    @classmethod  # noqa: B027 (an optional hook: most backends cannot know the nodes' memory before launch)
     def check_host_memory(cls, job: JobSpec, cluster: ClusterSpec, plan: Plan) -> None:
         """Refuse (PlanError) a job whose processes cannot fit the nodes' host memory, when the backend
         knows it before launch."""
@@ -260,7 +260,7 @@ class Backend(ABC):
     def host(self, plan: Plan | None, index: int) -> str:
         return plan.nodes[index].host if plan is not None else self.cluster.nodes[index].host
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: backends without connections have nothing to release)
         """Release connections."""
 
     # built on run_on_node and the node side

@@ -136,7 +136,8 @@ KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str, bool, bool], ...] = tuple(
     (re.compile(pattern, re.I), meaning, echo, transient)
     for pattern, meaning, echo, transient in (
         (r"CUDA out of memory|OutOfMemoryError", "CUDA out of memory: lower micro_batch, or use zero2/zero3 (see `launch plan`)", False, False),
-        (r"Watchdog caught collective operation timeout", "NCCL watchdog timeout: a collective waited on a rank that stopped (check the other nodes)", True, True),
+        (r"Watchdog caught collective operation timeout",
+         "NCCL watchdog timeout: a collective waited on a rank that stopped (check the other nodes)", True, True),
         (r"unhandled system error", "NCCL unhandled system error: usually the network (interface, IB HCA, firewall) between nodes", False, True),
         (r"\bXid\b", "GPU Xid error reported by the driver (see the node's kernel log)", False, True),
         (r"uncorrectable ECC error", "uncorrectable ECC error: a faulty GPU; drain this node", False, True),

@@ -64,7 +64,7 @@ class Strategy:
     label: str
     description: str
     family: Family
-    memory: Callable[["Strategy", RecipeInfo, str, int, int], ModelStates]
+    memory: Callable[[Strategy, RecipeInfo, str, int, int], ModelStates]
     launchers: tuple[str, ...] = ("torchrun",)
     zero_stage: int | None = None
     offload: bool = False

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from launcher.spec.cluster import SSHSpec
     from launcher.backends.ssh.survey import Difference, HostReport, PythonChoice
+    from launcher.spec.cluster import SSHSpec
 
 RAY_ADDRESS = re.compile(r"auto|(ray://)?[^\s:/]+:\d{1,5}")
 SSH_ONLY = ("user", "key_file", "port", "known_hosts", "ssh_config", "jump_host", "python")
@@ -114,8 +114,8 @@ def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tu
     from launcher.backends.ssh.backend import SSHBackend
     from launcher.backends.ssh.clusterfile import SSHDraft, ssh_cluster_text, write
     from launcher.errors import PreflightError
-    from launcher.views.render import console
     from launcher.spec.cluster import ClusterSpec, NodeSpec
+    from launcher.views.render import console
 
     cluster = ClusterSpec(name=name, backend="ssh", ssh=ssh, nodes=[NodeSpec(host=h) for h in hosts])
     backend = SSHBackend(cluster)
@@ -203,8 +203,8 @@ def _write_local(command: str, target: Path, overwrite: bool, name: str) -> None
     import os
     import socket
 
-    from launcher.backends.ssh.clusterfile import local_cluster_text, write
     from launcher.backends.local.host import cpu_slots, gpu_count
+    from launcher.backends.ssh.clusterfile import local_cluster_text, write
 
     slots, gpus = cpu_slots(), gpu_count()
     write(local_cluster_text(command, name, socket.gethostname(), slots, os.cpu_count(), gpus, sys.executable), target, overwrite)

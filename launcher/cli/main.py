@@ -63,7 +63,8 @@ def cli() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop; contacts nothing.")
 @click.option("--detach", is_flag=True, help="Print the job id and return; a supervisor runs the job to its end.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the plan with --dry-run).")
-@click.option("--skip-check", is_flag=True, help="Skip the checks beyond preflight: the nodes' versions compared (SSH) and the DeepSpeed config validated by DeepSpeed.")
+@click.option("--skip-check", is_flag=True,
+              help="Skip the checks beyond preflight: the nodes' versions compared (SSH) and the DeepSpeed config validated by DeepSpeed.")
 def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_check):
     """Validate, plan, preflight and run JOB_FILE.
 
@@ -150,8 +151,8 @@ def status(job, as_json, last, limit, watch):
       launch status --last --watch
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
-    from launcher.views import render
     from launcher.store.db import Store
+    from launcher.views import render
 
     store = Store()
     if watch:
@@ -281,8 +282,8 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow):
     import os
     import re
 
-    from launcher.views.logs import LogFormat, LogQuery, parse_since, print_logs
     from launcher.store.db import Store
+    from launcher.views.logs import LogFormat, LogQuery, parse_since, print_logs
 
     try:
         compiled = re.compile(pattern) if pattern is not None else None
@@ -334,12 +335,12 @@ def stacks_command(job):
     """
     from rich.text import Text
 
-    from launcher.run import stacks
     from launcher.backends import get_backend
     from launcher.plan.planner import Plan
+    from launcher.run import stacks
     from launcher.spec.cluster import ClusterSpec
-    from launcher.store.states import is_terminal
     from launcher.store.db import Store
+    from launcher.store.states import is_terminal
 
     store = Store()
     row = store.job(job)
@@ -457,6 +458,7 @@ from launcher.cli.trust import trust  # noqa: E402
 
 cli.add_command(trust)
 from launcher.cli.init import init  # noqa: E402
+
 cli.add_command(init)
 from launcher.cli.metrics import bench as bench_command  # noqa: E402
 from launcher.cli.metrics import compare as compare_command  # noqa: E402

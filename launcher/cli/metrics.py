@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from launcher.views.render import console, json_text
 from launcher.catalog.strategies import BENCH_DEFAULT, REGISTRY
+from launcher.views.render import console, json_text
 
 
 def _load(store, refs):
@@ -48,8 +48,8 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
       launch metrics cifar10 --csv > cifar10.csv
       launch metrics cifar10 --tensorboard runs/  &&  tensorboard --logdir runs/
     """
-    from launcher.views.compare import job_metrics, metrics_renderables
     from launcher.store.db import Store
+    from launcher.views.compare import job_metrics, metrics_renderables
 
     if as_json and as_csv:
         raise click.UsageError("--json and --csv are exclusive: give one")
@@ -90,8 +90,8 @@ def compare(jobs, as_json):
       launch compare cifar10-convnet-3f2a1c cifar10-convnet-9b8e07
       launch compare bert-ddp bert-zero2 bert-zero3 --json
     """
-    from launcher.views.compare import comparison, comparison_table, job_metrics
     from launcher.store.db import Store
+    from launcher.views.compare import comparison, comparison_table, job_metrics
 
     store = Store()
     entries = _load(store, jobs)
@@ -185,8 +185,8 @@ def report(jobs, out_file, title):
     from pathlib import Path
 
     from launcher.errors import LaunchError
-    from launcher.views.report import build_report
     from launcher.store.db import Store
+    from launcher.views.report import build_report
 
     store = Store()
     entries = _load(store, jobs)

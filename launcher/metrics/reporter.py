@@ -174,7 +174,7 @@ class _GpuUtilSampler:
         self._thread.start()
 
     @classmethod
-    def start(cls, local_rank: int) -> "_GpuUtilSampler | None":
+    def start(cls, local_rank: int) -> _GpuUtilSampler | None:
         torch = _torch()
         if not _is_cuda_available(torch):
             return None

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher.plan.memory import GIB, MemoryEstimate, estimate, recommend
 from launcher.catalog.recipes import recipe_info
-from launcher.spec.job import JobSpec
 from launcher.catalog.strategies import STRATEGIES
+from launcher.plan.memory import GIB, MemoryEstimate, estimate, recommend
+from launcher.spec.job import JobSpec
 
 # Without a known GPU size (CPU nodes, or gpu.memory_gb unset) estimates are shown, never enforced.
 UNKNOWN_GPU_GB = 1e9

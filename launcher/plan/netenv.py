@@ -8,9 +8,9 @@ present), so rank 0's choice is never forced on nodes that differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from launcher.spec.cluster import ClusterSpec
 
 from launcher.plan.policy import PlanPolicy
+from launcher.spec.cluster import ClusterSpec
 
 AUTO = "auto"
 

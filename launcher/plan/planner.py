@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from launcher.catalog.strategies import get_strategy
+from launcher.errors import PlanError
 from launcher.plan import commands, containers
 from launcher.plan.batch import BatchPlan, resolve_batch
-from launcher.errors import PlanError
 from launcher.plan.fit import MemoryFit, memory_fit, misfit_problem
 from launcher.plan.netenv import AUTO, NodeNetwork, network_env
 from launcher.plan.policy import PlanPolicy, capacity_problems
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.container import ContainerSpec, Runtime, effective_container
 from launcher.spec.job import JobSpec
-from launcher.catalog.strategies import get_strategy
 
 LOG_PREFIX_TEMPLATE = "[${rank}]:"
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # the node agent puts the node's run directory in its place

@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from launcher.recipes.strategies import TorchTrainer, Trainer
 from launcher.catalog.strategies import CheckpointFormat, names
+from launcher.recipes.strategies import TorchTrainer, Trainer
 
 LATEST = "latest"
 DEEPSPEED_MARKER = "*model_states.pt"

@@ -67,7 +67,7 @@ def device_for(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def build_trainer(opts: TrainOptions, recipe: ModuleType, device: torch.device, seed: int) -> "Trainer":
+def build_trainer(opts: TrainOptions, recipe: ModuleType, device: torch.device, seed: int) -> Trainer:
     """Build the model (seeded identically on every rank), wrap it and its optimizer.
 
     Afterwards the torch RNG is reseeded per rank, so dropout masks differ between ranks.

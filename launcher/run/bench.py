@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.catalog.strategies import BENCH_DEFAULT, find_strategy
 from launcher.errors import LaunchError, SpecError
-from launcher.views.compare import compare_row, failed_row, job_metrics, with_ratios
 from launcher.spec.job import JobSpec
 from launcher.store.db import CANCELLED, Store, launch_home
-from launcher.catalog.strategies import BENCH_DEFAULT, find_strategy
+from launcher.views.compare import compare_row, failed_row, job_metrics, with_ratios
 
 
 @dataclass

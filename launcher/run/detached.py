@@ -9,14 +9,14 @@ from __future__ import annotations
 import sys
 
 from launcher.backends import get_backend
-from launcher.run.orchestrate import placer, replanner
 from launcher.plan.planner import Plan
+from launcher.run.orchestrate import placer, replanner
 from launcher.run.secrets import read_secrets
+from launcher.run.supervisor import Supervisor
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
-from launcher.store.states import JobState
 from launcher.store.db import Store
-from launcher.run.supervisor import Supervisor
+from launcher.store.states import JobState
 from launcher.views.watch import stage_recorder
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from launcher.backends import Backend, backend_class, get_backend, plan_job
 from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
-from launcher.run.checks import version_differences
 from launcher.errors import LaunchError, PreflightError, SpecError
 from launcher.plan.planner import Plan, make_plan
+from launcher.run.checks import version_differences
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
-from launcher.store.states import JobState, is_terminal
 from launcher.store.db import Store
+from launcher.store.states import JobState, is_terminal
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
 SUBMITTED_WAIT_S = 30.0  # --detach on a scheduler: how long to wait for the scheduler to have the job
@@ -79,9 +79,9 @@ def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None
     entrypoint = job.entrypoint is not None and job.launcher == "deepspeed"
     if not (job.recipe and job.uses_deepspeed) and not entrypoint:
         return None
+    from launcher.errors import PlanError
     from launcher.plan.batch import resolve_batch
     from launcher.plan.dsconfig import DSConfigError, entrypoint_ds_config, make_ds_config
-    from launcher.errors import PlanError
 
     world = world_size or job.resources.nodes * job.resources.nproc_per_node
     try:

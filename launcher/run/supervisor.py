@@ -24,10 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher.backends import failures
-
-from launcher.run import identity
-
-from launcher.run import stacks
 from launcher.backends.base import (
     Backend,
     NodeHandle,
@@ -36,15 +32,16 @@ from launcher.backends.base import (
     StartContext,
     no_stage,
 )
-from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.backends.failures import Failure, FailureKind
-from launcher.run.liveness import HangDetector, Liveness
+from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.metrics.aggregate import summarize
 from launcher.metrics.record import Rejected, RejectedCount, parse_line, parse_samples
 from launcher.plan.planner import Plan
 from launcher.plan.shell import mask
-from launcher.store.states import JobState, NodeState
+from launcher.run import identity, stacks
+from launcher.run.liveness import HangDetector, Liveness
 from launcher.store.db import Store
+from launcher.store.states import JobState, NodeState
 
 _RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
 SETTLE_S = 1.0

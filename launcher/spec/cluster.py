@@ -131,7 +131,7 @@ class ClusterSpec(Strict):
         return nodes
 
     @model_validator(mode="after")
-    def _nodes_for_backend(self) -> "ClusterSpec":
+    def _nodes_for_backend(self) -> ClusterSpec:
         if self.backend == "ssh" and not self.nodes:
             raise ValueError("backend 'ssh' needs 'nodes': a list of {host: ...}")
         if self.backend == "local" and self.nodes:

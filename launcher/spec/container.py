@@ -147,7 +147,7 @@ class ContainerSpec(Strict):
         return v
 
     @model_validator(mode="after")
-    def _fits_runtime(self) -> "ContainerSpec":
+    def _fits_runtime(self) -> ContainerSpec:
         reserved = sorted({o for o in self.options if o.split("=", 1)[0] in RESERVED_OPTIONS[self.runtime]})
         if reserved:
             raise ValueError(

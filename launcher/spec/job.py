@@ -8,10 +8,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from launcher.catalog.recipes import RECIPES
+from launcher.catalog.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name
-from launcher.catalog.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 PYTHON_NAMES = ("python", "python3")  # an entrypoint program that runs under the cluster's interpreter
@@ -46,7 +46,7 @@ class BatchSpec(Strict):
     grad_accum: int | None = Field(None, ge=1, le=1 << 20)
 
     @model_validator(mode="after")
-    def _two_given(self) -> "BatchSpec":
+    def _two_given(self) -> BatchSpec:
         given = [v for v in (self.global_batch, self.micro_batch, self.grad_accum) if v is not None]
         if len(given) < 2 and self.micro_batch is None:
             raise ValueError("give at least two of global_batch, micro_batch, grad_accum (or micro_batch alone)")
@@ -160,7 +160,7 @@ class JobSpec(Strict):
 
 
     @model_validator(mode="after")
-    def _leave_out(self) -> "JobSpec":
+    def _leave_out(self) -> JobSpec:
         if self.leave_out_failed_nodes and self.restarts < 2:
             raise ValueError(
                 "leave_out_failed_nodes needs restarts: 2 or more (a node is left out after failing in two attempts, "
@@ -169,7 +169,7 @@ class JobSpec(Strict):
         return self
 
     @model_validator(mode="after")
-    def _program(self) -> "JobSpec":
+    def _program(self) -> JobSpec:
         if (self.recipe is None) == (self.entrypoint is None):
             raise ValueError("give exactly one of 'recipe' (a built-in recipe) or 'entrypoint' (your program's argv)")
         if self.recipe is not None and self.batch is None:

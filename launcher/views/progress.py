@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
-from launcher.views.logs import TIMESTAMP, LogLine, prefix_colour
 from launcher.metrics.snapshot import (
     Snapshot,
     figures,
@@ -27,6 +26,7 @@ from launcher.metrics.snapshot import (
     timing,
     with_elapsed,
 )
+from launcher.views.logs import TIMESTAMP, LogLine, prefix_colour
 
 STAGES = ("queued", "preflight", "sync", "setup", "start")
 STAGE_STATES = ("waiting", "running", "done", "failed")

@@ -12,8 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from launcher.plan.fit import MemoryFit
     from launcher.metrics.summary import JobSummary
+    from launcher.plan.fit import MemoryFit
 
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 MASK = "****"

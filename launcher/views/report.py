@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from launcher.metrics.record import MetricRecord, RankUsage
 from launcher.views.compare import (
     TEXT_HEADERS,
     comparison,
@@ -22,7 +23,6 @@ from launcher.views.compare import (
     row_cells,
     table_headers,
 )
-from launcher.metrics.record import MetricRecord, RankUsage
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 WIDTH, HEIGHT = 960, 320

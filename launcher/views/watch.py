@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
+from launcher.store.db import RUNNING, TERMINAL, Store
 from launcher.views.logs import LogQuery, LogReader
 from launcher.views.progress import STAGE_STATES, STAGES, open_progress
-from launcher.store.db import RUNNING, TERMINAL, Store
 
 STAGE_EVENT = "stage"
 QUEUED = "QUEUED"

@@ -21,8 +21,16 @@ from pathlib import Path
 import pytest
 
 from launcher.plan.containers import (
-    ContainerName, exit_meaning, image_present_argv, inspect_argv, list_argv, parse_names, parse_state,
-    remove_argv, run_argv, stop_argv,
+    ContainerName,
+    exit_meaning,
+    image_present_argv,
+    inspect_argv,
+    list_argv,
+    parse_names,
+    parse_state,
+    remove_argv,
+    run_argv,
+    stop_argv,
 )
 from launcher.spec.container import Runtime
 from tests.container_fixture import REPO_ROOT, TestImage, needs_podman

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.container_fixture import needs_podman
-from tests.helpers import ROOT, build_deepspeed_comm_op, TORCH_EXTENSIONS_DIR, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.helpers import ROOT, TORCH_EXTENSIONS_DIR, build_deepspeed_comm_op, run_cli, status_json, wait_for, wait_for_state, write_yaml
 from tests.testbed_fixture import needs_root
 from tools import container_image as ci
 from tools import testbed as tb

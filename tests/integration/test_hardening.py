@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import backend_class
+from launcher.backends import plan_job
 from launcher.node import proctree
 from launcher.run.orchestrate import stored_spec
-from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, run_cli, status_json, write_yaml

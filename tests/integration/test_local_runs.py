@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import os
 import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 

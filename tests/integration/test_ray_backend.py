@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import proctree
-from tools import testbed as tb
-from launcher.run.ports import free_port
 from launcher.backends.ray.backend import NAMESPACE
+from launcher.node import proctree
+from launcher.run.ports import free_port
 from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tools import testbed as tb
 
 pytestmark = [
     pytest.mark.ray,

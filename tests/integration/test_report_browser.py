@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.views import report
 from launcher.metrics.record import MetricRecord
+from launcher.views import report
 from tests.integration.test_metrics_cli import (
     run_launch,
     submit,

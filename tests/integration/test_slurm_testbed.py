@@ -11,13 +11,19 @@ import json
 import sys
 from pathlib import Path
 
-from tools import slurm as sl
-from tools import testbed as tb
 from tests.slurm_fixture import (  # the `slurm` fixture comes from tests/conftest.py
-    JOB_END_STATES, SLURM_NODES, job_state, node_drained, steps, submit, wait_for,
+    JOB_END_STATES,
+    SLURM_NODES,
+    job_state,
+    node_drained,
+    steps,
+    submit,
+    wait_for,
     wait_for_state,
 )
 from tests.testbed_fixture import needs_root
+from tools import slurm as sl
+from tools import testbed as tb
 
 pytestmark = needs_root
 

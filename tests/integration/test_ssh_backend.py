@@ -15,18 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from launcher.backends.ssh.backend import SSHBackend
+from launcher.backends.ssh.connection import Connection, Target
+from launcher.backends.ssh.sync import sync_workdir
 from launcher.node import agent as agent_module
 from launcher.node import proctree
-from tools import testbed as tb
-from launcher.backends.ssh.backend import SSHBackend
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
-from launcher.backends.ssh.connection import Connection, Target
 from launcher.store.db import Store
-from launcher.backends.ssh.sync import sync_workdir
-
 from tests.helpers import rank_results
 from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_client, sshd_stopped
+from tools import testbed as tb
 
 pytestmark = [needs_root, pytest.mark.testbed]
 

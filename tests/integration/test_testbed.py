@@ -10,10 +10,15 @@ import sys
 import paramiko
 import pytest
 
-from tools import testbed as tb
 from tests.testbed_fixture import (  # the `testbed` fixture comes from tests/conftest.py
-    host_key_rotated, link_cut, needs_root, ssh_client, ssh_run, sshd_stopped,
+    host_key_rotated,
+    link_cut,
+    needs_root,
+    ssh_client,
+    ssh_run,
+    sshd_stopped,
 )
+from tools import testbed as tb
 
 pytestmark = needs_root
 

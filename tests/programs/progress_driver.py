@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from launcher.views.progress import open_progress
 from launcher.store.db import Store
+from launcher.views.progress import open_progress
 
 LINES_PER_THREAD = 40
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.plan.batch import resolve_batch
 from launcher.errors import PlanError
+from launcher.plan.batch import resolve_batch
 from launcher.spec.job import BatchSpec
 
 

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from launcher.backends import plan_job
 from launcher.cli.main import main
 from launcher.metrics import columns
 from launcher.metrics.aggregate import summarize
@@ -20,8 +21,6 @@ from launcher.metrics.columns import Column, maximum, number
 from launcher.metrics.record import MetricRecord, parse_line
 from launcher.metrics.reporter import Reporter
 from launcher.metrics.summary import JobSummary, RankSummary
-from launcher.backends import backend_class
-from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 

@@ -10,7 +10,6 @@ import time
 import click
 import pytest
 
-from launcher.backends import backend_class
 from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import Store
@@ -68,8 +67,8 @@ def test_completion_prints_each_shells_script(home, shell, marks):
 
 
 def test_every_job_argument_completes_job_ids():
-    from launcher.cli.main import cli
     from launcher.cli.completion import JOB_ID
+    from launcher.cli.main import cli
 
     completing = {name for name, command in cli.commands.items() if any(p.type is JOB_ID for p in command.params)}
     assert completing >= set(JOB_COMMANDS)

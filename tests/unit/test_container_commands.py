@@ -5,8 +5,21 @@ from __future__ import annotations
 import pytest
 
 from launcher.plan.containers import (
-    ContainerName, ContainerState, PullAction, exit_meaning, image_present_argv, inspect_argv, list_argv,
-    parse_names, parse_state, probe_argv, pull_action, pull_argv, remove_argv, run_argv, runtime_environment,
+    ContainerName,
+    ContainerState,
+    PullAction,
+    exit_meaning,
+    image_present_argv,
+    inspect_argv,
+    list_argv,
+    parse_names,
+    parse_state,
+    probe_argv,
+    pull_action,
+    pull_argv,
+    remove_argv,
+    run_argv,
+    runtime_environment,
     stop_argv,
 )
 from launcher.spec.container import ContainerSpec, Runtime

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from launcher.plan.batch import BatchPlan
 from launcher.cli.main import main
+from launcher.plan.batch import BatchPlan
 from launcher.plan.commands import program_args
 from launcher.spec import JobSpec
 from tests.helpers import write_yaml

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from launcher.backends.ssh.clusterfile import SSHDraft, local_cluster_text, ssh_cluster_text, write
+from launcher.backends.ssh.survey import GPU, HostReport, Interpreter, choose_python, differences
 from launcher.errors import LaunchError, SpecError
 from launcher.spec.cluster import SSHSpec
 from launcher.spec.load import load_cluster
-from launcher.backends.ssh.survey import GPU, HostReport, Interpreter, choose_python, differences
 from tests.helpers import launch_argv, run_cli
 
 CONDA = "/opt/conda/bin/python"

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import backend_class
-from launcher.errors import PreflightError
-from launcher.backends.failures import Failure, FailureKind
-from launcher.run.orchestrate import stored_spec
 from launcher.backends import plan_job
+from launcher.backends.failures import Failure, FailureKind
+from launcher.errors import PreflightError
+from launcher.run.orchestrate import stored_spec
+from launcher.run.supervisor import Supervisor
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import Store
-from launcher.run.supervisor import Supervisor
 
 CLUSTER = ClusterSpec(
     name="three", backend="ssh", python="/usr/bin/python3", workdir="/work",

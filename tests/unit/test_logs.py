@@ -8,11 +8,10 @@ import time
 
 import pytest
 
-from launcher.views import logs
-from launcher.backends import backend_class
 from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
+from launcher.views import logs
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli
 from tests.terminal import run_in_terminal
 

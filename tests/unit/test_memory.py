@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import memory
-
 from launcher.catalog import strategies
 from launcher.catalog.recipes import RecipeInfo, recipe_info
+from launcher.plan import memory
 
 REPO = Path(__file__).resolve().parents[2]
 # (total params, largest layer params, nodes, GPUs per node)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.backends import backend_class
-from launcher.backends.base import node_problems
 from launcher.backends import plan_job
+from launcher.backends.base import node_problems
 from launcher.spec.load import load_cluster, load_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from launcher.cli.main import main
-from launcher.backends import backend_class
 from launcher.backends import plan_job
-from launcher.views.render import plan_json
+from launcher.cli.main import main
 from launcher.spec.load import load_cluster, load_job
+from launcher.views.render import plan_json
 from tests.unit.test_plan_golden import check_golden
 
 A800 = "examples/clusters/a800.yaml"

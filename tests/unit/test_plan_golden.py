@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from launcher.backends import backend_class
 from launcher.backends import plan_job
-from launcher.views.render import plan_json
 from launcher.spec import ClusterSpec, JobSpec
+from launcher.views.render import plan_json
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -50,7 +50,7 @@ def test_plan_is_pure_and_repeatable():
     first = plan_job(job, LOCAL, "golden-abc123", rdzv_port=29500)
     second = plan_job(job, LOCAL, "golden-abc123", rdzv_port=29500)
     assert first == second
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         first.world_size = 3
 
 

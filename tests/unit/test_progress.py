@@ -9,12 +9,11 @@ import sys
 
 import pytest
 
-from launcher.backends import backend_class
 from launcher.backends import plan_job
 from launcher.metrics.snapshot import snapshot, summary_line
-from launcher.views.progress import PlainProgress
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, Store
+from launcher.views.progress import PlainProgress
 from tests.helpers import ROOT, cli_env
 from tests.terminal import run_in_terminal
 

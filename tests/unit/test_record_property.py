@@ -20,17 +20,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from launcher.views import render
-from launcher.views import compare
+from launcher.backends import plan_job
 from launcher.metrics.aggregate import summarize
 from launcher.metrics.export import write_csv
 from launcher.metrics.record import MARKER, MetricRecord, Rejected, parse_line
-from launcher.views.report import build_report
 from launcher.metrics.summary import JobSummary
-from launcher.backends import backend_class
-from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import Store
+from launcher.views import compare, render
+from launcher.views.report import build_report
 
 WORLD = 4
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from launcher.backends import backend_class
+from launcher.backends import plan_job
 from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.backend import batch_script
 from launcher.errors import PlanError
-from launcher.backends import plan_job
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
 from launcher.spec.load import load_cluster

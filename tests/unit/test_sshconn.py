@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import getpass
 import socket
-import time
 import subprocess
+import time
 from pathlib import Path
 
 import paramiko
 import pytest
 
-from launcher.errors import LaunchError
-from launcher.spec.cluster import SSHSpec
 from launcher.backends.ssh.connection import HostKeyError, SSHSettings, Target, check_host_key, error_text, fan_out, fingerprint
 from launcher.backends.ssh.trust import record_key
+from launcher.errors import LaunchError
+from launcher.spec.cluster import SSHSpec
+
 
 def _key(tmp_path: Path, name: str) -> paramiko.PKey:
     path = tmp_path / name

@@ -7,10 +7,9 @@ import stat
 
 import pytest
 
-from launcher.errors import JobNotFound
-from launcher.backends import backend_class
-from launcher.metrics.record import MetricRecord
 from launcher.backends import plan_job
+from launcher.errors import JobNotFound
+from launcher.metrics.record import MetricRecord
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
 

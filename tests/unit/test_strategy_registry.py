@@ -8,11 +8,11 @@ import json
 import pytest
 
 from launcher.catalog import strategies
-from launcher.run.bench import strategy_overrides
+from launcher.catalog.strategies import Family, get_strategy
 from launcher.cli.main import main
 from launcher.plan.dsconfig import DSConfigError, make_ds_config
+from launcher.run.bench import strategy_overrides
 from launcher.spec.job import JobSpec
-from launcher.catalog.strategies import Family, get_strategy
 
 CONVNET = "jobs/cifar10_convnet.yaml"
 

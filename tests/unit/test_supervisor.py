@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run import supervisor as supervisor_module
-from launcher.backends import backend_class
-from launcher.run.orchestrate import stored_spec
 from launcher.backends import plan_job
-from launcher.spec import ClusterSpec, JobSpec
-from launcher.store.states import JobState
-from launcher.store.db import Store
+from launcher.run import supervisor as supervisor_module
+from launcher.run.orchestrate import stored_spec
 from launcher.run.supervisor import Supervisor
+from launcher.spec import ClusterSpec, JobSpec
+from launcher.store.db import Store
+from launcher.store.states import JobState
 from tests.unit.fakes import FakeBackend, NodeScript, output, record, sample
 
 CLUSTER = ClusterSpec(

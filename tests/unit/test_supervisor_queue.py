@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run import supervisor as supervisor_module
-from launcher.backends import backend_class
-from launcher.errors import LaunchError
-from launcher.backends.failures import Failure, FailureKind
-from launcher.run.orchestrate import stored_spec
 from launcher.backends import plan_job
-from launcher.spec import ClusterSpec, JobSpec
-from launcher.store.states import JobState
-from launcher.store.db import Store
+from launcher.backends.failures import Failure, FailureKind
+from launcher.errors import LaunchError
+from launcher.run import supervisor as supervisor_module
+from launcher.run.orchestrate import stored_spec
 from launcher.run.supervisor import Supervisor
+from launcher.spec import ClusterSpec, JobSpec
+from launcher.store.db import Store
+from launcher.store.states import JobState
 from tests.unit.fakes import FakeBackend, NodeScript, output
 
 CLUSTER = ClusterSpec(name="s", backend="slurm", slurm={"partition": "p"}, python="/usr/bin/python3", workdir="/w")

@@ -6,7 +6,6 @@ import subprocess
 
 import pytest
 
-from launcher.backends import backend_class
 from launcher.backends import plan_job
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store

@@ -13,8 +13,8 @@ import shutil
 import subprocess
 
 from launcher.backends.base import HOST_MEMORY_SHARE as MEMORY_SHARE
-from launcher.errors import PlanError
 from launcher.backends.local.hostfit import GIB, host_memory, suggestion
+from launcher.errors import PlanError
 
 
 def cpu_slots() -> int:

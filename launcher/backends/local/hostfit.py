@@ -39,8 +39,8 @@ def host_memory(job, plan) -> HostMemory | None:
     """The job's host memory on this machine; None for a user's program (its model is unknown)."""
     if job.recipe is None or plan.batch is None:
         return None
-    from launcher.plan.memory import estimate
     from launcher.catalog.recipes import recipe_info
+    from launcher.plan.memory import estimate
 
     info = recipe_info(job.recipe, job.model.size, job.model.seq_len, job.model.num_layers)
     est = estimate(info, job.strategy, job.precision, plan.batch.micro_batch, plan.nnodes, plan.nproc_per_node, 1e9)

@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
-from launcher.backends.ray import actor as rayagent
 from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
@@ -41,10 +40,11 @@ from launcher.backends.base import (
     node_problems,
     unreachable,
 )
-from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.backends.failures import LOST_NODE_EXIT
-from launcher.plan.netenv import AUTO, NodeNetwork
+from launcher.backends.ray import actor as rayagent
+from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.node.ship import node_argv
+from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from launcher.backends.slurm import commands as cli
 from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
@@ -44,11 +43,12 @@ from launcher.backends.base import (
     node_problems,
     unreachable,
 )
+from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
 from launcher.errors import LaunchError, NodeStartError, PreflightError
-from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.node.ship import node_argv
 from launcher.node.slurmnode import ABORT_FILE, write_private
+from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.backends.slurm import commands as cli
 from launcher.backends.failures import LOST_NODE_EXIT, Failure, FailureKind
+from launcher.backends.slurm import commands as cli
 
 POLL_S = 0.5
 STATUS_EVERY_S = 1.0

@@ -21,7 +21,6 @@ from typing import ClassVar
 
 import paramiko
 
-from launcher.backends.ssh import sync
 from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
@@ -36,14 +35,15 @@ from launcher.backends.base import (
     node_problems,
     unreachable,
 )
-from launcher.errors import LaunchError, NodeStartError
 from launcher.backends.failures import LOST_NODE_EXIT
-from launcher.plan.netenv import AUTO, NodeNetwork
+from launcher.backends.ssh import sync
+from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
+from launcher.errors import LaunchError, NodeStartError
 from launcher.node.ship import node_argv
+from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
 from launcher.plan.shell import render_command
 from launcher.spec.cluster import ClusterSpec, NodeSpec
-from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
 
 START_TIMEOUT_S = 30.0
 CLEANUP_CONNECT_S = 1.0

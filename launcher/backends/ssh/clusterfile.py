@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from launcher.backends.ssh.survey import Difference, HostReport, PythonChoice
 from launcher.errors import LaunchError, SpecError
 from launcher.spec.cluster import ClusterSpec, SSHSpec
-from launcher.backends.ssh.survey import Difference, HostReport, PythonChoice
 
 COMMENT_COLUMN = 36
 GIB = 2**30

@@ -322,7 +322,7 @@ class Connection:
             err = channel.makefile_stderr("rb").read()
             channel.status_event.wait(timeout)
             code = channel.exit_status if channel.status_event.is_set() else -1
-        except socket.timeout:
+        except TimeoutError:
             raise LaunchError(f"{self.target.label}: `{argv[0]}` did not finish within {timeout:.0f} s") from None
         finally:
             channel.close()

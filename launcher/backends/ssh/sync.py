@@ -22,10 +22,10 @@ from typing import TextIO
 
 import paramiko
 
+from launcher.backends.ssh.connection import Connection
 from launcher.errors import LaunchError
 from launcher.plan.planner import NodePlan
 from launcher.spec.cluster import ClusterSpec
-from launcher.backends.ssh.connection import Connection
 
 EXCLUDED_DIRS = frozenset({".git", "__pycache__"})
 SETUP_STALL_S = 3600.0

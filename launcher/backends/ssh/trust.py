@@ -23,8 +23,8 @@ def fetch_host_key(target: Target, pool: Pool) -> paramiko.PKey:
     """
     import paramiko
 
-    from launcher.errors import LaunchError
     from launcher.backends.ssh.connection import CONNECTION_ERRORS, open_socket
+    from launcher.errors import LaunchError
 
     via = pool.get(target.via) if target.via else None
     transport = paramiko.Transport(open_socket(target, pool.timeout, via))
