@@ -2,12 +2,16 @@
 
 ``MetricRecord``: what a rank reports through the Reporter, one marked stdout line
 (``@@launch {json}``, version 1). It is rank output, so untrusted: ``parse_line``
-turns a line into a record only if every value is of its type and within its
-bounds (finite numbers, counts within SQLite's integers and below sane caps,
-short strings, a rank inside the job, a few program-added extra keys), else into
-a ``Rejected`` with a one-line reason. The rank's claims about where it runs
-(``node``, ``host``, ``job``) are ignored: the caller passes the node and host of
-the channel the line came on, and the store sets the job and attempt.
+turns a line into a record only if the whole line is the record (the marker first,
+the JSON to the end: a debug print that merely contains the marker is output) and
+every value is of its type and within its bounds (finite numbers, counts within
+SQLite's integers and below sane caps, short strings, a few program-added extra
+keys), else into a ``Rejected`` with a one-line reason. Who reported it comes from
+the channel, never from the JSON: the rank is the one whose stream the line came
+on (the ``[rank]:`` prefix torchrun and the node side put on each rank's lines, or
+the caller's ``rank=`` when it reads one rank's stream), the node and host are the
+caller's, and the store sets the job and attempt. A record whose ``rank`` names
+another rank than its stream is dropped.
 
 ``ProcessSample``: what the node agent measures of a rank's process tree from
 outside (CPU time, RSS, GPU memory and utilisation); ``RankUsage`` is what the
@@ -27,11 +31,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any
 
 MARKER = "@@launch "
+RANK_PREFIX = re.compile(r"\[(\d{1,7})\]:")  # what torchrun (its prefix template) and the node side put before each rank's line
 RECORD_VERSION = 1
 
 MAX_RECORD_CHARS = 16 * 1024  # the JSON text of one record; a valid record is far smaller
@@ -141,7 +147,7 @@ class MetricRecord:
 
 
 RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(MetricRecord)) - {"extra"}
-ORIGIN_FIELDS = frozenset({"job", "attempt", "node", "host"})  # never taken from a rank's line
+ORIGIN_FIELDS = frozenset({"job", "attempt", "node", "host", "rank"})  # never taken from a rank's line
 WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRecord) if f.name not in ("attempt", "extra"))
 CSV_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRecord) if f.name != "extra")
 
@@ -217,16 +223,28 @@ class RejectedCount:
         return f"metric record dropped: {rejected.reason} (later drops are counted, not shown)"
 
 
-def parse_line(text: str, *, world_size: int, node: int | None, host: str | None) -> MetricRecord | Rejected | None:
+def parse_line(
+    text: str, *, world_size: int, node: int | None, host: str | None, rank: int | None = None,
+) -> MetricRecord | Rejected | None:
     """The metric record a line of rank output carries; None for ordinary output.
 
-    ``world_size`` bounds the rank; ``node`` and ``host`` are those of the channel the
-    line came on (the line's own ``node``, ``host`` and ``job`` are ignored). Never raises.
+    ``rank`` is the rank whose own stream ``text`` was read from, when the caller knows it; else the
+    line's ``[rank]:`` prefix says it, and a marked line with neither is dropped (it came on no rank's
+    stream). Only a whole line is a record: the marker first, after the prefix. ``world_size`` bounds
+    the rank; ``node`` and ``host`` are those of the channel (the line's own ``node``, ``host`` and
+    ``job`` are ignored). Never raises.
     """
-    at = text.find(MARKER)
-    if at < 0:
+    if rank is None:
+        prefix = RANK_PREFIX.match(text)
+        if prefix is not None:
+            rank, text = int(prefix[1]), text[prefix.end():]
+    if not text.startswith(MARKER):
         return None
-    payload = text[at + len(MARKER):]
+    if rank is None:
+        return Rejected("a record on no rank's stream (a line without a [rank]: prefix)")
+    if rank >= world_size:
+        return Rejected(f"a record on the stream of rank {rank}, which is not in this job (world size {world_size})")
+    payload = text[len(MARKER):]
     if len(payload) > MAX_RECORD_CHARS:
         return Rejected(f"record of {len(payload)} characters (limit {MAX_RECORD_CHARS})")
     from pydantic_core import from_json
@@ -239,12 +257,12 @@ def parse_line(text: str, *, world_size: int, node: int | None, host: str | None
         return Rejected(f"not a JSON object ({type(data).__name__})")
     if data.get("v") != RECORD_VERSION:
         return Rejected(f"record version {_short(repr(data.get('v')))}; this launch reads version {RECORD_VERSION}")
+    claimed = data.get("rank", rank)
+    if claimed != rank or isinstance(claimed, bool):
+        return Rejected(f"a record claiming rank {_short(repr(claimed))} on the stream of rank {rank}")
     fields = {k: v for k, v in data.items() if k in RECORD_FIELDS and k not in ORIGIN_FIELDS}
     extra = {k: v for k, v in data.items() if k not in RECORD_FIELDS and k != "v"}
-    result = _validate(MetricRecord, {**fields, "extra": extra, "node": node, "host": host})
-    if isinstance(result, MetricRecord) and result.rank >= world_size:
-        return Rejected(f"rank {result.rank} is not in this job (world size {world_size})")
-    return result
+    return _validate(MetricRecord, {**fields, "extra": extra, "node": node, "host": host, "rank": rank})
 
 
 def parse_samples(data: Any, *, world_size: int, node: int, host: str | None) -> list[ProcessSample | Rejected]:

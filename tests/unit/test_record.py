@@ -24,19 +24,37 @@ def _line(**fields) -> str:
     return MARKER + json.dumps({"v": 1, "rank": 0, "step": 1, **fields})
 
 
-def _parse(text: str, world_size: int = 4):
-    return parse_line(text, world_size=world_size, node=2, host="node-2")
+def _parse(text: str, world_size: int = 4, stream: str = "[0]:"):
+    """``text`` as it reaches the supervisor: on rank 0's stream, behind the prefix torchrun and the node side put."""
+    return parse_line(stream + text, world_size=world_size, node=2, host="node-2")
 
 
 def test_ordinary_output_is_not_a_record():
     assert _parse("step 10 loss 0.5") is None
     assert _parse("") is None
     assert _parse("@@launc {}") is None
+    assert _parse("step 10", stream="") is None, "a launcher's own output"
 
 
-def test_a_record_inside_a_partial_line_is_found():
-    record = _parse("rank 2 partial line" + _line(step=3, samples=8, interval_s=0.5))
+def test_only_a_whole_line_is_a_record_a_print_that_contains_the_marker_is_output():
+    assert _parse("debug: sending " + _line(step=3, samples=8, interval_s=0.5)) is None
+    assert _parse(" " + _line(step=3)) is None
+    assert _parse("[1]:" + _line(step=3)) is None, "a prefix the rank printed itself is its text, not its stream"
+    record = _parse(_line(step=3, samples=8, interval_s=0.5))
     assert isinstance(record, MetricRecord) and record.step == 3 and record.samples == 8
+
+
+def test_the_rank_is_the_stream_the_line_came_on_never_the_json():
+    assert _parse(_line(rank=3, step=4), stream="[3]:").rank == 3
+    assert _parse(MARKER + '{"v":1,"step":4}', stream="[2]:").rank == 2, "the JSON need not say it"
+    assert parse_line(_line(rank=1, step=4), world_size=4, node=0, host="h", rank=1).rank == 1, "a caller that reads one rank's stream"
+    forged = _parse(_line(rank=0, step=4), stream="[1]:")
+    assert isinstance(forged, Rejected) and forged.reason == "a record claiming rank 0 on the stream of rank 1"
+    assert isinstance(_parse(_line(rank=True, step=4), stream="[1]:"), Rejected)
+    nowhere = _parse(_line(step=4), stream="")
+    assert isinstance(nowhere, Rejected) and "no rank's stream" in nowhere.reason
+    outside = _parse(_line(rank=4, step=4), stream="[4]:")
+    assert isinstance(outside, Rejected) and "rank 4, which is not in this job (world size 4)" in outside.reason
 
 
 def test_node_host_and_job_come_from_the_channel_never_from_the_line():
@@ -49,19 +67,19 @@ def test_node_host_and_job_come_from_the_channel_never_from_the_line():
     [
         # the lines of the audit (issue 12)
         (MARKER + '{"v":1,"rank":0,"step":1,"samples":"x","interval_s":1}', "'samples': Input should be a valid integer"),
-        (MARKER + '{"v":1,"rank":"x","step":1}', "'rank': Input should be a valid integer"),
+        (MARKER + '{"v":1,"rank":"x","step":1}', "a record claiming rank 'x' on the stream of rank 0"),
         (MARKER + '{"v":1,"rank":0,"step":9223372036854775808}', "'step': must be at most 1e+15"),
         (MARKER + '{"v":1,"rank":0,"step":1,"loss":NaN}', "'loss': Input should be a finite number"),
         (MARKER + '{"v":1,"rank":0,"step":1,"samples_per_sec":Infinity}', "'samples_per_sec': Input should be a finite number"),
         (MARKER + '{"v":1,"rank":0,"step":1,"step_time_s":-Infinity}', "'step_time_s': Input should be a finite number"),
         # bounds and shapes
-        (_line(rank=4), "rank 4 is not in this job (world size 4)"),
-        (_line(rank=-1), "'rank': must be at least 0"),
+        (_line(rank=4), "a record claiming rank 4 on the stream of rank 0"),
+        (_line(rank=-1), "a record claiming rank -1 on the stream of rank 0"),
         (_line(step=-5), "'step': must be at least 0"),
         (_line(gpu_util=95), "'gpu_util': must be at most 1"),
         (_line(gpu_name="x" * 300), "'gpu_name': String should have at most 256 characters"),
         (_line(warmup="maybe"), "'warmup': Input should be a valid boolean"),
-        (MARKER + '{"v":1,"step":1}', "'rank' is missing"),
+        (MARKER + '{"v":1,"rank":0}', "'step' is missing"),
         (MARKER + '{"v":2,"rank":0,"step":1}', "record version 2; this launch reads version 1"),
         (MARKER + '{"rank":0,"step":1}', "record version None"),
         (MARKER + "[1, 2]", "not a JSON object (list)"),

@@ -67,8 +67,15 @@ valid_record = st.fixed_dictionaries(
 ).map(lambda extra: {**extra, **record}))
 
 
+STREAMS = ["[0]:", "[1]:", "[3]:", "[4]:", "[12]:", ""]  # the ranks' streams as they reach the supervisor, and no stream
+
+
 def _marked(payload: str) -> st.SearchStrategy[str]:
-    return st.text(max_size=10).map(lambda prefix: prefix + MARKER + payload)
+    return (st.sampled_from(STREAMS) | st.text(max_size=10)).map(lambda prefix: prefix + MARKER + payload)
+
+
+def _on_its_stream(record: dict) -> str:
+    return f"[{record['rank']}]:{MARKER}{json.dumps(record)}"
 
 
 lines = st.one_of(
@@ -77,7 +84,7 @@ lines = st.one_of(
     json_values.map(lambda v: json.dumps(v)).flatmap(_marked),
     record_like.map(lambda r: json.dumps(r)).flatmap(_marked),
     valid_record.map(lambda r: json.dumps(r)).flatmap(_marked),
-    valid_record.map(lambda r: json.dumps(r)).flatmap(_marked),
+    valid_record.map(_on_its_stream),
     record_like.map(lambda r: json.dumps(r).replace("1", "NaN", 1)).flatmap(_marked),
     record_like.map(lambda r: json.dumps(r)[:-1] + ', "z": ' + "[" * 300 + "]" * 300 + "}").flatmap(_marked),
 )
@@ -120,6 +127,9 @@ def test_any_rank_output_parses_without_error_and_accepted_records_pass_every_re
     assert all("\n" not in r.reason for r in results if isinstance(r, Rejected))
     records = [r for r in results if isinstance(r, MetricRecord)]
     event(f"records accepted: {min(len(records), 3)}{'+' if len(records) > 3 else ''}")
+    for line, result in zip(text_lines, results, strict=True):
+        if isinstance(result, MetricRecord):
+            assert line.startswith(f"[{result.rank}]:{MARKER}"), "a record is a whole line, filed as the rank of its stream"
     for record in records:
         assert _finite_numbers(record) and 0 <= record.rank < WORLD and (record.node, record.host) == (1, "node-1")
         json.dumps(record.to_wire(), allow_nan=False)
@@ -148,7 +158,7 @@ def test_any_rank_output_parses_without_error_and_accepted_records_pass_every_re
 def test_csv_cells_a_rank_wrote_never_start_a_spreadsheet_formula() -> None:
     line = MARKER + " " + json.dumps({"v": 1, "rank": 0, "step": 1, "samples": 8, "loss": -0.5,
                                       "gpu_name": "=HYPERLINK(\"http://x\",\"y\")", "note": "@SUM(A1)", "delta": -3})
-    record = parse_line(line, world_size=1, node=0, host="h")
+    record = parse_line(line, world_size=1, node=0, host="h", rank=0)
     assert isinstance(record, MetricRecord)
     out = io.StringIO()
     write_csv([record], out)

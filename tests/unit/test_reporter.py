@@ -39,7 +39,7 @@ def test_records_every_n_steps_with_interval_figures(monkeypatch):
     assert all(set(record) == V1_KEYS for record in wire), "version 1 keeps today's keys exactly"
     first = wire[0]
     assert first["v"] == 1 and first["rank"] == 3 and first["node"] == 1 and first["job"] == "j-1"
-    records = [parse_line(line, world_size=4, node=1, host="h1") for line in _lines(out)]
+    records = [parse_line(line, world_size=4, node=1, host="h1", rank=3) for line in _lines(out)]
     assert all(isinstance(r, MetricRecord) for r in records), records
     assert [r.step for r in records] == [4, 8, 10]
     assert [r.steps for r in records] == [4, 4, 2]
@@ -55,7 +55,7 @@ def test_resume_counts_from_the_checkpoint_step():
     reporter.resume_at(6)
     reporter.step(samples=1)
     reporter.step(samples=1)
-    assert parse_line(out.getvalue(), world_size=1, node=0, host="h").step == 8
+    assert parse_line(out.getvalue(), world_size=1, node=0, host="h", rank=0).step == 8
 
 
 def test_metrics_off_writes_nothing(monkeypatch):
@@ -74,7 +74,7 @@ def test_a_diverged_loss_is_written_as_unknown_not_as_invalid_json(loss):
     reporter.step(samples=4, loss=loss)
     line = out.getvalue().strip()
     assert "NaN" not in line and "Infinity" not in line
-    record = parse_line(line, world_size=1, node=0, host="h")
+    record = parse_line(line, world_size=1, node=0, host="h", rank=0)
     assert isinstance(record, MetricRecord) and record.loss is None and record.samples == 4
 
 
@@ -82,7 +82,7 @@ def test_extra_keys_travel_with_the_record_and_bad_ones_fail_in_the_program():
     out = io.StringIO()
     reporter = Reporter(every=1, stream=out, extra={"allreduce_busbw_gbps": 12.5, "allreduce_mb": 16})
     reporter.step(samples=0)
-    record = parse_line(out.getvalue(), world_size=1, node=0, host="h")
+    record = parse_line(out.getvalue(), world_size=1, node=0, host="h", rank=0)
     assert record.extra == {"allreduce_busbw_gbps": 12.5, "allreduce_mb": 16}
     with pytest.raises(ValueError, match="'nested': a program-added value must be"):
         Reporter(extra={"nested": {"a": 1}})
