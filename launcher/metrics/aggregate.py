@@ -67,5 +67,5 @@ def _rank_summary(rank: int, rows: Sequence[MetricRecord], usage: RankUsage | No
         node=origin.node if origin else None,
         host=origin.host if origin else None,
         steps=max((r.step for r in rows), default=0),
-        figures={column.name: column.rank(data) for column in registry.rank_columns()},
+        figures={column.name: column.rank(data) for column in registry.rank_columns() if column.rank is not None},
     )

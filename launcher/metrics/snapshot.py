@@ -126,7 +126,7 @@ def figures(snap: Snapshot) -> list[str]:
     parts = []
     if snap.samples_per_sec is not None:
         parts.append(f"{_rate(snap.samples_per_sec)} samples/s")
-    if snap.slowest_rank is not None and snap.ranks > 1:
+    if snap.slowest_rank is not None and snap.slowest_step_s is not None and snap.ranks > 1:  # set together
         parts.append(f"slowest rank {snap.slowest_rank} ({snap.slowest_step_s * 1000:.0f} ms/step)")
     if snap.peak_mem_bytes is not None:
         parts.append(f"peak mem {_memory(snap.peak_mem_bytes)}")

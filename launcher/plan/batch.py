@@ -23,9 +23,13 @@ def resolve_batch(batch: BatchSpec, world_size: int) -> BatchPlan:
     """Derive the missing batch number; refuse combinations that do not divide."""
     micro, accum, total = batch.micro_batch, batch.grad_accum, batch.global_batch
     if total is None:
+        if micro is None:
+            raise _two_of_three()
         accum = accum or 1
         total = micro * accum * world_size
     elif micro is None:
+        if accum is None:
+            raise _two_of_three()
         per_step = accum * world_size
         if total % per_step:
             raise PlanError(
@@ -48,3 +52,8 @@ def resolve_batch(batch: BatchSpec, world_size: int) -> BatchPlan:
             f"{micro * accum * world_size}, not global_batch {total}; give only two of the three"
         )
     return BatchPlan(micro_batch=micro, grad_accum=accum, global_batch=total, world_size=world_size)
+
+
+def _two_of_three() -> PlanError:
+    """What BatchSpec's own validator refuses already: fewer than two numbers and no micro_batch."""
+    return PlanError("batch: give at least two of global_batch, micro_batch, grad_accum (or micro_batch alone)")

@@ -40,7 +40,7 @@ def make_ds_config(
     the job raises DSConfigError naming both values; ``"auto"`` takes ours.
     """
     chosen = REGISTRY.get(strategy)
-    if chosen is None or not chosen.uses_deepspeed:
+    if chosen is None or not chosen.uses_deepspeed or chosen.zero_stage is None:
         raise DSConfigError(f"strategy {strategy!r} does not use DeepSpeed; choose one of "
                             f"{', '.join(names(lambda s: s.uses_deepspeed))}")
     if precision not in PRECISIONS:
@@ -48,7 +48,7 @@ def make_ds_config(
     for label, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum), ("world_size", world_size)):
         if value < 1:
             raise DSConfigError(f"{label} must be >= 1, got {value}")
-    config = _base_config(chosen, precision, micro_batch, grad_accum, world_size, gradient_clipping)
+    config = _base_config(chosen, chosen.zero_stage, precision, micro_batch, grad_accum, world_size, gradient_clipping)
     if not user_config:
         return config
     _check_user_batch(user_config, config, micro_batch, grad_accum, world_size)
@@ -57,19 +57,20 @@ def make_ds_config(
 
 
 def _base_config(
-    strategy: Strategy, precision: str, micro_batch: int, grad_accum: int, world_size: int, gradient_clipping: float,
+    strategy: Strategy, stage: int, precision: str, micro_batch: int, grad_accum: int, world_size: int,
+    gradient_clipping: float,
 ) -> dict:
     zero: dict[str, Any] = {
-        "stage": strategy.zero_stage,
+        "stage": stage,
         "overlap_comm": True,
         "contiguous_gradients": True,
         "reduce_bucket_size": 5e8,
     }
-    if strategy.zero_stage < 3:
+    if stage < 3:
         zero["allgather_bucket_size"] = 5e8
     if strategy.offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if strategy.zero_stage == 3:  # parameters offload only at stage 3
+        if stage == 3:  # parameters offload only at stage 3
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     config: dict[str, Any] = {
         "train_batch_size": micro_batch * grad_accum * world_size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher.catalog.recipes import recipe_info
+from launcher.catalog.recipes import RecipeInfo, recipe_info
 from launcher.catalog.strategies import STRATEGIES
 from launcher.plan.memory import GIB, MemoryEstimate, estimate, recommend
 from launcher.spec.job import JobSpec
@@ -18,7 +18,9 @@ from launcher.spec.job import JobSpec
 UNKNOWN_GPU_GB = 1e9
 
 
-def _info(job: JobSpec):
+def _info(job: JobSpec) -> RecipeInfo:
+    if job.recipe is None:  # callers ask for recipes only
+        raise ValueError("an entrypoint job's model is unknown: memory is estimated for built-in recipes")
     return recipe_info(job.recipe, size=job.model.size, seq_len=job.model.seq_len, num_layers=job.model.num_layers)
 
 

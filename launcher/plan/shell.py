@@ -66,7 +66,7 @@ def mask(value: str, secrets: Mapping[str, str]) -> str:
 def _masked_pieces(values: tuple[str, ...]) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
     """(whole values, lines of 8+ characters): two patterns, longest alternatives first."""
     whole = {value for value in values if value}
-    pieces = set()
+    pieces: set[str] = set()
     for value in whole:
         for line in (*value.split("\n"), *value.splitlines()):
             pieces.update(text for text in (line, line.strip()) if len(text) >= MIN_MASKED_LINE)

@@ -70,7 +70,8 @@ def step_batches(spec: DataSpec, start_step: int, max_steps: int) -> Iterator[di
     if spec.recipe == "resnet50":
         yield from _image_folder_batches(spec, start_step, max_steps)
         return
-    source = _cifar_source(spec) if spec.recipe == "convnet" else _token_source(spec)
+    path = Path(spec.data_path)
+    source = _cifar_source(spec, path) if spec.recipe == "convnet" else _token_source(spec, path)
     indexer = _StepIndexer(len(source), spec)
     for step in range(start_step, max_steps):
         yield source.batch(indexer.indices(step), _generator(spec.seed, spec.rank, step))
@@ -196,8 +197,7 @@ class _ArraySource:
         return self._build(np.sort(indices.numpy()), gen)
 
 
-def _cifar_source(spec: DataSpec) -> _ArraySource:
-    root = Path(spec.data_path)
+def _cifar_source(spec: DataSpec, root: Path) -> _ArraySource:
     files = sorted(root.glob("data_batch_*"))
     if not files:
         raise DataError(f"{root}: no CIFAR-10 python batches (data_batch_1 ...) found")
@@ -219,8 +219,7 @@ def _cifar_source(spec: DataSpec) -> _ArraySource:
     return _ArraySource(build, len(targets))
 
 
-def _token_source(spec: DataSpec) -> _ArraySource:
-    path = Path(spec.data_path)
+def _token_source(spec: DataSpec, path: Path) -> _ArraySource:
     if not path.is_file():
         raise DataError(f"{path}: no such token file (.npy array or raw uint16 ids)")
     tokens = np.load(path, mmap_mode="r") if path.suffix == ".npy" else np.memmap(path, dtype=np.uint16, mode="r")

@@ -104,4 +104,4 @@ def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The four stages, each sharded separately by FSDP2."""
-    return [model.layer1, model.layer2, model.layer3, model.layer4]
+    return [getattr(model, name) for name in ("layer1", "layer2", "layer3", "layer4")]  # ours or torchvision's
