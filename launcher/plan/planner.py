@@ -7,6 +7,8 @@ from a Ray placement) is passed in. Backends execute a plan unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict
 
 from launcher.catalog.strategies import get_strategy
@@ -106,9 +108,46 @@ def make_plan(
     network values per node index, ``python`` is the interpreter the nodes run (found by
     preflight), ``ds_config`` the DeepSpeed config. With ``check_fit`` a recipe whose strategy
     does not fit the cluster's GPU memory is a planning problem.
+
+    The steps: choose the nodes, check that the job fits them (batch and memory included),
+    settle what every node shares (rendezvous, program, container, files), then plan each node.
     """
-    placed = nodes is not None
-    chosen = list(nodes)[: job.resources.nodes] if placed else list(policy.nodes)
+    chosen = _choose_nodes(job, policy, nodes)
+    batch, memory = _check_fit(job, cluster, policy, chosen, placed=nodes is not None, check_fit=check_fit)
+    shared = _shared(job, cluster, policy, job_id, chosen, probes or {}, rdzv_port, python, ds_config, batch)
+    return Plan(
+        job_id=job_id,
+        job_name=job.name,
+        backend=cluster.backend,
+        cluster_name=cluster.name,
+        launcher=job.launcher,
+        strategy=job.strategy if job.recipe else None,
+        precision=job.precision,
+        dist_backend="nccl" if all(node.gpus for node in chosen) else "gloo",
+        nnodes=len(chosen),
+        nproc_per_node=job.resources.nproc_per_node,
+        world_size=job.resources.nodes * job.resources.nproc_per_node,
+        batch=batch,
+        max_steps=job.max_steps,
+        rendezvous=shared.rendezvous,
+        nodes=tuple(_node_plan(shared, index, node) for index, node in enumerate(chosen)),
+        secrets=tuple(job.secrets),
+        python=shared.python,
+        container=shared.container,
+        ds_config=ds_config,
+        memory=memory,
+    )
+
+
+def _choose_nodes(job: JobSpec, policy: PlanPolicy, placed: list[NodeSpec] | None) -> list[NodeSpec]:
+    """The job's nodes: the placement's first ``resources.nodes`` when given, else the backend's choice."""
+    return list(placed)[: job.resources.nodes] if placed is not None else list(policy.nodes)
+
+
+def _check_fit(
+    job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen: list[NodeSpec], *, placed: bool, check_fit: bool,
+) -> tuple[BatchPlan | None, MemoryFit | None]:
+    """The batch arithmetic and the memory estimate; PlanError listing every problem found on the way."""
     world_size = job.resources.nodes * job.resources.nproc_per_node
     problems = _fit_problems(job, cluster, policy, chosen, placed)
     batch = None
@@ -126,73 +165,91 @@ def make_plan(
             problems.append(problem)
     if problems:
         raise PlanError(f"job '{job.name}' does not fit cluster '{cluster.name}':\n" + "\n".join(f"  {p}" for p in problems))
+    return batch, memory
 
-    probes = probes or {}
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every node of the job has in common, settled once before the nodes are planned."""
+
+    job: JobSpec
+    cluster: ClusterSpec
+    policy: PlanPolicy
+    job_id: str
+    nnodes: int
+    probes: dict[int, NodeNetwork]
+    batch: BatchPlan | None
+    rendezvous: Rendezvous
+    python: str
+    launcher_python: str
+    container: ContainerSpec | None
+    program: tuple[bool, list[str]]
+    cwd: str
+    files: dict[str, tuple[str, str]]
+
+
+def _shared(
+    job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, job_id: str, chosen: list[NodeSpec],
+    probes: dict[int, NodeNetwork], rdzv_port: int, python: str | None, ds_config: dict | None, batch: BatchPlan | None,
+) -> _Shared:
+    """The rendezvous on node 0, the interpreter, the container, the working directory and the program."""
     python = python or policy.python
     container = effective_container(job.container, cluster.container)
-    launcher_python = container.python if container else python
-    master = _address(chosen[0], probes.get(0))
-    rendezvous = Rendezvous(id=job_id, host=master, port=rdzv_port)
-    gpus = [node.gpus for node in chosen]
-    program = commands.program_args(job, batch, ds_config)
     cwd = cluster.workdir or "."
     if container and not cwd.startswith("/"):
         raise PlanError(f"job '{job.name}': a container mounts the workdir at its own path: cluster.yaml workdir "
                         f"must be an absolute path (got {cwd!r})")
-    files = {"LAUNCH_DS_CONFIG": (DS_CONFIG_FILE, _json(ds_config))} if ds_config and job.entrypoint else {}
-    node_plans = []
-    for index, node in enumerate(chosen):
-        address = _address(node, probes.get(index))
-        if job.launcher == "deepspeed":
-            argv = commands.deepspeed_argv(
-                launcher_python, [job.resources.nproc_per_node] * len(chosen), index, master, rdzv_port, program,
-                local_rank_flag=not job.deepspeed.no_local_rank,
-            )
-        else:
-            argv = commands.torchrun_argv(
-                launcher_python, len(chosen), job.resources.nproc_per_node, index, rendezvous.endpoint, job_id,
-                address, program,
-            )
-        env = _node_env(job, cluster, policy, job_id, index, node, probes.get(index), master, batch)
-        in_container = _in_container(container, job_id, index, argv, [*env, *job.secrets, *files, "LAUNCH_RUN_DIR"],
-                                     cwd, node.gpus, job.watch.grace_period) if container else None
-        node_plans.append(
-            NodePlan(
-                index=index,
-                host=node.host,
-                address=address,
-                nproc=job.resources.nproc_per_node,
-                gpus=node.gpus,
-                argv=tuple(in_container.argv if in_container else argv),
-                env={k: v for k, (v, _) in env.items()},
-                env_sources={k: s for k, (_, s) in env.items()},
-                cwd=cwd,
-                files=files,
-                cleanup=in_container.cleanup if in_container else (),
-                env_prefix=in_container.env_prefix if in_container else "",
-            )
-        )
-    return Plan(
-        job_id=job_id,
-        job_name=job.name,
-        backend=cluster.backend,
-        cluster_name=cluster.name,
-        launcher=job.launcher,
-        strategy=job.strategy if job.recipe else None,
-        precision=job.precision,
-        dist_backend="nccl" if all(gpus) else "gloo",
-        nnodes=len(chosen),
-        nproc_per_node=job.resources.nproc_per_node,
-        world_size=world_size,
-        batch=batch,
-        max_steps=job.max_steps,
-        rendezvous=rendezvous,
-        nodes=tuple(node_plans),
-        secrets=tuple(job.secrets),
+    return _Shared(
+        job=job, cluster=cluster, policy=policy, job_id=job_id, nnodes=len(chosen), probes=probes, batch=batch,
+        rendezvous=Rendezvous(id=job_id, host=_address(chosen[0], probes.get(0)), port=rdzv_port),
         python=python,
+        launcher_python=container.python if container else python,
         container=container,
-        ds_config=ds_config,
-        memory=memory,
+        program=commands.program_args(job, batch, ds_config),
+        cwd=cwd,
+        files={"LAUNCH_DS_CONFIG": (DS_CONFIG_FILE, _json(ds_config))} if ds_config and job.entrypoint else {},
+    )
+
+
+def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
+    """Node ``index``: its launcher command (in the job's container when it has one) and its environment."""
+    job = shared.job
+    address = _address(node, shared.probes.get(index))
+    argv = _launcher_argv(shared, index, address)
+    env = _node_env(job, shared.cluster, shared.policy, shared.job_id, index, node, shared.probes.get(index),
+                    shared.rendezvous.host, shared.batch)
+    in_container = None
+    if shared.container:
+        names = [*env, *job.secrets, *shared.files, "LAUNCH_RUN_DIR"]
+        in_container = _in_container(shared.container, shared.job_id, index, argv, names, shared.cwd, node.gpus,
+                                     job.watch.grace_period)
+    return NodePlan(
+        index=index,
+        host=node.host,
+        address=address,
+        nproc=job.resources.nproc_per_node,
+        gpus=node.gpus,
+        argv=tuple(in_container.argv if in_container else argv),
+        env={k: v for k, (v, _) in env.items()},
+        env_sources={k: s for k, (_, s) in env.items()},
+        cwd=shared.cwd,
+        files=shared.files,
+        cleanup=in_container.cleanup if in_container else (),
+        env_prefix=in_container.env_prefix if in_container else "",
+    )
+
+
+def _launcher_argv(shared: _Shared, index: int, address: str) -> list[str]:
+    """The node's per-node launcher: DeepSpeed's, or torchrun joining the c10d rendezvous."""
+    job, rendezvous, nproc = shared.job, shared.rendezvous, shared.job.resources.nproc_per_node
+    if job.launcher == "deepspeed":
+        return commands.deepspeed_argv(
+            shared.launcher_python, [nproc] * shared.nnodes, index, rendezvous.host, rendezvous.port, shared.program,
+            local_rank_flag=not job.deepspeed.no_local_rank,
+        )
+    return commands.torchrun_argv(
+        shared.launcher_python, shared.nnodes, nproc, index, rendezvous.endpoint, shared.job_id, address,
+        shared.program,
     )
 
 
