@@ -46,7 +46,8 @@ class Failure(BaseModel):
     exit_code: int | None = None
     signal: str | None = None
     pid: int | None = None
-    failed_at: float | None = Field(None, description="time of day (s) of torchrun's 'failed' line, for ordering")
+    observed: int | None = Field(None, description="when the supervisor saw the node fail, as a sequence number it "
+                                 "assigns (its failure report, else its exit): the order of failures across nodes")
     detected_at: float | None = None
     step: int | None = None
     stalled_s: float | None = None
@@ -86,7 +87,7 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})\s*\(local_rank:\s*(\d{1,7})\)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d{1,4})\s*\(pid:\s*(\d{1,9})\)")
 _ROOT = "Root Cause (first observed failure)"
 _DISPLAY_PREFIX = re.compile(r"^\[\d+(?:/\d+)?\] ")
-_FAILED_AT = re.compile(r"^[EWI]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) .*\] failed \(exitcode: (-?\d+)\)")
+_AGENT_FAILED = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d(?:\.\d+)? .*\] failed \(exitcode: -?\d+\)")
 
 
 class AgentReport(BaseModel):
@@ -96,24 +97,27 @@ class AgentReport(BaseModel):
     local_rank: int | None = None
     exit_code: int | None = None
     pid: int | None = None
-    failed_at: float | None = None
+
+
+def is_agent_failed_line(line: str) -> bool:
+    """Whether a line (display prefix allowed) is torchrun's "failed (exitcode: ...)" line: its node's first sign of failure.
+
+    The line's own time of day is not used to order failures: it is node-local (clocks differ between nodes)
+    and wraps at midnight. The supervisor orders failures by when it saw these lines instead.
+    """
+    return _AGENT_FAILED.match(_DISPLAY_PREFIX.sub("", line, count=1)) is not None
 
 
 def parse_agent_failure(lines: Iterable[str], world_size: int | None = None) -> list[AgentReport]:
     """The ranks torchrun's failure report names, the root cause first, then the other failures.
 
-    Lines may carry the ``[node/rank] `` display prefix. ``failed_at`` (on each entry) is the time
-    of day (seconds) of the agent's "failed (exitcode...)" line, which orders failures across nodes
-    more finely than their exits are noticed. A rank outside ``world_size`` is ignored. Empty when
-    there is no report (another launcher, or the report is still in the pipe).
+    Lines may carry the ``[node/rank] `` display prefix. A rank outside ``world_size`` is ignored.
+    Empty when there is no report (another launcher, or the report is still in the pipe).
     """
-    failed_at = None
     sections: dict[str, list[AgentReport]] = {"root": [], "other": []}
     section: list[AgentReport] | None = None
     for raw in lines:
         line = _DISPLAY_PREFIX.sub("", raw, count=1)
-        if failed_at is None and (match := _FAILED_AT.match(line)):
-            failed_at = int(match[1]) * 3600 + int(match[2]) * 60 + float(match[3])
         if _ROOT in line or line.strip() == "Failures:":
             section = sections["root" if _ROOT in line else "other"] = []
             continue
@@ -124,10 +128,7 @@ def parse_agent_failure(lines: Iterable[str], world_size: int | None = None) -> 
         elif (match := _EXIT.match(line)) and section and section[-1].exit_code is None:
             section[-1].exit_code, section[-1].pid = int(match[1]), int(match[2])
     root = sections["root"][:1]
-    found = root + [r for r in sections["other"] if not root or r.rank != root[0].rank]
-    for report in found:
-        report.failed_at = failed_at
-    return found
+    return root + [r for r in sections["other"] if not root or r.rank != root[0].rank]
 
 
 # (pattern, what it means, whether it is only the echo of another rank's failure, whether a restart can help)
@@ -220,13 +221,13 @@ def agent_lost(exit_code: int | None) -> bool:
     return exit_code is None or exit_code < 0 or exit_code == LOST_NODE_EXIT
 
 
-def precedence(failure: Failure) -> tuple:
+def precedence(failure: Failure) -> tuple[int, bool, int, int]:
     """Sort key: which of several failures came first, the cause rather than its echoes.
 
     A node lost or killed by the OOM killer comes first, then a rank that failed on its own,
     then ranks that only saw a peer go away, then a node that exited without a failure report
     we could read (a launcher that names no rank, or a report still in the pipe); within a
-    class, the earliest agent "failed" time, then node order.
+    class, the one the supervisor observed first (``observed``), then node order.
     """
     if failure.kind in (FailureKind.LOST, FailureKind.OOM):
         klass = 0
@@ -236,4 +237,4 @@ def precedence(failure: Failure) -> tuple:
         klass = 2
     else:
         klass = 1
-    return (klass, failure.failed_at is None, failure.failed_at or 0.0, failure.node or 0)
+    return (klass, failure.observed is None, failure.observed or 0, failure.node or 0)

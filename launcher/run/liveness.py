@@ -8,6 +8,9 @@ has been reported for ``stall_timeout``, and hung sooner when, besides, every ra
 and idle: the limit then adapts to the job (five times the longest gap seen between two
 reports, at least FLOOR_S, never more than ``stall_timeout``), so a job reporting every second is
 called hung in seconds, not after NCCL's timeout. Pure logic: times are passed in.
+
+One writer: the node watchers' threads only describe what they saw (``Output``, ``Sample``,
+``Progress``); the supervisor's loop applies those to its ``Liveness`` (``apply``) and reads it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,37 @@ from launcher.backends.failures import Failure, FailureKind
 
 CPU_BUSY = 0.02  # a rank gaining more than 2% of a core between two samples is working
 GPU_BUSY = 0.05  # GPU utilisation above 5% is working
+
+
+@dataclass(frozen=True)
+class Output:
+    """A line of output from any rank or node agent, at ``t``."""
+
+    t: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A node agent's measurement of one rank's process tree."""
+
+    node: int
+    rank: int
+    cpu_s: float
+    gpu_util: float | None
+    t: float
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A metric record: ``rank`` reported ``step``."""
+
+    node: int
+    rank: int
+    step: int
+    t: float
+
+
+Observation = Output | Sample | Progress
 
 
 @dataclass
@@ -41,6 +75,15 @@ class Liveness:
     ranks: dict[int, RankSeen] = field(default_factory=dict)
     longest_gap: float = 0.0
     newest_report: float | None = None
+
+    def apply(self, seen: Observation) -> None:
+        """Take in one observation a node watcher made."""
+        if isinstance(seen, Output):
+            self.output(seen.t)
+        elif isinstance(seen, Sample):
+            self.sample(seen.node, seen.rank, seen.cpu_s, seen.gpu_util, seen.t)
+        else:
+            self.progress(seen.node, seen.rank, seen.step, seen.t)
 
     def output(self, t: float) -> None:
         """A line of output from any rank or node agent."""
@@ -102,14 +145,15 @@ class HangDetector:
     def check(self, live: Liveness, now: float) -> Failure | None:
         idle = now - live.last_activity()
         what = "every rank alive but silent and idle (no output, no CPU time gained, no GPU activity)"
-        if not live.reporting:
+        laggard = live.laggard()  # None until a rank reports a step
+        if laggard is None:
             if idle < self.stall_timeout:
                 return None
             return Failure(
                 kind=FailureKind.HANG, stalled_s=idle, transient=False,
                 reason=f"hung before the first step: {what} for {idle:.0f} s (watch.stall_timeout {self.stall_timeout:g} s)",
             )
-        rank, seen = live.laggard()
+        rank, seen = laggard
         since = now - (live.newest_report or now)
         place = f"step {seen.step} on node {seen.node}/rank {rank}"
         limit = self.limit(live)

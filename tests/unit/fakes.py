@@ -28,6 +28,8 @@ class NodeScript:
     code: int | None = 0
     lost: str | None = None
     fail_start: str | None = None
+    wait_for: threading.Event | None = None  # printed only once this is set (another node's lines were read)
+    then: threading.Event | None = None  # set once the supervisor has read all of ``lines``
 
 
 def output(text: str) -> str:
@@ -39,7 +41,8 @@ def sample(t: float, *ranks: dict) -> str:
 
 
 def record(rank: int, step: int) -> str:
-    return output("@@launch " + json.dumps({"v": 1, "rank": rank, "step": step, "samples": 8, "interval_s": 0.1,
+    """A metric record on rank ``rank``'s stream (torchrun's ``[rank]:`` prefix)."""
+    return output(f"[{rank}]:@@launch " + json.dumps({"v": 1, "rank": rank, "step": step, "samples": 8, "interval_s": 0.1,
                                             "step_time_s": 0.1, "mem_peak_bytes": 1}))
 
 
@@ -55,7 +58,11 @@ class FakeNode:
         self.terminated = False
 
     def lines(self) -> Iterator[str]:
+        if self._script.wait_for is not None:
+            self._script.wait_for.wait()
         yield from self._script.lines
+        if self._script.then is not None:
+            self._script.then.set()  # the reader asked for the line after the last: it has handled them all
         if self._script.code is None and self._script.lost is None:
             self._stopped.wait()
         if self._script.lost is not None:

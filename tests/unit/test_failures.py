@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.backends.failures import Failure, FailureKind, classify, oom_kill, parse_agent_failure, precedence, signal_name
+from launcher.backends.failures import (
+    Failure,
+    FailureKind,
+    classify,
+    is_agent_failed_line,
+    oom_kill,
+    parse_agent_failure,
+    precedence,
+    signal_name,
+)
 
 TORCHRUN_REPORT = """\
 [1] E1130 11:55:21.093000 14062 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 14341) of binary: /usr/bin/python
@@ -21,7 +30,12 @@ TORCHRUN_REPORT = """\
 def test_torchrun_root_cause_is_parsed():
     [found] = parse_agent_failure(TORCHRUN_REPORT)
     assert (found.rank, found.local_rank, found.exit_code, found.pid) == (11, 3, -9, 14341)
-    assert found.failed_at == pytest.approx(11 * 3600 + 55 * 60 + 21.093)
+
+
+def test_torchruns_failed_line_is_recognised_with_or_without_the_display_prefix():
+    assert is_agent_failed_line(TORCHRUN_REPORT[0]) and is_agent_failed_line(TORCHRUN_REPORT[0][4:])
+    assert not any(is_agent_failed_line(line) for line in TORCHRUN_REPORT[1:])
+    assert not is_agent_failed_line("[1] epoch 3 failed (exitcode: 1) as a rank printed it")
 
 
 def test_every_rank_the_report_names_is_read_the_root_cause_first():
@@ -94,16 +108,16 @@ def test_describe_names_node_rank_and_cause():
         "first failure: node 1 (gpu-02), rank 11, exit code -9 (SIGKILL): killed by the kernel's OOM killer")
 
 
-OWN_FAILURE = Failure(node=1, rank=3, exit_code=1, failed_at=50.0)
-# A rank on another node that only saw rank 3 go away, though its agent noticed first.
-ECHO = classify(Failure(node=0, rank=0, exit_code=1, failed_at=10.0), [
+OWN_FAILURE = Failure(node=1, rank=3, exit_code=1, observed=50)
+# A rank on another node that only saw rank 3 go away, though the supervisor saw its report first.
+ECHO = classify(Failure(node=0, rank=0, exit_code=1, observed=10), [
     "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"], None, True)
 
 
 def test_the_cause_precedes_its_echoes():
     lost_node = Failure(kind=FailureKind.LOST, node=1, exit_code=255)
     assert sorted([ECHO, OWN_FAILURE, lost_node], key=precedence) == [lost_node, OWN_FAILURE, ECHO]
-    earlier = OWN_FAILURE.model_copy(update={"node": 0, "failed_at": 40.0})
+    earlier = OWN_FAILURE.model_copy(update={"node": 2, "observed": 40})
     assert min([OWN_FAILURE, earlier], key=precedence) is earlier
     killed_agent = Failure(node=0, exit_code=-9)
     assert min([OWN_FAILURE, killed_agent], key=precedence) is killed_agent

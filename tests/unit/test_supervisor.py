@@ -4,6 +4,7 @@ hang verdicts with stacks, untrusted records, its own errors. Real processes: te
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from launcher.backends import plan_job
 from launcher.run import supervisor as supervisor_module
+from launcher.run.liveness import Liveness
 from launcher.run.orchestrate import stored_spec
 from launcher.run.supervisor import Supervisor
 from launcher.spec import ClusterSpec, JobSpec
@@ -142,11 +144,11 @@ def test_a_job_that_keeps_printing_is_alive(tmp_path: Path) -> None:
 
 
 def test_untrusted_records_are_dropped_and_counted_and_node_comes_from_the_channel(tmp_path: Path) -> None:
-    hostile = [output('@@launch {"v":1,"rank":0,"step":1,"samples":"x","interval_s":1}'),
-               output('@@launch {"v":1,"rank":"x","step":1}'),
-               output('@@launch {"v":1,"rank":0,"step":99999999999999999999999}'),
-               output('@@launch {"v":1,"rank":0,"step":2,"loss":NaN}'),
-               output('@@launch {"v":1,"rank":0,"step":3,"node":7,"host":"evil"}')]
+    hostile = [output('[0]:@@launch {"v":1,"rank":0,"step":1,"samples":"x","interval_s":1}'),
+               output('[0]:@@launch {"v":1,"rank":"x","step":1}'),
+               output('[0]:@@launch {"v":1,"rank":0,"step":99999999999999999999999}'),
+               output('[0]:@@launch {"v":1,"rank":0,"step":2,"loss":NaN}'),
+               output('[0]:@@launch {"v":1,"rank":0,"step":3,"node":7,"host":"evil"}')]
     state, row, store, _, warnings = _run(tmp_path, [[NodeScript(hostile), NodeScript()]])
     assert state == JobState.SUCCEEDED
     [accepted] = store.metrics(row["id"])
@@ -169,3 +171,37 @@ def test_a_supervisor_error_ends_the_job_failed_not_running(tmp_path: Path, monk
     assert state == JobState.FAILED and row["reason"].startswith("launch internal error: ZeroDivisionError")
     assert (Path(row["run_dir"]) / "supervisor-errors.log").read_text().count("ZeroDivisionError") >= 1
     assert backend.swept_nodes >= 2
+
+
+def _torchrun_failed(clock: str, rank: int, pid: int) -> list[str]:
+    return [output(f"E1130 {clock} 14062 api.py:1002] failed (exitcode: 1) local_rank: {rank % 2} (pid: {pid})"),
+            output("Root Cause (first observed failure):"), output(f"  rank      : {rank} (local_rank: {rank % 2})"),
+            output(f"  exitcode  : 1 (pid: {pid})")]
+
+
+def test_the_first_failure_is_the_one_the_supervisor_saw_first_whatever_the_nodes_clocks_say(tmp_path: Path) -> None:
+    # node 0 fails just before midnight by its clock; node 1 fails later, its clock already past midnight
+    # (or simply behind): the time of day on torchrun's lines would put node 1 first
+    node0_read = threading.Event()
+    first = NodeScript(_torchrun_failed("23:59:59.900000", 1, 501), code=1, then=node0_read)
+    later = NodeScript(_torchrun_failed("00:00:00.100000", 3, 502), code=1, wait_for=node0_read)
+    state, row, *_ = _run(tmp_path, [[first, later]])
+    failure = row["first_failure"]
+    assert state == JobState.FAILED and (failure["node"], failure["rank"]) == (0, 1)
+
+
+def test_only_the_supervisors_loop_writes_what_it_knows_of_the_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # node threads that write the liveness state while the loop reads it made a healthy job FAILED
+    # ("dictionary changed size during iteration"); they only describe what they saw now
+    writers: set[str] = set()
+    for name in ("sample", "progress", "output"):
+        original = getattr(Liveness, name)
+        monkeypatch.setattr(Liveness, name, lambda self, *args, _f=original: (
+            writers.add(threading.current_thread().name), _f(self, *args))[1])
+    seen = threading.Event()
+    busy = [sample(float(t), {"rank": r, "pid": 40 + r, "pids": [40 + r], "cpu_s": float(t)}) for t in range(3) for r in (0, 1)]
+    node0 = NodeScript(busy + [record(0, 1), output("epoch 1")], code=None, then=seen)
+    node1 = NodeScript([output("failing")], code=1, wait_for=seen)
+    state, row, *_ = _run(tmp_path, [[node0, node1]])
+    assert state == JobState.FAILED and row["first_failure"]["node"] == 1
+    assert writers == {threading.current_thread().name}
