@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from launcher.backends.failures import LOST_NODE_EXIT
-from launcher.node.ship import node_argv
+from launcher.node.ship import node_argv, stdin_argv, stdin_request
 from launcher.plan import containers
 from launcher.plan.commands import RECIPE_MODULE
 from launcher.plan.netenv import NodeNetwork
@@ -320,6 +320,21 @@ def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bo
         "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
         "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
     }
+
+
+@dataclass(frozen=True)
+class AgentStart:
+    """How a backend starts a node's agent: ``argv`` (no request, no secret in it), then ``stdin`` written to it:
+    the request on its first line (the job's env may be larger than one argument may be), the secrets on the second."""
+
+    argv: list[str]
+    stdin: bytes
+
+
+def agent_start(plan: Plan, node: NodePlan, grace: float, secrets: Mapping[str, str]) -> AgentStart:
+    """The ``AgentStart`` of ``node`` of ``plan`` under ``plan.python``."""
+    request = agent_request(plan, node, grace, secrets_on_stdin=True)
+    return AgentStart(stdin_argv(plan.python, "agent"), stdin_request(request) + json.dumps(dict(secrets)).encode() + b"\n")
 
 
 def facts_request(plan: Plan, index: int, **extra) -> dict:

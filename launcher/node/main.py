@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import sys
 
+REQUEST_ON_STDIN = "-"  # in place of the request: it is the first line of stdin (too big for one argument)
+
 
 def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
+    if rest[:1] == [REQUEST_ON_STDIN]:
+        rest = [sys.stdin.readline(), *rest[1:]]
     if command == "facts":
         from . import facts
 

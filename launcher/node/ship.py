@@ -1,5 +1,8 @@
 """Send the node side (``launcher.node``) to a node as an argv: ``python -c BOOT PAYLOAD COMMAND REQUEST``.
 
+A request that may be large (the agent's: the job's env) travels instead as the first line of the
+command's stdin (``stdin_argv`` and ``stdin_request``): Linux refuses a single argument over 128 KiB.
+
 PAYLOAD is the package's module sources, zlib-compressed and base64-encoded; BOOT, a few lines
 of Python, makes them importable as the package ``launch_node`` in that one process (the modules
 import each other relatively) and runs COMMAND. No file is written and nothing needs installing on
@@ -13,6 +16,8 @@ import functools
 import json
 import zlib
 from pathlib import Path
+
+from launcher.node.main import REQUEST_ON_STDIN
 
 NODE_MODULES = ("proctree", "pythons", "facts", "agent", "stacks", "slurmnode", "main")  # in import order
 
@@ -43,3 +48,13 @@ def payload() -> str:
 def node_argv(python: str, command: str, request: dict) -> list[str]:
     """The argv that runs ``command`` (facts, agent, slurm, list, end, stacks) with ``request`` under ``python`` on a node."""
     return [python, "-c", BOOT, payload(), command, json.dumps(request, separators=(",", ":"))]
+
+
+def stdin_argv(python: str, command: str) -> list[str]:
+    """The argv that runs ``command`` under ``python`` with its request read from the first line of stdin."""
+    return [python, "-c", BOOT, payload(), command, REQUEST_ON_STDIN]
+
+
+def stdin_request(request: dict) -> bytes:
+    """``request`` as the first stdin line of a ``stdin_argv`` command (the agent's secrets, if any, follow it)."""
+    return json.dumps(request, separators=(",", ":")).encode() + b"\n"

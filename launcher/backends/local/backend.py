@@ -6,9 +6,7 @@ process may use and ``local.gpus`` to the GPUs found (see ``launcher.backends.lo
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,12 +21,12 @@ from launcher.backends.base import (
     StageState,
     StartContext,
     agent_exit_code,
-    agent_request,
+    agent_start,
     facts_request,
     node_problems,
 )
+from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
-from launcher.node.ship import node_argv
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
@@ -68,21 +66,7 @@ class LocalNode:
 
     def terminate(self, grace: float) -> None:
         """TERM the agent (it ends its command's group and the job's tagged processes); KILL it if it lingers."""
-        if self._proc.poll() is not None:
-            return
-        _signal(self._proc.pid, signal.SIGTERM)
-        try:
-            self._proc.wait(grace + 10)
-        except subprocess.TimeoutExpired:
-            _signal(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+        stop_process(self._proc, grace)
 
 
 class LocalBackend(Backend):
@@ -156,10 +140,10 @@ class LocalBackend(Backend):
         try:
             for node in plan.nodes:
                 context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
-                request = agent_request(plan, node, context.grace, secrets_on_stdin=True)
+                start = agent_start(plan, node, context.grace, context.secrets)
                 try:
                     proc = subprocess.Popen(
-                        node_argv(plan.python, "agent", request), cwd=node.cwd,
+                        start.argv, cwd=node.cwd,
                         env={**os.environ, "LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)},
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                     )
@@ -168,8 +152,11 @@ class LocalBackend(Backend):
                 handle = LocalNode(node.index, proc)
                 handles.append(handle)
                 assert proc.stdin is not None
-                proc.stdin.write(json.dumps(dict(context.secrets)).encode() + b"\n")
-                proc.stdin.close()
+                try:
+                    proc.stdin.write(start.stdin)
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass  # the agent exited at once: wait_started reports its output
                 handle.wait_started()
                 context.stage(Stage.START, node.index, node.host, StageState.DONE)
         except BaseException:

@@ -4,8 +4,8 @@ One actor runs in each bundle of a job's placement group (one bundle per node). 
 node as Ray sees it, runs short node-side commands (facts, list, end, stacks), and runs the
 node agent without a shell (its argv comes from ``launcher.node.ship``), buffering its framed
 output for the driver to pull in batches. On terminate it signals the agent, which ends its
-node's processes. Standard library only, and sent to the cluster by value (see
-``RayBackend``): nodes need Ray and a Python, not the ``launch`` package. Ray itself is
+node's processes. Standard library only (with ``launcher.backends.stopping``), and sent to the
+cluster by value (see ``RayBackend``): nodes need Ray and a Python, not the ``launch`` package. Ray itself is
 imported only inside the methods, which run on the cluster.
 """
 
@@ -19,12 +19,14 @@ import subprocess
 import sys
 import threading
 
+from launcher.backends.stopping import stop_process
+
 MAX_BATCH = 5000
 ADOPT_TIMEOUT_S = 120.0
 PR_SET_PDEATHSIG = 1
 
 
-class NodeAgent:
+class NodeActor:
     """Runs node ``index`` of job ``job_id`` (a threaded Ray actor: pull, start and terminate overlap).
 
     ``group`` names the placement group, which the actor removes (ending every actor of the job)
@@ -66,8 +68,9 @@ class NodeAgent:
             return 127, "", f"cannot run {argv[0]}: {exc.strerror or exc}"
         return done.returncode, done.stdout, done.stderr
 
-    def start(self, argv: list[str], tag: dict[str, str], stdin_line: str, cwd: str) -> int | str:
-        """Start the node agent (``argv``) with ``tag`` added to its environment; its PID, or why not."""
+    def start(self, argv: list[str], tag: dict[str, str], stdin: bytes, cwd: str) -> int | str:
+        """Start the node agent (``argv``, then ``stdin`` written to it) with ``tag`` added to its environment;
+        its PID, or why not."""
         self._adopt.cancel()
         with self._cond:
             self._lines, self._code = [], None
@@ -81,8 +84,11 @@ class NodeAgent:
         except (OSError, subprocess.SubprocessError) as exc:
             return f"cannot run {argv[0]} in {cwd}: {getattr(exc, 'strerror', None) or exc}"
         assert proc.stdin is not None
-        proc.stdin.write(stdin_line.encode())
-        proc.stdin.close()
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the agent exited at once: its output says why
         self._proc = proc
         threading.Thread(target=self._relay, args=(proc,), daemon=True, name="launch-node").start()
         return proc.pid
@@ -108,18 +114,16 @@ class NodeAgent:
             batch, self._lines = self._lines[:MAX_BATCH], self._lines[MAX_BATCH:]
             return batch, self._code if not self._lines else None
 
+    def exit_code(self) -> int | None:
+        """The agent's exit status once it has exited and its output is read, pulled or not; None before."""
+        with self._cond:
+            return self._code
+
     def terminate(self, grace: float) -> None:
         """TERM the agent (it ends its node's processes); KILL it if it lingers."""
         self._adopt.cancel()
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace + 10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if self._proc is not None:
+            stop_process(self._proc, grace)
 
     def _abandon(self) -> None:
         """No supervisor adopted this job: remove its placement group, which ends every actor."""

@@ -24,8 +24,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from launcher.backends import stopping
 from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
@@ -35,22 +36,22 @@ from launcher.backends.base import (
     StageState,
     StartContext,
     agent_exit_code,
-    agent_request,
+    agent_start,
     facts_request,
     node_problems,
     unreachable,
 )
 from launcher.backends.failures import LOST_NODE_EXIT
-from launcher.backends.ray import actor as rayagent
+from launcher.backends.ray import actor as rayactor
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
-from launcher.plan.planner import Plan
+from launcher.plan.planner import NodePlan, Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
 NAMESPACE = "launch"
 CONNECT_TIMEOUT_S = 10.0
-AGENT_TIMEOUT_S = 60.0
+ACTOR_TIMEOUT_S = 60.0
 WAIT_REPORT_S = 3.0
 PULL_WAIT_S = 0.5
 SILENCE_S = 10.0
@@ -61,19 +62,19 @@ def group_name(job_id: str) -> str:
     return f"launch-{job_id}"
 
 
-def agent_name(job_id: str, index: int) -> str:
-    """Name of the agent actor of node ``index`` of the job."""
+def actor_name(job_id: str, index: int) -> str:
+    """Name of the actor of node ``index`` of the job (it runs that node's agent)."""
     return f"launch-{job_id}-node{index}"
 
 
 class RayNode:
     """A node agent's run, seen from the driver: output pulled in batches, exit code, terminate."""
 
-    def __init__(self, index: int, agent, pid: int, ray) -> None:
+    def __init__(self, index: int, actor, pid: int | None, ray) -> None:
         self.index = index
         self.pid: int | None = pid
         self.lost_reason: str | None = None
-        self._agent = agent
+        self._actor = actor
         self._ray = ray
         self._code: int | None = None
 
@@ -82,32 +83,47 @@ class RayNode:
         ray = self._ray
         while True:
             try:
-                batch, code = ray.get(self._agent.pull.remote(PULL_WAIT_S), timeout=PULL_WAIT_S + SILENCE_S)
+                batch, code = ray.get(self._actor.pull.remote(PULL_WAIT_S), timeout=PULL_WAIT_S + SILENCE_S)
             except ray.exceptions.GetTimeoutError:
-                yield from self._lost(f"no answer from its Ray agent for {SILENCE_S:.0f} s (node down or cut off)")
+                self._lost(f"no answer from its Ray agent for {SILENCE_S:.0f} s (node down or cut off)")
                 return
             except ray.exceptions.RayError as exc:  # the actor died, or its node, or the connection
-                yield from self._lost(f"its Ray agent died: {_first_line(exc)}")
+                self._lost(f"its Ray agent died: {_first_line(exc)}")
                 return
             yield from batch
             if code is not None:
-                self._code = agent_exit_code(code) if code >= 0 else code
+                self._exited(code)
                 return
 
-    def _lost(self, why: str) -> Iterator[str]:
+    def _exited(self, code: int) -> None:
+        self._code = agent_exit_code(code) if code >= 0 else code
+
+    def _lost(self, why: str) -> None:
         self.lost_reason = f"node {self.index} lost: {why}"
         self._code = LOST_NODE_EXIT
-        yield from ()
 
     def poll(self) -> int | None:
-        """The exit code once ``lines()`` has read the node's last output; None before."""
+        """The agent's exit code once it has exited (asked of its actor: its output need not have been read);
+        LOST_NODE_EXIT once the actor is gone; None while it runs or while the actor is slow to answer."""
+        if self._code is not None:
+            return self._code
+        ray = self._ray
+        try:
+            code = ray.get(self._actor.exit_code.remote(), timeout=PULL_WAIT_S)
+        except ray.exceptions.GetTimeoutError:
+            return None  # lines() decides, after SILENCE_S, whether the node is lost
+        except ray.exceptions.RayError as exc:
+            self._lost(f"its Ray agent died: {_first_line(exc)}")
+            return self._code
+        if code is not None:
+            self._exited(code)
         return self._code
 
     def terminate(self, grace: float) -> None:
-        """End the node's process group and tagged processes through its agent."""
+        """End the node's process group and tagged processes through its actor."""
         ray = self._ray
         try:
-            ray.get(self._agent.terminate.remote(grace), timeout=grace + 10 + SILENCE_S)
+            ray.get(self._actor.terminate.remote(grace), timeout=grace + stopping.KILL_AFTER_S + SILENCE_S)
         except ray.exceptions.RayError:
             return  # actor gone with its node: the sweep that follows reports what is left
 
@@ -115,8 +131,8 @@ class RayNode:
 class RayBackend(Backend):
     """Runs a plan's nodes on an existing Ray cluster (``ray: {address: ...}``).
 
-    Connects when created (in the caller's main thread: ``ray.init`` installs
-    its own SIGTERM handler there, which is put back as it was).
+    Connects on first use, not when created (``ray.init`` installs its own SIGTERM handler in the
+    main thread, which is put back as it was).
     """
 
     name: ClassVar[str] = "ray"
@@ -124,19 +140,25 @@ class RayBackend(Backend):
 
     def __init__(self, cluster: ClusterSpec) -> None:
         super().__init__(cluster)
-        self._ray = None
+        self._ray: Any = None
         self._owns = False
         self._runs: dict[str, Plan] = {}
-        self._connect()
 
-    def _connect(self) -> None:
+    @property
+    def ray(self) -> Any:
+        """The ``ray`` module, connected to the cluster (at the first call)."""
+        if self._ray is None:
+            self._ray = self._connect()
+        return self._ray
+
+    def _connect(self) -> Any:
         import ray
         from ray import cloudpickle
 
-        self._ray = ray
-        cloudpickle.register_pickle_by_value(rayagent)
+        cloudpickle.register_pickle_by_value(rayactor)
+        cloudpickle.register_pickle_by_value(stopping)
         if ray.is_initialized():
-            return
+            return ray
         address = self.cluster.ray.address
         _check_reachable(address)
         previous = signal.getsignal(signal.SIGTERM)
@@ -151,6 +173,7 @@ class RayBackend(Backend):
             if previous is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)
         self._owns = True
+        return ray
 
     @classmethod
     def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
@@ -165,16 +188,16 @@ class RayBackend(Backend):
         raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
 
     def preflight(self, plan: Plan) -> Preflight:
-        """Place the job's group, start its agents, learn each node's address and network; start nothing else."""
-        ray = self._ray
+        """Place the job's group, start its actors, learn each node's address and network; start no agent."""
+        ray = self.ray
         bundle = self._bundle(plan)
         group = ray.util.placement_group(
             [bundle] * plan.nnodes, strategy="STRICT_SPREAD", name=group_name(plan.job_id), lifetime="detached"
         )
         try:
             self._wait_placed(plan, group, bundle)
-            agents = self._create_agents(plan, group, bundle)
-            found = self._probe(plan, agents)
+            actors = self._create_actors(plan, group, bundle)
+            found = self._probe(plan, actors)
         except BaseException:
             self._remove(plan)
             raise
@@ -185,12 +208,12 @@ class RayBackend(Backend):
     def _bundle(self, plan: Plan) -> dict[str, float]:
         cpus = self.cluster.ray.cpus_per_node or plan.nproc_per_node
         bundle = {"CPU": float(cpus)}
-        if self._ray.cluster_resources().get("GPU", 0) > 0:
+        if self.ray.cluster_resources().get("GPU", 0) > 0:
             bundle["GPU"] = float(plan.nproc_per_node)
         return bundle
 
     def _wait_placed(self, plan: Plan, group, bundle: dict[str, float]) -> None:
-        ray, timeout = self._ray, self.cluster.ray.placement_timeout
+        ray, timeout = self.ray, self.cluster.ray.placement_timeout
         start = time.monotonic()
         ready = group.ready()
         while True:
@@ -207,13 +230,13 @@ class RayBackend(Backend):
             )
             sys.stderr.flush()
 
-    def _create_agents(self, plan: Plan, group, bundle: dict[str, float]) -> list:
+    def _create_actors(self, plan: Plan, group, bundle: dict[str, float]) -> list:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        actor = self._ray.remote(rayagent.NodeAgent)
+        actor = self.ray.remote(rayactor.NodeActor)
         return [
             actor.options(
-                name=agent_name(plan.job_id, index),
+                name=actor_name(plan.job_id, index),
                 namespace=NAMESPACE,
                 lifetime="detached",
                 max_concurrency=4,
@@ -224,8 +247,8 @@ class RayBackend(Backend):
             for index in range(plan.nnodes)
         ]
 
-    def _probe(self, plan: Plan, agents: list) -> Preflight:
-        facts = self._gather([agent.describe.remote() for agent in agents], "report their nodes")
+    def _probe(self, plan: Plan, actors: list) -> Preflight:
+        facts = self._gather([actor.describe.remote() for actor in actors], "report their nodes")
         master = facts[0]["ip"]
         python = self.cluster.python or facts[0]["python"]
         probe_route = self.cluster.network.interface == AUTO
@@ -235,7 +258,7 @@ class RayBackend(Backend):
             return node_argv(python, "facts", facts_request(plan, index, master=master if probe_route else None,
                                                              resolve_self=resolve))
 
-        answers = self._gather([agent.run.remote(request(index), FACTS_TIMEOUT_S) for index, agent in enumerate(agents)],
+        answers = self._gather([actor.run.remote(request(index), FACTS_TIMEOUT_S) for index, actor in enumerate(actors)],
                                "probe their nodes")
         problems, found = [], {}
         for index, (fact, (code, out, err)) in enumerate(zip(facts, answers)):
@@ -262,43 +285,63 @@ class RayBackend(Backend):
         return Preflight(problems=problems, nodes=nodes, probes=networks, python=python, facts=found)
 
     def _gather(self, refs: list, what: str) -> list:
-        ray = self._ray
+        ray = self.ray
         try:
-            return ray.get(refs, timeout=AGENT_TIMEOUT_S)
+            return ray.get(refs, timeout=ACTOR_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise PreflightError(f"the job's Ray agents did not {what} within {AGENT_TIMEOUT_S:.0f} s") from None
+            raise PreflightError(f"the job's Ray actors did not {what} within {ACTOR_TIMEOUT_S:.0f} s") from None
         except ray.exceptions.RayError as exc:
-            raise PreflightError(f"the job's Ray agents could not {what}: {_first_line(exc)}") from None
+            raise PreflightError(f"the job's Ray actors could not {what}: {_first_line(exc)}") from None
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[RayNode]]:
-        """Start every node's agent through its actor, with the plan's env (and secrets) for the ranks."""
-        ray = self._ray
+        """Start every node's agent through its actor, with the plan's env (and secrets) for the ranks; on a
+        failure (an actor gone, silent for ACTOR_TIMEOUT_S, or refusing) end every agent asked to start."""
+        ray = self.ray
         self._runs[plan.job_id] = plan
-        handles = []
-        for node in plan.nodes:
-            context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
-            agent = self._agent(plan.job_id, node.index)
-            if agent is None:
-                raise NodeStartError(f"node {node.index}: its Ray actor is gone (placement group removed?)", node.index)
-            argv = node_argv(plan.python, "agent", agent_request(plan, node, context.grace, secrets_on_stdin=True))
-            tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
-            started = ray.get(agent.start.remote(argv, tag, json.dumps(dict(context.secrets)) + "\n", node.cwd))
-            if isinstance(started, str):
-                raise NodeStartError(f"node {node.index} ({node.host}): {started}", node.index)
-            handles.append(RayNode(node.index, agent, started, ray))
-            context.stage(Stage.START, node.index, node.host, StageState.DONE)
-        return plan, handles
+        asked: list[RayNode] = []
+        try:
+            for node in plan.nodes:
+                context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
+                actor = self._actor(plan.job_id, node.index)
+                if actor is None:
+                    raise NodeStartError(f"node {node.index}: its Ray actor is gone (placement group removed?)", node.index)
+                handle = RayNode(node.index, actor, None, ray)
+                asked.append(handle)
+                handle.pid = self._start_agent(plan, node, actor, context)
+                context.stage(Stage.START, node.index, node.host, StageState.DONE)
+        except BaseException:
+            for handle in asked:
+                handle.terminate(context.grace)
+            raise
+        return plan, asked
+
+    def _start_agent(self, plan: Plan, node: NodePlan, actor, context: StartContext) -> int:
+        """The PID of ``node``'s agent, started by its actor; NodeStartError naming the node if it was not."""
+        ray = self.ray
+        start = agent_start(plan, node, context.grace, context.secrets)
+        tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
+        where = f"node {node.index} ({node.host})"
+        try:
+            started = ray.get(actor.start.remote(start.argv, tag, start.stdin, node.cwd), timeout=ACTOR_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise NodeStartError(f"{where}: its Ray actor did not start the agent within {ACTOR_TIMEOUT_S:.0f} s",
+                                 node.index) from None
+        except ray.exceptions.RayError as exc:
+            raise NodeStartError(f"{where}: its Ray actor failed: {_first_line(exc)}", node.index) from None
+        if isinstance(started, str):
+            raise NodeStartError(f"{where}: {started}", node.index)
+        return started
 
     def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
         """Run a short command on node ``index`` of a placed job, through its actor."""
         if plan is None:
             raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
-        agent = self._agent(plan.job_id, index)
-        if agent is None:
+        actor = self._actor(plan.job_id, index)
+        if actor is None:
             return unreachable(f"node {index}: the job's Ray actor there is gone")
-        ray = self._ray
+        ray = self.ray
         try:
-            code, out, err = ray.get(agent.run.remote(argv, timeout), timeout=timeout + SILENCE_S)
+            code, out, err = ray.get(actor.run.remote(argv, timeout), timeout=timeout + SILENCE_S)
         except ray.exceptions.RayError as exc:
             return unreachable(f"node {index}: its Ray actor did not answer: {_first_line(exc)}")
         return CommandResult(code, out, err)
@@ -309,20 +352,20 @@ class RayBackend(Backend):
         self._runs[plan.job_id] = plan
         return super().sweep(plan, grace, end)
 
-    def _agent(self, job_id: str, index: int):
-        """The live agent of a job's node, or None (never created, or gone)."""
+    def _actor(self, job_id: str, index: int):
+        """The live actor of a job's node, or None (never created, or gone)."""
         try:
-            return self._ray.get_actor(agent_name(job_id, index), namespace=NAMESPACE)
+            return self.ray.get_actor(actor_name(job_id, index), namespace=NAMESPACE)
         except ValueError:
             return None
 
     def _remove(self, plan: Plan) -> None:
-        """Kill the job's agents and remove its placement group."""
-        ray = self._ray
+        """Kill the job's actors and remove its placement group."""
+        ray = self.ray
         for index in range(plan.nnodes):
-            agent = self._agent(plan.job_id, index)
-            if agent is not None:
-                ray.kill(agent, no_restart=True)
+            actor = self._actor(plan.job_id, index)
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
         try:
             group = ray.util.get_placement_group(group_name(plan.job_id))
         except ValueError:
@@ -330,7 +373,7 @@ class RayBackend(Backend):
         ray.util.remove_placement_group(group)
 
     def close(self) -> None:
-        """Remove the groups and agents of the jobs this backend started or swept, then disconnect.
+        """Remove the groups and actors of the jobs this backend started or swept, then disconnect.
 
         A submit that only ran preflight (``--detach``) leaves them to the
         detached supervisor, which finds them by name.

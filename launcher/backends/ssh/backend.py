@@ -13,7 +13,6 @@ preflight, the version comparison, sync, setup, start and watch.
 from __future__ import annotations
 
 import json
-import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -30,7 +29,7 @@ from launcher.backends.base import (
     StageState,
     StartContext,
     agent_exit_code,
-    agent_request,
+    agent_start,
     facts_request,
     node_problems,
     unreachable,
@@ -38,8 +37,8 @@ from launcher.backends.base import (
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.ssh import sync
 from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
+from launcher.backends.stopping import term_then_kill
 from launcher.errors import LaunchError, NodeStartError
-from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
 from launcher.plan.shell import render_command
@@ -112,12 +111,12 @@ class SSHNode:
         """TERM the agent (it ends its node's processes), then KILL it if it lingers; the sweep does the rest."""
         if self._channel.status_event.is_set() or self.pid is None or self.poll() == LOST_NODE_EXIT:
             return  # ended, never started, or out of reach: the agent ends its node itself when its reader is gone
-        for sig, wait in ((signal.SIGTERM, grace + 10), (signal.SIGKILL, EXIT_STATUS_WAIT_S)):
-            self._backend.node_command(self._plan, self.index, "signal",
-                                       {"pid": self.pid, "start_ticks": self._start_ticks, "signal": int(sig)},
-                                       timeout=30)
-            if self._channel.status_event.wait(wait):
-                return
+        term_then_kill(self._signal, self._channel.status_event.wait, grace, kill_wait=EXIT_STATUS_WAIT_S)
+
+    def _signal(self, sig: int) -> None:
+        """Send ``sig`` to the agent, by PID and start time (a PID reused since is left alone)."""
+        self._backend.node_command(self._plan, self.index, "signal",
+                                   {"pid": self.pid, "start_ticks": self._start_ticks, "signal": int(sig)}, timeout=30)
 
 
 def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
@@ -220,9 +219,9 @@ class SSHBackend(Backend):
             context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
             conn = self._pool.get(self.targets[node.index])
             tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
-            argv = node_argv(plan.python, "agent", agent_request(plan, node, context.grace, secrets_on_stdin=True))
-            channel = conn.exec(render_command(argv, tag, node.cwd, replace_shell=False), combine=True)
-            channel.sendall(json.dumps(dict(context.secrets)).encode() + b"\n")
+            start = agent_start(plan, node, context.grace, context.secrets)
+            channel = conn.exec(render_command(start.argv, tag, node.cwd, replace_shell=False), combine=True)
+            channel.sendall(start.stdin)
             channel.shutdown_write()
             handle = SSHNode(node.index, self, plan, channel)
             handle.wait_started(START_TIMEOUT_S)
