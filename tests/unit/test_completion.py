@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import subprocess
 import sys
-import time
 
 import click
 import pytest
@@ -25,8 +25,10 @@ def jobs(home):
     for job_id in IDS:
         job = JobSpec(name=job_id.split("-")[0], entrypoint=["python", "t.py"], batch={"micro_batch": 2})
         store.create_job(plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500), {})
-        time.sleep(0.01)  # distinct created_at: completion lists the newest first
     store.close()
+    with sqlite3.connect(store.path) as db:  # distinct creation times, one second apart: newest first is IDS reversed
+        db.executemany("UPDATE jobs SET created_at = ? WHERE id = ?", [(1000.0 + n, i) for n, i in enumerate(IDS)])
+    db.close()
     return home
 
 
