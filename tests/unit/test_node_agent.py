@@ -251,14 +251,37 @@ def test_facts_report_modules_workdir_port_interfaces_and_route(tmp_path: Path) 
 
 
 def test_a_time_limit_warning_reaches_ranks_that_handle_sigusr1_even_once_they_install_the_handler(tmp_path: Path) -> None:
+    """Rank 1 handles SIGUSR1 from the start; rank 0 installs its handler only once rank 1 has been warned. The
+    agent looks at the ranks in rank order, so it passed rank 0 over (no handler yet) in the round that warned
+    rank 1: rank 0's warning can only come from a later round, the one that finds its new handler."""
     warning = tmp_path / "time-warning"
     warning.touch()  # the scheduler warned before the ranks were ready
-    late_handler = ("import signal, sys, time\ntime.sleep(1.5)\n"
-                    "signal.signal(signal.SIGUSR1, lambda *_: (print('usr1 handled', flush=True), sys.exit(0)))\n"
-                    "time.sleep(10)\nprint('never warned', flush=True)\n")
-    status, lines, _ = _run_agent([sys.executable, "-c", late_handler], {"RANK": "0", "LOCAL_RANK": "0"}, "/", {},
+    rank_1_warned = tmp_path / "rank-1-warned"
+    rank = ("import os, signal, sys, time\n"
+            "flag, me = sys.argv[1], os.environ['RANK']\n"
+            "def handled(*_):\n"
+            "    print(f'rank {me}: usr1 handled', flush=True)\n"
+            "    open(flag, 'a').close() if me == '1' else None\n"
+            "    sys.exit(0)\n"
+            "deadline = time.monotonic() + 60\n"
+            "while me == '0' and not os.path.exists(flag):  # rank 0 waits, unprotected, for rank 1's warning\n"
+            "    if time.monotonic() > deadline:\n"
+            "        sys.exit('rank 0: rank 1 was never warned')\n"
+            "    time.sleep(0.05)\n"
+            "signal.signal(signal.SIGUSR1, handled)\n"
+            "time.sleep(60)\n"
+            "print(f'rank {me}: never warned', flush=True)\n")
+    # torchrun's part: start rank 0, then rank 1 (so rank 0 exists whenever rank 1 does), wait for both
+    launcher = ("import os, subprocess, sys\n"
+                "ranks = [subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]],\n"
+                "                          env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r)}) for r in (0, 1)]\n"
+                "sys.exit(max(p.wait() for p in ranks))\n")
+    status, lines, _ = _run_agent([sys.executable, "-c", launcher, rank, str(rank_1_warned)], {}, "/", {},
                                   warn_file=str(warning))
     out = _output(lines)
-    assert status == 0 and "usr1 handled" in out and "never warned" not in out
-    assert any(line.startswith("launch: the time limit is near: rank 0 (pid ") and line.endswith("got SIGUSR1")
-               for line in out)
+    assert status == 0, out
+    assert "rank 0: usr1 handled" in out and "rank 1: usr1 handled" in out
+    assert not any("never warned" in line for line in out)
+    told = [line for line in out if line.startswith("launch: the time limit is near: rank ")]
+    assert [line.split()[7] for line in told] == ["1", "0"], told  # rank 0 warned after, and only after, rank 1
+    assert all(line.endswith("got SIGUSR1") for line in told), told
