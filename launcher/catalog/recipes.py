@@ -93,6 +93,19 @@ def recipe_info(
     return _transformer_info(recipe, size, seq_len, num_layers)
 
 
+def model_problem(recipe: str | None, size: str | None, seq_len: int | None, num_layers: int | None) -> str | None:
+    """Why a job's ``model:`` section cannot be built by ``recipe`` (naming the valid values), or None."""
+    if recipe not in LANGUAGE_MODELS:
+        return None
+    sizes = BERT_SIZES if recipe == "bert" else GPT2_SIZES
+    if size is not None and size not in sizes:
+        return f"size {size!r} is not a {recipe} size; choose one of {', '.join(sizes)}"
+    positions = BERT_MAX_POSITIONS if recipe == "bert" else GPT2_MAX_POSITIONS
+    if seq_len is not None and seq_len > positions:
+        return f"seq_len {seq_len} is more than {recipe}'s {positions} positions; choose 1 to {positions}"
+    return None
+
+
 def transformer_shape(recipe: str, size: str | None, num_layers: int | None) -> tuple[str, int, int, int, int]:
     """(size, hidden, layers, heads, intermediate) for a bert/gpt2 size, with a depth override."""
     sizes = BERT_SIZES if recipe == "bert" else GPT2_SIZES

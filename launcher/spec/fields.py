@@ -22,7 +22,9 @@ MAX_PROCS_PER_NODE = 1024
 MAX_STEPS = 10**12
 WEEK_S = 7 * 24 * 3600.0
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Control characters, and the invisible ones that change how a line reads: zero-width, direction marks and
+# overrides (U+202E shows "exe.txt" for "txt.exe"), line and paragraph separators, the BOM.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Read by launch's metric reporter in the ranks: a job may set these (README: LAUNCH_METRICS=0 turns it off).
 USER_LAUNCH_KNOBS = frozenset({"LAUNCH_METRICS", "LAUNCH_METRICS_EVERY"})
@@ -33,7 +35,8 @@ def _one_line(value: str) -> str:
     found = _CONTROL.search(value)
     if found:
         raise ValueError(
-            f"contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
+            f"contains the {'control' if ord(found.group()) < 0x100 else 'invisible or direction-changing'} "
+            f"character U+{ord(found.group()):04X} at position {found.start()}; "
             "this value is one line of plain text"
         )
     return value

@@ -21,6 +21,9 @@ _LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 
 
 def is_ip_literal(value: str) -> bool:
+    """An IPv4 or IPv6 address; an IPv6 zone id (``fe80::1%eth0``, any text after ``%``) is not one here."""
+    if "%" in value:
+        return False
     try:
         ipaddress.ip_address(value)
     except ValueError:
@@ -34,6 +37,9 @@ def check_host(value: str) -> str:
         return value
     if not value:
         raise ValueError("a host name cannot be empty")
+    if "%" in value:
+        raise ValueError(f"{value[:60]!r}: an IPv6 zone id ('%' and an interface) is not accepted; give the address "
+                         "without it (a link-local address is not reachable from the other nodes anyway)")
     if len(value) > MAX_HOST_LENGTH:
         raise ValueError(f"a host name is at most {MAX_HOST_LENGTH} characters; this one has {len(value)}")
     for label in value.removesuffix(".").split("."):

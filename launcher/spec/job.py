@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from launcher.catalog.recipes import RECIPES
+from launcher.catalog.recipes import RECIPES, model_problem
 from launcher.catalog.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
@@ -60,12 +60,23 @@ class ResourcesSpec(Strict):
     )
 
 
+def _not_an_option(value: str) -> str:
+    """A path the ranks get as an argument: one starting with '-' would read as an option there."""
+    if value.startswith("-"):
+        raise ValueError(f"{value[:60]!r} starts with '-', which the program would read as an option; "
+                         f"write ./{value[:60]} for a relative path")
+    return value
+
+
+PathArg = Annotated[Line, AfterValidator(_not_an_option)]
+
+
 class DataSpec(Strict):
-    path: Line | None = Field(None, description="Real data to read; synthetic data when absent.")
+    path: PathArg | None = Field(None, description="Real data to read; synthetic data when absent.")
 
 
 class CheckpointSpec(Strict):
-    dir: Line | None = None
+    dir: PathArg | None = None
     every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="0: only at the end.")
 
 
@@ -134,8 +145,17 @@ class JobSpec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):  # fullmatch: '$' alone lets a trailing newline through
             raise ValueError("must be lowercase letters, digits, '-', '_' or '.', starting with a letter or digit")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: ModelSpec, info: ValidationInfo) -> ModelSpec:
+        """A recipe's size and sequence length are ones it can build (else planning would fail later)."""
+        problem = model_problem(info.data.get("recipe"), v.size, v.seq_len, v.num_layers)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("strategy")

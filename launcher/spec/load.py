@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from launcher.errors import SpecError
 from launcher.spec.cluster import ClusterSpec
+from launcher.spec.files import check_regular, expand_user
 from launcher.spec.job import JobSpec
 from launcher.spec.safeyaml import Document, YAMLSyntaxError, parse_document, parse_value, read_spec_text
 
@@ -47,7 +48,37 @@ def load_spec(model: type[M], path: str | Path, overrides: list[str] | tuple[str
         if loc in set_locs:
             raise SpecError(f"--set {item!r}: '{'.'.join(loc)}' is already set by --set {set_locs[loc]!r}; give it once")
         set_locs[loc] = item
-    return validate(model, data, str(path), document.lines, set_locs)
+    spec = validate(model, data, str(path), document.lines, set_locs)
+    check_named_files(spec, str(path), document.lines, set_locs)
+    return spec
+
+
+MAX_NAMED_FILE_BYTES = 1 << 20  # a DeepSpeed config, an ssh key, known_hosts or ssh config: far less than this
+
+
+def named_files(spec: BaseModel) -> list[tuple[Loc, str, bool]]:
+    """(key path, path text, may be missing) of every file on this machine that ``spec`` names and launch reads."""
+    if isinstance(spec, JobSpec):
+        return [(("deepspeed", "config"), spec.deepspeed.config, False)] if spec.deepspeed.config else []
+    if isinstance(spec, ClusterSpec) and spec.backend == "ssh":
+        files = [(("ssh", "known_hosts"), spec.ssh.known_hosts, True), (("ssh", "config_file"), spec.ssh.config_file, True)]
+        if spec.ssh.key_file:
+            files.append((("ssh", "key_file"), spec.ssh.key_file, True))
+        return files
+    return []
+
+
+def check_named_files(spec: BaseModel, source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> None:
+    """Every file the spec names: ``~user`` known here, a regular file (not a FIFO or a device) of bounded size.
+
+    Checked at load, before anything reads them: a FIFO would block for ever, ``/dev/zero`` would fill memory.
+    """
+    for loc, text, missing_ok in named_files(spec):
+        field = ".".join(loc)
+        where = next((f"--set {item}" for set_loc, item in set_locs.items() if loc[: len(set_loc)] == set_loc),
+                     f"{source}:{_line_of(loc, lines)}")
+        check_regular(expand_user(text, f"{where}: {field}"), f"{where}: {field}", MAX_NAMED_FILE_BYTES,
+                      missing_ok=missing_ok)
 
 
 def read_document(path: str | Path) -> Document:

@@ -3,7 +3,8 @@
 A spec file is read up to ``MAX_SPEC_BYTES`` (one byte more tells it is too big, so
 ``/dev/zero`` ends at once) and must be UTF-8. libyaml parses it; launch's composer
 counts every value as it is built, aliases included, so an alias bomb or a recursive
-anchor is refused after at most ``MAX_VALUES`` values, and nesting stops at
+anchor is refused after at most ``MAX_VALUES`` values or ``MAX_EXPANDED_CHARS`` characters of
+text (a few aliases of a long value expand to megabytes in few values), and nesting stops at
 ``MAX_DEPTH``. The result holds only mappings, lists, text, numbers, booleans and null:
 tags other than those are refused (nothing is constructed from them), keys are read
 as text, a key given twice in one mapping is an error naming both lines, and
@@ -12,6 +13,7 @@ timestamps stay text.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from yaml.events import AliasEvent
 from yaml.resolver import Resolver
 
 from launcher.errors import SpecError
+from launcher.spec.files import expand_user, read_regular
 
 try:
     from yaml._yaml import CParser as _Parser
@@ -41,6 +44,7 @@ except ImportError:  # PyYAML built without libyaml: the pure-Python parser, sam
 MAX_SPEC_BYTES = 1 << 20
 MAX_VALUES = 100_000
 MAX_DEPTH = 64
+MAX_EXPANDED_CHARS = 4 << 20  # text once aliases are expanded: what a dry-run or the store would hold
 
 Loc = tuple[Any, ...]
 _CORE = "tag:yaml.org,2002:"
@@ -68,14 +72,9 @@ class Document:
 
 
 def read_spec_text(path: Path) -> str:
-    """The file's text: at most MAX_SPEC_BYTES read, UTF-8 (a BOM allowed), else SpecError."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB, the most a spec file may hold; is it the right file?")
+    """The file's text: a regular file of at most MAX_SPEC_BYTES (checked before reading: a FIFO or
+    ``/dev/zero`` is refused at once), UTF-8 (a BOM allowed), else SpecError."""
+    raw = read_regular(expand_user(path, "spec file"), "spec file", MAX_SPEC_BYTES)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -120,7 +119,10 @@ class _SpecLoader(Composer, _Parser, SafeConstructor, _Resolver):
 
     def compose_scalar_node(self, anchor: str | None) -> yaml.Node:
         self._count_built()
-        return self._counted(super().compose_scalar_node(anchor), [])
+        event = self.peek_event()
+        node = super().compose_scalar_node(anchor)
+        node.implicit = event.tag in (None, "!") and bool(event.implicit[0])  # a plain value whose tag YAML guessed
+        return self._counted(node, [], len(node.value))
 
     def compose_sequence_node(self, anchor: str | None) -> yaml.Node:
         self._count_built()
@@ -137,12 +139,16 @@ class _SpecLoader(Composer, _Parser, SafeConstructor, _Resolver):
         if self.built > MAX_VALUES:
             raise _Refused(f"more than {MAX_VALUES} values", self.peek_event().start_mark)
 
-    def _counted(self, node: yaml.Node, children: list[yaml.Node]) -> yaml.Node:
-        """Record the node's size and depth once expanded (aliases included); refuse past the bounds."""
+    def _counted(self, node: yaml.Node, children: list[yaml.Node], chars: int = 0) -> yaml.Node:
+        """Record the node's size, text and depth once expanded (aliases included); refuse past the bounds."""
         node.size = 1 + sum(child.size for child in children)
+        node.chars = chars + sum(child.chars for child in children)
         node.levels = 1 + max((child.levels for child in children), default=0)
         if node.size > MAX_VALUES:
             raise _Refused(f"expands to more than {MAX_VALUES} values through aliases", node.start_mark)
+        if node.chars > MAX_EXPANDED_CHARS:
+            raise _Refused(f"expands to more than {MAX_EXPANDED_CHARS >> 20} Mi characters of text through aliases",
+                           node.start_mark)
         if node.levels > MAX_DEPTH:
             raise _Refused(f"nested deeper than {MAX_DEPTH} levels through aliases", node.start_mark)
         return node
@@ -204,6 +210,16 @@ def parse_value(text: str, source: str) -> Any:
     return None if node is None else to_data(node, source).data
 
 
+_LEGACY_OCTAL = re.compile(r"[-+]?0[0-9_]+")
+
+
+def _octal(text: str) -> str:
+    try:
+        return str(int(text.replace("_", ""), 8))
+    except ValueError:
+        return "an error: it has the digit 8 or 9"
+
+
 def _tag_name(tag: str) -> str:
     return "!!" + tag.removeprefix(_CORE) if tag.startswith(_CORE) else tag
 
@@ -235,6 +251,17 @@ class _Builder:
         return None
 
     def _scalar(self, node: yaml.ScalarNode) -> Any:
+        if node.tag in (_CORE + "int", _CORE + "float") and ":" in node.value:
+            if getattr(node, "implicit", False):
+                return node.value  # YAML 1.1's base 60 (1:30 = 90); YAML 1.2 reads it as text, so does launch
+            self.problem(node, f"cannot read {node.value[:40]!r} as {_tag_name(node.tag)}: base-60 numbers "
+                               "(YAML 1.1) are not read; write the number itself")
+            return None
+        if node.tag == _CORE + "int" and _LEGACY_OCTAL.fullmatch(node.value):
+            self.problem(node, f"{node.value[:40]!r} has a leading zero: YAML 1.1 reads it as an octal number "
+                               f"({_octal(node.value)}), YAML 1.2 as decimal; write the number without the leading "
+                               "zero, or quote it for text")
+            return None
         try:
             return self._scalars.construct_object(node)
         except (yaml.YAMLError, ValueError, TypeError, KeyError, ArithmeticError):

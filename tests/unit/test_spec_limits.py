@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import tracemalloc
 
@@ -130,19 +131,20 @@ def test_yaml_merge_keys_still_work_and_explicit_keys_win(tmp_path):
 def test_dev_zero_as_a_spec_ends_at_once_with_exit_2(tmp_path):
     started = time.monotonic()
     tracemalloc.start()
-    with pytest.raises(SpecError, match="larger than 1024 KiB"):
+    with pytest.raises(SpecError, match="spec file: /dev/zero is a character device, not a regular file"):
         load_job("/dev/zero")
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert time.monotonic() - started < 1.0 and peak < 3 * MAX_SPEC_BYTES
     result = run_cli(tmp_path, "validate", "/dev/zero", timeout=60)
-    assert result.returncode == 2 and "/dev/zero: larger than 1024 KiB" in result.stderr
+    assert result.returncode == 2 and "/dev/zero is a character device, not a regular file" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_a_file_over_the_cap_is_refused_and_one_under_it_is_read(tmp_path, capsys):
     padding = "#" * 1000 + "\n"
-    validate(tmp_path, JOB + padding * (MAX_SPEC_BYTES // len(padding) + 1), capsys)
+    err = validate(tmp_path, JOB + padding * (MAX_SPEC_BYTES // len(padding) + 1), capsys)
+    assert "more than the 1 MiB it may" in err
     accepted(tmp_path, JOB + padding * (MAX_SPEC_BYTES // len(padding) - 1), capsys)
 
 
@@ -245,7 +247,7 @@ def test_the_reporter_knobs_stay_settable(tmp_path, capsys):
 
 # ---- hosts: valid names, distinct nodes, jump hosts
 
-@pytest.mark.parametrize("host", ["gpu-node-1", "dgx_01", "node.example.com.", "10.0.0.1", "fe80::1%eth0", "a" * 63])
+@pytest.mark.parametrize("host", ["gpu-node-1", "dgx_01", "node.example.com.", "10.0.0.1", "fe80::1", "a" * 63])
 def test_host_names_and_aliases_users_have_are_accepted(host, tmp_path, capsys):
     accepted(tmp_path, CLUSTER + f"nodes:\n  - {{host: '{host}'}}\n", capsys)
 
@@ -256,6 +258,8 @@ def test_host_names_and_aliases_users_have_are_accepted(host, tmp_path, capsys):
     ("a..b", "is not a host name or address"),
     ("user@host", "is not a host name or address"),
     ("", "a host name cannot be empty"),
+    ("fe80::1%eth0", "'fe80::1%eth0': an IPv6 zone id ('%' and an interface) is not accepted"),
+    ("fe80::1%$(reboot)", "an IPv6 zone id ('%' and an interface) is not accepted"),
 ])
 def test_invalid_host_names_are_refused_at_validation(host, fragment, tmp_path, capsys):
     assert fragment in validate(tmp_path, CLUSTER + f"nodes:\n  - {{host: '{host}'}}\n", capsys)
@@ -297,3 +301,117 @@ def test_validate_tells_a_cluster_from_a_job_through_the_same_bounded_reader(tmp
 
 def test_an_empty_workdir_is_refused(tmp_path, capsys):
     assert "workdir: String should have at least 1 character" in validate(tmp_path, CLUSTER + "workdir: ''\nnodes: [{host: a}]\n", capsys)
+
+
+# ---- issue 24: alias expansion bounded in characters, YAML 1.1 numbers, files a spec names
+
+def test_a_few_aliases_of_a_long_value_are_refused_by_expanded_size(tmp_path, capsys):
+    """142 KB of aliases of one long text once made a 132 MB dry-run: few values, many characters."""
+    long = "x" * 100_000
+    text = JOB + f"env:\n  A: &v {long}\n" + "".join(f"  B{i}: *v\n" for i in range(60))
+    path = tmp_path / "wide.yaml"
+    path.write_text(text)
+    assert len(text) < 110_000
+    with pytest.raises(SpecError, match="wide.yaml:5: refused: expands to more than 4 Mi characters of text through aliases"):
+        load_job(path)
+    validate(tmp_path, text, capsys, name="wide.yaml")
+
+
+def test_aliases_of_a_long_value_within_the_budget_expand(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB + "env:\n  A: &v " + "y" * 1000 + "\n" + "".join(f"  B{i}: *v\n" for i in range(10)))
+    assert load_job(path).env["B9"] == "y" * 1000
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ("seed: 017", "spec.yaml:4: '017' has a leading zero: YAML 1.1 reads it as an octal number (15), YAML 1.2 as decimal"),
+    ("max_steps: 0100", "'0100' has a leading zero"),
+    ("seed: !!int 1:30", "spec.yaml:4: cannot read '1:30' as !!int: base-60 numbers (YAML 1.1) are not read"),
+    ("max_steps: 1:30", "max_steps: Input should be a valid integer, unable to parse string as an integer (got '1:30')"),
+])
+def test_yaml_1_1_octal_and_base_60_numbers_are_not_read_as_numbers(line, fragment, tmp_path, capsys):
+    assert fragment in validate(tmp_path, JOB + line + "\n", capsys)
+
+
+def test_base_60_looking_text_stays_text_as_yaml_1_2_reads_it(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB + "env: {WINDOW: 1:30, TIME: 12:05:59}\n")
+    assert load_job(path).env == {"WINDOW": "1:30", "TIME": "12:05:59"}
+
+
+def job_with(tmp_path, extra: str) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB + extra)
+    return str(path)
+
+
+@pytest.mark.parametrize("target,fragment", [
+    ("/dev/zero", "job.yaml:4: deepspeed.config: /dev/zero is a character device, not a regular file"),
+    ("{tmp}", "deepspeed.config: {tmp} is a directory, not a regular file"),
+    ("{tmp}/fifo", "job.yaml:4: deepspeed.config: {tmp}/fifo is a FIFO (named pipe), not a regular file"),
+    ("{tmp}/big.json", "deepspeed.config: {tmp}/big.json holds 2097153 bytes, more than the 1 MiB it may"),
+    ("~no-such-user-24/ds.json", "there is no user 'no-such-user-24' on this machine"),
+])
+def test_a_deepspeed_config_that_is_not_a_small_regular_file_is_refused_before_reading(target, fragment, tmp_path):
+    os.mkfifo(tmp_path / "fifo")  # reading it would block for ever
+    with open(tmp_path / "big.json", "wb") as handle:
+        handle.truncate(2 * 1024 * 1024 + 1)
+    target, fragment = target.format(tmp=tmp_path), fragment.format(tmp=tmp_path)
+    path = job_with(tmp_path, f"deepspeed: {{config: '{target}'}}\n")
+    started = time.monotonic()
+    result = run_cli(tmp_path, "submit", path, "--dry-run", timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert fragment in result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_a_spec_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "job.yaml")
+    result = run_cli(tmp_path, "validate", str(tmp_path / "job.yaml"), timeout=60)
+    assert result.returncode == 2 and "job.yaml is a FIFO (named pipe), not a regular file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_ssh_files_of_an_unknown_user_or_of_the_wrong_type_are_refused(tmp_path, capsys):
+    os.mkfifo(tmp_path / "kh")
+    err = validate(tmp_path, CLUSTER + f"nodes: [{{host: a}}]\nssh: {{known_hosts: {tmp_path}/kh}}\n", capsys)
+    assert f"spec.yaml:4: ssh.known_hosts: {tmp_path}/kh is a FIFO (named pipe), not a regular file" in err
+    err = validate(tmp_path, CLUSTER + "nodes: [{host: a}]\nssh: {key_file: ~no-such-user-24/.ssh/id}\n", capsys)
+    assert "ssh.key_file: '~no-such-user-24/.ssh/id': there is no user 'no-such-user-24'" in err
+
+
+def test_ssh_files_not_made_yet_are_fine(tmp_path, capsys):
+    accepted(tmp_path, CLUSTER + f"nodes: [{{host: a}}]\nssh: {{known_hosts: {tmp_path}/none, config_file: {tmp_path}/no}}\n",
+             capsys)
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    ("recipe: bert\nmodel: {seq_len: 1024}\n", "job.yaml:4: model: seq_len 1024 is more than bert's 512 positions; choose 1 to 512"),
+    ("recipe: gpt2\nmodel: {seq_len: 2048}\n", "seq_len 2048 is more than gpt2's 1024 positions; choose 1 to 1024"),
+    ("recipe: bert\nmodel: {size: huge}\n", "job.yaml:4: model: size 'huge' is not a bert size; choose one of base, large"),
+    ("recipe: gpt2\nmodel: {size: base}\n", "size 'base' is not a gpt2 size; choose one of small, medium, large, xl"),
+])
+def test_recipe_model_options_it_cannot_build_are_refused_at_validation(extra, fragment, tmp_path):
+    text = JOB.replace("entrypoint: [python, t.py]\n", "") + extra
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    result = run_cli(tmp_path, "validate", str(path), timeout=60)
+    assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["abc\n", "abc\u202e", "abc\u200b"])
+def test_a_job_name_with_a_trailing_newline_or_invisible_character_is_refused(value, tmp_path, capsys):
+    err = validate(tmp_path, JOB.replace("name: x", f"name: {json.dumps(value)}"), capsys)
+    assert "spec.yaml:1: name: must be lowercase letters" in err
+
+
+@pytest.mark.parametrize("char", ["\u202e", "\u2028", "\u200b"])
+def test_invisible_and_direction_changing_characters_are_refused_in_paths(char, tmp_path, capsys):
+    err = validate(tmp_path, JOB + f"data: {{path: {json.dumps('/data/' + char + 'txt.exe')}}}\n", capsys)
+    assert f"data.path: contains the invisible or direction-changing character U+{ord(char):04X} at position 6" in err
+
+
+@pytest.mark.parametrize("key", ["checkpoint: {dir: ", "data: {path: "])
+def test_a_path_the_ranks_get_that_starts_with_a_dash_is_refused(key, tmp_path, capsys):
+    err = validate(tmp_path, JOB + key + "--rm-rf}\n", capsys)
+    assert "'--rm-rf' starts with '-', which the program would read as an option; write ./--rm-rf" in err
