@@ -1,0 +1,155 @@
+"""However a supervised job goes, it ends in a terminal state that says why: its own clean-up failing,
+the store refusing records, the disk under LAUNCH_HOME full, the terminal of `launch submit` closed,
+the job cancelled before it launched. A scripted in-memory backend (tests/unit/fakes.py)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import plan_job
+from launcher.run import supervisor as supervisor_module
+from launcher.run.orchestrate import stored_spec
+from launcher.run.supervisor import Supervisor
+from launcher.spec import ClusterSpec, JobSpec
+from launcher.store.db import Store, StoreError
+from launcher.store.states import JobState
+from tests.unit.fakes import FakeBackend, NodeScript, output, record, sample
+
+CLUSTER = ClusterSpec(
+    name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
+    nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 2} for i in (1, 2)],
+)
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor_module, "SETTLE_S", 0.2)
+    monkeypatch.setattr(supervisor_module, "REPORT_WAIT_S", 0.5)
+    monkeypatch.setattr(supervisor_module, "POLL_S", 0.01)
+
+
+def _supervisor(tmp_path: Path, backend: FakeBackend) -> tuple[Supervisor, Store]:
+    spec = JobSpec(name="unit", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 2}, max_steps=4)
+    plan = plan_job(spec, CLUSTER, "unit-00000001", rdzv_port=29500)
+    store = Store(tmp_path / "home")
+    store.create_job(plan, stored_spec(spec, CLUSTER, run_check=True))
+    return Supervisor(store, plan, backend, grace=0.1), store
+
+
+class BrokenCleanup(FakeBackend):
+    """A backend whose sweep and close raise (a node unreachable, a connection already broken)."""
+
+    def sweep(self, plan, grace):
+        raise ConnectionError("sweep: connection reset")
+
+    def close(self) -> None:
+        self.closed = True
+        raise ConnectionError("close: connection reset")
+
+
+def test_a_sweep_and_a_close_that_raise_in_the_error_path_still_end_the_job_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug in launch")
+
+    monkeypatch.setattr(Supervisor, "_first_failure", broken)
+    backend = BrokenCleanup(CLUSTER, [[NodeScript(code=3), NodeScript(code=None)]])
+    sup, store = _supervisor(tmp_path, backend)
+    assert sup.run() == JobState.FAILED
+    row = store.job("unit-00000001")
+    assert row["state"] == "FAILED" and row["reason"].startswith("launch internal error: ZeroDivisionError")
+    assert backend.closed
+    notes = (Path(row["run_dir"]) / "supervisor-errors.log").read_text()
+    assert "sweep: connection reset" in notes and "close: connection reset" in notes
+    kinds = [e["kind"] for e in store.events(row["id"])]
+    assert kinds.count("internal_error") == 2 and kinds[-1] == "failed"
+
+
+def test_a_sweep_that_raises_after_a_clean_run_ends_the_job_failed_not_running(tmp_path: Path) -> None:
+    backend = BrokenCleanup(CLUSTER, [[NodeScript(), NodeScript()]])
+    sup, store = _supervisor(tmp_path, backend)
+    assert sup.run() == JobState.FAILED
+    row = store.job("unit-00000001")
+    assert row["state"] == "FAILED" and "sweep: connection reset" in row["reason"]
+
+
+def test_metric_records_the_store_refused_are_said_in_the_reason_and_an_event(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = FakeBackend(CLUSTER, [[NodeScript([record(0, 1), record(0, 2)]), NodeScript([record(2, 1)])]])
+    sup, store = _supervisor(tmp_path, backend)
+
+    def refuse(*args, **kwargs):
+        raise StoreError("the store could not be written: database or disk is full")
+
+    monkeypatch.setattr(store, "add_metrics", refuse)
+    assert sup.run() == JobState.SUCCEEDED
+    row = store.job("unit-00000001")
+    assert row["reason"] == ("succeeded, but its record is incomplete: 3 metric record(s) could not be stored "
+                             "(StoreError: the store could not be written: database or disk is full)")
+    [lost] = [e for e in store.events(row["id"]) if e["kind"] == "records_lost"]
+    assert lost["data"]["records"] == 3 and lost["data"]["attempt"] == 0
+
+
+def test_a_full_disk_under_launch_home_does_not_hang_the_job_and_its_reason_says_what_was_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = [output(f"epoch {i}") for i in range(50)]
+    samples = [sample(1.0, {"rank": 2, "pid": 42, "pids": [42], "cpu_s": 1.0, "rss_bytes": 1, "rss_peak_bytes": 1})]
+    backend = FakeBackend(CLUSTER, [[NodeScript(lines), NodeScript(samples + lines)]])
+    sup, store = _supervisor(tmp_path, backend)
+    run_dir = store.run_dir("unit-00000001")
+    for name in ("attempt0-node0.log", "attempt0-node1.log", "supervisor-errors.log"):
+        (run_dir / name).symlink_to("/dev/full")  # every write: ENOSPC, as on a full disk
+
+    def full(*args, **kwargs):
+        raise StoreError("the store could not be written: database or disk is full")
+
+    monkeypatch.setattr(store, "add_samples", full)
+    assert sup.run() == JobState.SUCCEEDED
+    row = store.job("unit-00000001")
+    assert row["state"] == "SUCCEEDED"
+    assert row["reason"].startswith("succeeded, but its record is incomplete: 1 sample(s), 100 log line(s) could not be stored")
+    assert all(node.poll() == 0 for node in backend.started[0]), "every node's output was read to its end"
+
+
+class HangUp(FakeBackend):
+    """The terminal of `launch submit` closes once the nodes run."""
+
+    def start(self, plan, context):
+        started = super().start(plan, context)
+        signal.raise_signal(signal.SIGHUP)
+        return started
+
+
+@pytest.fixture
+def _signals():
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+
+    def unhandled(signum, frame):
+        raise AssertionError("SIGHUP reached the supervisor unhandled: its default ends the process, orphaning the nodes")
+
+    signal.signal(signal.SIGHUP, unhandled)
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.usefixtures("_signals")
+def test_a_closed_terminal_cancels_a_foreground_job_cleanly(tmp_path: Path) -> None:
+    backend = HangUp(CLUSTER, [[NodeScript(code=None), NodeScript(code=None)]])
+    sup, store = _supervisor(tmp_path, backend)
+    sup.install_signal_handlers()
+    assert sup.run() == JobState.CANCELLED
+    row = store.job("unit-00000001")
+    assert row["state"] == "CANCELLED" and "SIGHUP" in row["reason"]
+    assert all(node.terminated for node in backend.started[0]) and backend.swept_nodes == 2 and backend.closed
+
+
+def test_a_job_cancelled_before_it_launched_still_has_its_backend_closed(tmp_path: Path) -> None:
+    backend = FakeBackend(CLUSTER, [[NodeScript(), NodeScript()]])
+    sup, store = _supervisor(tmp_path, backend)
+    store.transition("unit-00000001", JobState.CANCELLED, reason="cancelled by user")
+    assert sup.run() == JobState.CANCELLED
+    assert backend.closed and backend.started == []
