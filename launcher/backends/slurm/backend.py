@@ -308,31 +308,49 @@ class SlurmBackend(Backend):
 
     def sweep(self, plan: Plan, grace: float, end: bool = True) -> SweepReport:
         """End (``scancel``) every Slurm job of this launch job and confirm from squeue that each ended with no
-        step left; a node Slurm marks down cannot be checked (its processes outlive a dead slurmd)."""
-        ids = set(cli.jobs_named(job_name(plan.job_id)))
+        step left; a node Slurm marks down cannot be checked (its processes outlive a dead slurmd), nor can any
+        node while Slurm does not answer (unknown is not clean)."""
+        unknown: list[str] = []
+        try:
+            ids = set(cli.jobs_named(job_name(plan.job_id)))
+        except cli.SlurmCommandError as exc:
+            ids, unknown = set(), [f"Slurm could not be asked which of its jobs are left: {exc}"]
         if plan.job_id in self._jobs:
             ids.add(self._jobs[plan.job_id].slurm_id)
-        folder = self._jobs[plan.job_id].folder if plan.job_id in self._jobs else Path(self.cluster.workdir)
         left = []
         for slurm_id in sorted(ids):
-            job = SlurmJob(slurm_id, folder)
-            known = self._jobs.get(plan.job_id)
-            settle = SETTLE_S if known is not None and known.slurm_id == slurm_id and known.agents_done(plan.nnodes) else 0
-            confirmed = self._end(job, settle) if end else job.status().state.ended and not cli.steps(slurm_id)
-            if not confirmed:
-                left.append(f"Slurm job {slurm_id} is still {job.status(fresh=True).state.value} "
-                            f"(steps: {', '.join(cli.steps(slurm_id)) or 'none'})")
+            try:
+                still = self._left(plan, slurm_id, end)
+            except cli.SlurmCommandError as exc:
+                unknown.append(f"Slurm job {slurm_id}: {exc}")
+                continue
+            left += [still] if still else []
         for stale in (Path(self.cluster.workdir) / JOB_DIR / plan.job_id).glob("a*/node*.run.json"):
             stale.unlink(missing_ok=True)  # a run request never read holds the secrets
         hosts = [node.host for node in plan.nodes]
-        down = {name: why for name, why in cli.node_reasons([h for h in hosts if not h.startswith("slurm-node-")]).items()
-                if "down" in why[0] or "*" in why[0]}
+        try:
+            down = {name: why for name, why in cli.node_reasons([h for h in hosts if not h.startswith("slurm-node-")]).items()
+                    if "down" in why[0] or "*" in why[0]}
+        except cli.SlurmCommandError as exc:
+            down, unknown = {}, [*unknown, f"Slurm could not be asked about the nodes: {exc}"]
         return SweepReport(tuple(
             NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail=f"Slurm has the node {down[host][0]}: {down[host][1]}")
             if host in down else
+            NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail="; ".join(unknown)) if unknown else
             NodeSweep(index, host, SweepOutcome.LEFTOVERS, detail="; ".join(left)) if left else
             NodeSweep(index, host, SweepOutcome.CLEAN)
             for index, host in enumerate(hosts)))
+
+    def _left(self, plan: Plan, slurm_id: str, end: bool) -> str | None:
+        """What is left of Slurm job ``slurm_id`` after ending it (with ``end``), or None once it ended with no step."""
+        known = self._jobs.get(plan.job_id)
+        job = SlurmJob(slurm_id, known.folder if known is not None else Path(self.cluster.workdir))
+        settle = SETTLE_S if known is not None and known.slurm_id == slurm_id and known.agents_done(plan.nnodes) else 0
+        confirmed = self._end(job, settle) if end else job.status().state.ended and not cli.steps(slurm_id)
+        if confirmed:
+            return None
+        return (f"Slurm job {slurm_id} is still {job.status(fresh=True).state.value} "
+                f"(steps: {', '.join(cli.steps(slurm_id)) or 'none'})")
 
     # short commands on a node of a running job (stacks, kernel log)
 
@@ -341,19 +359,22 @@ class SlurmBackend(Backend):
         if plan is None:
             return self._run_checked(index, argv, timeout)
         job = self._jobs.get(plan.job_id)
-        if job is None or job.status().state != cli.SlurmState.RUNNING:
-            return unreachable(f"node {index}: the job's Slurm allocation is not running")
         host = plan.nodes[index].host
-        done = cli.run(["srun", f"--jobid={job.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-                        "--quiet", *argv], timeout=timeout + 30)
+        try:
+            if job is None or job.status().state != cli.SlurmState.RUNNING:
+                return unreachable(f"node {index}: the job's Slurm allocation is not running")
+            done = cli.run(["srun", f"--jobid={job.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1",
+                            f"--nodelist={host}", "--quiet", *argv], timeout=timeout + 30)
+        except cli.SlurmCommandError as exc:
+            return unreachable(f"node {index} ({host}): {exc}")
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
     def _run_checked(self, index: int, argv: list[str], timeout: float) -> CommandResult:
         """`launch check`'s command on the partition's node ``index`` (of ``check_hosts``), in an allocation of its own."""
-        if self._check_nodes is None:
-            self._check_nodes = cli.nodes_in_service(self.spec.partition)[:CHECK_NODES]
         minutes = max(1, math.ceil(timeout / 60))
         try:
+            if self._check_nodes is None:
+                self._check_nodes = cli.nodes_in_service(self.spec.partition)[:CHECK_NODES]
             done = cli.run([*cli.srun_argv(self.spec, self._check_nodes[index], minutes), *argv],
                            timeout=timeout + CHECK_QUEUE_WAIT_S)
         except cli.SlurmCommandError as exc:

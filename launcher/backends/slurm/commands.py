@@ -4,6 +4,10 @@
 without ``-t all``); ``scontrol show job -o`` gives its Reason and exit code; ``scancel`` ends it;
 ``sinfo``/``scontrol show partition`` answer at submit whether the partition can ever hold the job.
 No accounting is needed (``sacct`` is not used). Facts behind these choices: tools/SLURM-NOTES.md.
+
+A command that fails is SlurmCommandError, never an empty answer: "no step left" or "no job of that
+name" is what Slurm said, not what a busy controller's timeout looks like. Only a job the controller
+has forgotten (``Invalid job id``) reads as gone.
 """
 
 from __future__ import annotations
@@ -88,9 +92,15 @@ def run(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT_S) -> subprocess.C
         raise SlurmCommandError(f"`{shlex.join(argv[:3])}` failed: {exc}") from None
 
 
-def checked(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
-    """stdout of a command that must succeed; SlurmCommandError with its stderr if it does not."""
+FORGOTTEN = "Invalid job id"  # what squeue and scontrol say of a job the controller no longer knows
+
+
+def checked(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT_S, forgotten: str | None = None) -> str:
+    """stdout of a command that must succeed; SlurmCommandError with its stderr if it does not. ``forgotten``:
+    the answer when the command failed because the controller no longer knows the job."""
     done = run(argv, timeout)
+    if done.returncode != 0 and forgotten is not None and FORGOTTEN in done.stderr:
+        return forgotten
     if done.returncode != 0:
         words = (done.stderr or done.stdout).strip()[-400:] or f"exit {done.returncode}"
         raise SlurmCommandError(f"`{shlex.join(argv[:4])}` failed: {words}")
@@ -134,7 +144,7 @@ def srun_argv(spec: SlurmSpec, host: str, minutes: int) -> list[str]:
 
 def nodes_in_service(partition: str) -> list[str]:
     """The partition's nodes that take jobs now (idle, mixed or allocated), in sinfo's order."""
-    out = run(["sinfo", "-h", "-N", "-p", partition, "-t", "idle,mixed,allocated", "-o", "%N"]).stdout
+    out = checked(["sinfo", "-h", "-N", "-p", partition, "-t", "idle,mixed,allocated", "-o", "%N"])
     return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
 
 
@@ -167,12 +177,7 @@ def parse_squeue(out: str) -> JobStatus:
 
 def job_status(job_id: str) -> JobStatus:
     """The job's status from squeue (GONE once the controller has forgotten it)."""
-    done = run(squeue_argv(job_id))
-    if done.returncode != 0:
-        if "Invalid job id" in done.stderr:
-            return JobStatus(SlurmState.GONE, "", "")
-        raise SlurmCommandError(f"`squeue -j {job_id}` failed: {done.stderr.strip()[-300:]}")
-    return parse_squeue(done.stdout)
+    return parse_squeue(checked(squeue_argv(job_id), forgotten=""))
 
 
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z/:_]*)=")
@@ -187,8 +192,7 @@ def parse_key_values(line: str) -> dict[str, str]:
 
 def show_job(job_id: str) -> dict[str, str]:
     """``scontrol show job -o ID`` as keys and values ({} once the controller has forgotten the job)."""
-    done = run(["scontrol", "show", "job", "-o", job_id])
-    return parse_key_values(done.stdout.strip()) if done.returncode == 0 else {}
+    return parse_key_values(checked(["scontrol", "show", "job", "-o", job_id], forgotten="").strip())
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -202,7 +206,7 @@ def node_reasons(names: Sequence[str]) -> dict[str, tuple[str, str]]:
     """(state, reason) of each named node, from sinfo (``down*``, ``Not responding``)."""
     if not names:
         return {}
-    out = run(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N|%T|%E"]).stdout
+    out = checked(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N|%T|%E"])
     found = {}
     for line in out.splitlines():
         name, _, rest = line.partition("|")
@@ -212,14 +216,14 @@ def node_reasons(names: Sequence[str]) -> dict[str, tuple[str, str]]:
 
 
 def steps(job_id: str) -> list[str]:
-    """Ids of the job's steps still running (``12.0``, ``12.batch``)."""
-    return [line.strip() for line in run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"]).stdout.splitlines()
-            if line.strip()]
+    """Ids of the job's steps still running (``12.0``, ``12.batch``); none once the controller forgot the job."""
+    out = checked(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], forgotten="")
+    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 def jobs_named(name: str) -> list[str]:
     """Ids of the jobs the controller knows with this name (every attempt of a launch job)."""
-    out = run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"]).stdout
+    out = checked(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"])
     return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
 
 
@@ -257,7 +261,7 @@ def partition(name: str) -> Partition | None:
 def partition_gpus(name: str) -> list[tuple[int, int]]:
     """(nodes, GPUs per node) for each group of the partition's nodes, from sinfo's GRES column
     (``gpu:8``, ``gpu:a800:8(S:0-1)``; 0 GPUs where a group has none)."""
-    out = run(["sinfo", "-h", "-p", name, "-o", "%D|%G"]).stdout
+    out = checked(["sinfo", "-h", "-p", name, "-o", "%D|%G"])
     return [parse_gres_line(line) for line in out.splitlines() if "|" in line]
 
 

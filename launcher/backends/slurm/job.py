@@ -21,6 +21,7 @@ from launcher.backends.slurm import commands as cli
 
 POLL_S = 0.5
 STATUS_EVERY_S = 1.0
+EXIT_TAIL_BYTES = 4096  # the end of node<N>.out that holds the agent's last line, ``@exit {...}``
 
 
 _ENDED_WORDS = {s.value for s in cli.SlurmState if s.ended}
@@ -143,6 +144,7 @@ class SlurmNode:
         self._host = host
         self._job = job
         self._code: int | None = None
+        self._decided = threading.Lock()
         self._path = job.folder / f"node{index}.out"
 
     def lines(self) -> Iterator[str]:
@@ -176,11 +178,15 @@ class SlurmNode:
             code = int(json.loads(line.partition(" ")[2])["code"])
         except (ValueError, KeyError, TypeError):
             code = LOST_NODE_EXIT
-        if code != 0:  # a rank's own failure, unless Slurm decided it (its node down, the time limit, a cancel)
-            self.scheduler_failure = self._job.scheduler_failure(self._host) or self._job.node_down(self._host, fresh=True)
-            self._job.peer_failed = True
-        self._job.exited.add(self.index)
-        self._code = code
+        with self._decided:  # lines() and poll() may both find the line
+            if self._code is not None:
+                return
+            if code != 0:  # a rank's own failure, unless Slurm decided it (its node down, the time limit, a cancel)
+                self.scheduler_failure = (self._job.scheduler_failure(self._host)
+                                          or self._job.node_down(self._host, fresh=True))
+                self._job.peer_failed = True
+            self._job.exited.add(self.index)
+            self._code = code
 
     def _lost(self) -> None:
         self.scheduler_failure = self._job.scheduler_failure(self._host)
@@ -190,8 +196,28 @@ class SlurmNode:
             f"{self.index}'s agent reported its exit{slurm_lines(self._job.folder)}")
         self._code = LOST_NODE_EXIT
 
+    def _last_line(self) -> str:
+        """The last whole line of the agent's output file ('' when there is none yet)."""
+        try:
+            with open(self._path, "rb") as handle:
+                handle.seek(max(0, handle.seek(0, os.SEEK_END) - EXIT_TAIL_BYTES))
+                tail = handle.read()
+        except OSError:
+            return ""
+        whole = tail.rpartition(b"\n")[0]
+        return whole.rpartition(b"\n")[2].decode("utf-8", "replace")
+
     def poll(self) -> int | None:
-        """The exit code once known; LOST_NODE_EXIT at once for a node Slurm declared failed."""
+        """The exit code once known, whether or not ``lines()`` has read the agent's ``@exit``; LOST_NODE_EXIT at
+        once for a node Slurm declared failed; None while Slurm cannot be asked."""
+        try:
+            return self._poll()
+        except cli.SlurmCommandError:
+            return self._code
+
+    def _poll(self) -> int | None:
+        if self._code is None and (last := self._last_line()).startswith("@exit "):
+            self._exited(last)
         if self._code is None and self._job.status().state in (cli.SlurmState.NODE_FAIL, cli.SlurmState.COMPLETING):
             failure = self._job.scheduler_failure(self._host)
             if failure is not None and failure.kind == FailureKind.LOST:
@@ -203,9 +229,13 @@ class SlurmNode:
         return self._code
 
     def terminate(self, grace: float) -> None:
-        """``scancel`` the job (every node: Slurm signals the steps, KillWait later kills them)."""
-        if not self._job.status().state.ended:
-            cli.cancel(self._job.slurm_id)
+        """``scancel`` the job (every node: Slurm signals the steps, KillWait later kills them). When Slurm cannot
+        be asked, the sweep that follows reports the job as not confirmed ended."""
+        try:
+            if not self._job.status().state.ended:
+                cli.cancel(self._job.slurm_id)
+        except cli.SlurmCommandError:
+            return
 
 
 def step_log_tail(folder: Path, index: int) -> str:
