@@ -34,6 +34,8 @@ from launcher.run import identity, stacks
 from launcher.run.attribution import NodeExit, node_failure
 from launcher.run.finish import Outcome, finish
 from launcher.run.liveness import HangDetector, Liveness
+from launcher.run.restarts import node_at_fault, why_not_restart
+from launcher.run.scheduled import SchedulerEvents
 from launcher.run.watcher import Lost, NodeWatcher, Relay
 from launcher.store.db import Store
 from launcher.store.states import JobState, NodeState
@@ -196,7 +198,7 @@ class Supervisor:
             if outcome.state != JobState.FAILED or self._cancel.is_set():
                 return outcome
             failure = outcome.failure
-            why_not = self._why_not_restart(attempt, failure)
+            why_not = why_not_restart(attempt, failure, self.restarts, self.restart_on, self.replan is not None)
             if why_not:
                 if self.restarts:
                     self.store.add_event(self.plan.job_id, "no_restart", why_not)
@@ -238,18 +240,6 @@ class Supervisor:
         self._guarded("filing what was lost", lambda: self.store.add_event(
             self.plan.job_id, "records_lost", f"attempt {relay.attempt}: {lost.describe()}", data))
 
-    def _why_not_restart(self, attempt: int, failure: Failure | None) -> str | None:
-        """Why this failure is not restarted (None: restart). With ``leave_out_failed_nodes`` a node's own
-        failure is restarted whatever its kind: a host that fails twice is replaced, so it need not repeat."""
-        if attempt >= self.restarts:
-            return f"no restart left (restarts: {self.restarts})" if self.restarts else "restarts: 0"
-        node_at_fault = (self.replan is not None and failure is not None and failure.node is not None
-                         and failure.kind in (FailureKind.EXIT, FailureKind.LOST, FailureKind.OOM))
-        if failure is not None and not failure.transient and self.restart_on != "any" and not node_at_fault:
-            return ("not restarted: this failure would repeat (restart_on: transient restarts only lost nodes, "
-                    "network/NCCL errors, signals from outside and hangs after progress; set restart_on: any to restart anyway)")
-        return None
-
     def _sweep(self) -> None:
         report = self.backend.sweep(self.plan, self.grace)
         for problem in report.problems():
@@ -257,15 +247,11 @@ class Supervisor:
                                  {"nodes": [n.__dict__ for n in report.nodes if n.outcome != "clean"]})
 
     def _leave_out_twice_failed(self, failure: Failure) -> str | None:
-        """Count the failure against its host; at its second, re-plan without it. A problem text if that fails.
-
-        Only a node whose processes exited or whose connection was lost counts (its failure has an exit
-        code): a stall names the node heard from least recently, and a start or setup failure is reported
-        by every node alike, so neither says which host is broken.
-        """
-        if failure.exit_code is None or failure.node is None or failure.kind not in (FailureKind.EXIT, FailureKind.LOST, FailureKind.OOM):
+        """Count a node's own failure (``restarts.node_at_fault``, with an exit code) against its host; at its
+        second, re-plan without it. A problem text if that fails."""
+        if self.replan is None or not node_at_fault(failure) or failure.exit_code is None:
             return None
-        host = failure.host or self.plan.nodes[failure.node].host
+        host = failure.host or self.plan.nodes[failure.node or 0].host
         self.first_failures[host] += 1
         if self.first_failures[host] < 2:
             return None
@@ -274,7 +260,7 @@ class Supervisor:
             plan, backend = self.replan(self.plan, left_out)
         except LaunchError as exc:
             return f"{host} failed first in two attempts and was left out, but the job cannot restart without it: {exc}"
-        self.backend.close()
+        self._guarded("closing the backend of the hosts left out", self.backend.close)
         self.plan, self.backend = plan, backend
         self.store.add_event(
             self.plan.job_id, "node_left_out",
@@ -354,8 +340,9 @@ class Supervisor:
         for node in self.plan.nodes:
             self.store.set_node(job_id, attempt, node.index, host=node.host, address=node.address,
                                 state=NodeState.STARTING, started_at=time.time())
+        scheduler = SchedulerEvents(self.store, job_id, self._warn)
         context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace, stage=self.stage,
-                               submitted=self._submitted, queued=self._queued, allocated=self._allocated,
+                               submitted=scheduler.submitted, queued=scheduler.queued, allocated=scheduler.allocated,
                                cancelled=self._cancel, place=self.place)
         try:
             planned = self.plan
@@ -380,29 +367,6 @@ class Supervisor:
                                 state=NodeState.RUNNING, pid=handle.pid, log_path=str(log_path))
             watchers.append(NodeWatcher(handle, node.host, log_path, relay))
         return watchers
-
-    def _submitted(self, scheduler_id: str) -> None:
-        """The scheduler has the job: its id recorded (`launch submit --detach` returns on it)."""
-        self.store.update_job(self.plan.job_id, scheduler_id=scheduler_id)
-        self.store.add_event(self.plan.job_id, "submitted", f"submitted to the scheduler: its job {scheduler_id}",
-                             {"scheduler_id": scheduler_id})
-
-    def _queued(self, reason: str, scheduler_id: str | None) -> None:
-        """The scheduler holds the job: QUEUED with its reason and job id, said once per reason."""
-        job_id = self.plan.job_id
-        if not self.store.transition(job_id, JobState.QUEUED, queue_reason=reason, scheduler_id=scheduler_id):
-            self.store.update_job(job_id, queue_reason=reason, scheduler_id=scheduler_id)
-        text = f"queued by the scheduler (its job {scheduler_id}): {reason}"
-        self.store.add_event(job_id, "queued", text, {"reason": reason, "scheduler_id": scheduler_id})
-        if self._warn is not None:
-            self._warn(f"job {job_id}: {text}; Ctrl-C cancels it")
-
-    def _allocated(self, scheduler_id: str) -> None:
-        """The scheduler gave the job its nodes: LAUNCHING again (from QUEUED), its job id kept."""
-        job_id = self.plan.job_id
-        self.store.update_job(job_id, scheduler_id=scheduler_id, queue_reason=None)
-        if self.store.transition(job_id, JobState.LAUNCHING):
-            self.store.add_event(job_id, "allocated", f"the scheduler allocated the nodes (its job {scheduler_id})")
 
     def _collect_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, NodeExit]) -> None:
         for watcher in watchers:
