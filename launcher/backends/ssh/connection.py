@@ -18,6 +18,7 @@ import hashlib
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -310,17 +311,18 @@ class Connection:
         timeout: float = 30.0,
         combine: bool = False,
     ) -> RunResult:
-        """Run ``argv`` and wait for it. With ``combine`` stderr is merged into ``out``.
+        """Run ``argv`` and wait for it, ``timeout`` seconds in all (opening, output, exit status); LaunchError
+        once they have passed. With ``combine`` stderr is merged into ``out``.
 
         Without it stdout is read before stderr: fine for short outputs.
         """
+        deadline = time.monotonic() + timeout
         channel = self.exec(render_command(argv, env, cwd), timeout, combine)
         try:
-            channel.settimeout(timeout)
             channel.shutdown_write()
-            out = channel.makefile("rb").read()
-            err = channel.makefile_stderr("rb").read()
-            channel.status_event.wait(timeout)
+            out = _read_until_eof(channel, channel.recv, deadline)
+            err = _read_until_eof(channel, channel.recv_stderr, deadline)
+            channel.status_event.wait(max(0.0, deadline - time.monotonic()))
             code = channel.exit_status if channel.status_event.is_set() else -1
         except TimeoutError:
             raise LaunchError(f"{self.target.label}: `{argv[0]}` did not finish within {timeout:.0f} s") from None
@@ -339,6 +341,21 @@ class Connection:
     def close(self) -> None:
         """Close the connection and every channel on it."""
         self.client.close()
+
+
+def _read_until_eof(channel: paramiko.Channel, recv: Callable[[int], bytes], deadline: float) -> bytes:
+    """Everything ``recv`` (the channel's stdout or stderr) gives until EOF; TimeoutError at ``deadline``
+    (a command that keeps printing does not hold the caller past it)."""
+    data = bytearray()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        channel.settimeout(left)
+        chunk = recv(65536)
+        if not chunk:
+            return bytes(data)
+        data += chunk
 
 
 def _tcp_socket(target: Target, timeout: float) -> socket.socket:
