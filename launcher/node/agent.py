@@ -10,10 +10,19 @@ carries to the supervisor:
     @sample JSON     every SAMPLE_S: each rank's process tree (CPU seconds, RSS, GPU memory/util)
     @exit JSON       the command's exit code, once its output is drained
 
-Ranks cannot forge the agent's lines: everything they print starts with ``|``. On SIGTERM,
-SIGINT or SIGHUP, or when its stdout breaks (the supervisor or its connection is gone), the
-agent ends the command: TERM to its process group, KILL after the grace period, then every
-process still tagged with the job, then the job's containers; it exits with the command's status.
+Ranks cannot forge the agent's lines: everything they print starts with ``|``, and the agent
+makes itself undumpable before it starts them, so a rank cannot open ``/proc/<agent>/fd/1`` to
+write there. Every rank's line comes whole and behind its ``[rank]:`` prefix, whichever launcher
+starts the ranks: torchrun tees each rank's output with the prefix the plan sets; under
+DeepSpeed's launcher (whose ranks would all share one pipe, unprefixed, lines merging) the agent
+runs that launcher with each rank's output on a pipe of its own (``RANK_STREAMS``).
+
+The agent is its command's child subreaper: whatever a rank starts stays below the agent, even a
+daemon that dropped the job's tag from its environment (``env -i``) and left its parent. When
+the command has exited, or on SIGTERM, SIGINT or SIGHUP, or when its stdout breaks (the
+supervisor or its connection is gone), the agent ends the job: TERM to the command's process
+group, KILL after the grace period, the job's containers, every process still tagged with the
+job, then every process still below the agent; only then does it exit, with the command's status.
 Standard library only: it runs on nodes.
 """
 
@@ -37,12 +46,98 @@ SAMPLE_S = 2.0
 FIRST_SAMPLE_S = 0.25
 READ_CHUNK = 64 * 1024
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+REAP_S = 1.0
 EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
 WARN_POLL_S = 1.0
 WARN_UNHANDLED_S = 30.0  # ranks that still do not handle SIGUSR1 this long after the warning are named
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
+DEEPSPEED_LAUNCH = ("-m", "deepspeed.launcher.launch")  # launcher.plan.commands.DEEPSPEED_MODULE, as the plan writes it
+
+# DeepSpeed's per-node launcher, run with each rank's stdout and stderr on a pipe of its own: a thread a rank
+# writes the rank's whole lines, each behind ``[RANK]:`` (as torchrun's tee does), in one write under a lock,
+# cut at LIMIT bytes. Unchanged, the launcher lets every rank inherit its stdout: one pipe, no rank on a line,
+# and two ranks' lines merged where print() wrote a text and its newline apart. ``--enable_each_rank_log``
+# (files a rank) is left as DeepSpeed does it. Runs in the launcher's interpreter: ``python -u -c RANK_STREAMS ...``.
+RANK_STREAMS = r"""
+import os, subprocess, sys, threading, time, types
+from deepspeed.launcher import launch
+
+LIMIT, DRAIN_S = 64 * 1024, 5.0
+lock, relays = threading.Lock(), []
+
+
+def write(data):
+    with lock:
+        while data:
+            try:
+                data = data[os.write(1, data):]
+            except OSError:
+                return
+
+
+def relay(fd, prefix):
+    pending, dropped = bytearray(), 0
+
+    def add(piece):
+        nonlocal dropped
+        room = max(0, LIMIT - len(pending))
+        pending.extend(piece[:room])
+        dropped += len(piece) - min(room, len(piece))
+
+    def emit():
+        nonlocal dropped
+        note = f" [launch: line cut at {LIMIT} bytes; {dropped} more dropped]".encode() if dropped else b""
+        write(prefix + bytes(pending) + note + b"
+")
+        pending.clear()
+        dropped = 0
+
+    with open(fd, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            start = 0
+            while (end := chunk.find(b"
+", start)) >= 0:
+                add(chunk[start:end])
+                emit()
+                start = end + 1
+            add(chunk[start:])
+    if pending or dropped:
+        emit()
+
+
+class Popen(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        if rest or kwargs.get("stdout") is not None:
+            super().__init__(args, *rest, **kwargs)
+            return
+        read, write_end = os.pipe()
+        try:
+            super().__init__(args, stdout=write_end, stderr=write_end, **kwargs)
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write_end)
+        rank = (kwargs.get("env") or os.environ).get("RANK", "?")
+        thread = threading.Thread(target=relay, args=(read, f"[{rank}]:".encode()), daemon=True)
+        thread.start()
+        relays.append(thread)
+
+
+launch.subprocess = types.ModuleType("subprocess")
+launch.subprocess.__dict__.update(vars(subprocess), Popen=Popen)
+sys.argv[0] = launch.__file__
+try:
+    launch.main()
+finally:
+    deadline = time.monotonic() + DRAIN_S  # a process a rank left may hold its pipe open: the agent ends it
+    for thread in relays:
+        thread.join(max(0.0, deadline - time.monotonic()))
+"""
 
 
 class RunDirError(Exception):
@@ -192,10 +287,8 @@ def _gpu_usage() -> tuple[dict[int, int], dict[int, float]]:
     memory: dict[int, int] = {}
     util: dict[int, float] = {}
     try:
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=5).stdout
-        devices = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=5).stdout
+        apps = run_helper(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 5).stdout
+        devices = run_helper(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"], 5).stdout
     except (OSError, subprocess.TimeoutExpired):
         return memory, util
     for line in apps.splitlines():
@@ -219,9 +312,13 @@ class Agent:
         node_tag = (req.get("env") or {}).get(proctree.NODE_TAG)
         self.node = int(node_tag) if node_tag is not None else None  # this node's processes carry the tag
         self.grace = float(req.get("grace", 5.0))
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.subreaper = False
+        self.left: list[int] = []  # PIDs still alive once the job was ended (none, unless a KILL failed)
         self._ending = threading.Lock()
         self._ended = False
+        self._end_done = threading.Event()
+        self._sweeping = threading.Lock()
 
     def start(self, secrets: dict[str, str]) -> None:
         run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
@@ -236,30 +333,57 @@ class Agent:
         prefix = self.req.get("env_prefix", "")
         tag = {key: given[key] for key in TAG_NAMES if key in given}
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
-        argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]]
+        argv = with_rank_streams([arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]])
         prctl = _prctl()
-        self.proc = subprocess.Popen(
-            argv, cwd=run_dir if self.req.get("cleanup") else (self.req.get("cwd") or None), env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)) if prctl else None,
-        )
+        self.subreaper = harden(prctl)
+        with _SPAWN:
+            self.proc = subprocess.Popen(
+                argv, cwd=run_dir if self.req.get("cleanup") else (self.req.get("cwd") or None), env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)) if prctl else None,
+            )
+            _OWN.add(self.proc.pid)
         with open(os.path.join(run_dir, f"node{self.req['node']}.pid"), "w") as handle:
             handle.write(f"{os.getpid()} {self.proc.pid}\n")
         self.out.event("started", {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
                                    "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid())})
 
     def end(self, why: str) -> None:
-        """End the command and everything of the job on this node (once, from any thread). A container
-        runtime's command starts in the run directory (podman's conmon leaves files where it is started)
-        and its container is stopped and removed by the request's ``cleanup`` commands."""
+        """End the command and everything of the job on this node, from any thread; a second call waits for
+        the first to finish. A container runtime's command starts in the run directory (podman's conmon leaves
+        files where it is started) and its container is stopped and removed by the request's ``cleanup`` commands."""
         with self._ending:
-            if self._ended:
-                return
-            self._ended = True
-        if self.proc is not None and self.proc.poll() is None:
-            proctree.end_group(self.proc.pid, self.grace, alive=lambda: self.proc.poll() is None)
-        run_cleanup(self.req.get("cleanup", []), self.grace)
-        proctree.end_job(self.job_id, self.grace, self.node)
+            first, self._ended = not self._ended, True
+        if not first:
+            self._end_done.wait()
+            return
+        try:
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                proctree.end_group(proc.pid, self.grace, alive=lambda: proc.poll() is None)
+            run_cleanup(self.req.get("cleanup", []), self.grace)
+            proctree.end_job(self.job_id, self.grace, self.node)
+            self.sweep()
+        finally:
+            self._end_done.set()
+
+    def sweep(self) -> list[int]:
+        """End every process still below the agent (what the job left, whatever its environment says), then
+        reap them; the PIDs ended. One sweep at a time: a second waits for the first (the agent exits after)."""
+        with self._sweeping:
+            return self._sweep()
+
+    def _sweep(self) -> list[int]:
+        if not self.subreaper:
+            return []
+        helpers = frozenset(_OWN - {self.proc.pid} if self.proc is not None else _OWN)  # nvidia-smi, clean-up
+        ended = [proc.pid for proc in proctree.descendants(os.getpid(), helpers)]
+        if ended:
+            self.left = proctree.end_descendants(os.getpid(), self.grace, helpers)
+            self.out.write(f"|launch: node {self.req.get('node')}: ended {len(ended)} process(es) the job left running "
+                           f"(pids {' '.join(map(str, ended[:16]))})".encode())
+        reap_orphans()
+        return ended
 
     def watch_output(self) -> None:
         """End the job if the supervisor stops reading (its process or its connection is gone): a write
@@ -277,7 +401,7 @@ class Agent:
         sampler = Sampler(self.job_id, self.node, self.out, int(self.req.get("gpus", 0)),
                           float(self.req.get("sample_s", SAMPLE_S)))
         relayed = threading.Event()
-        targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed)]
+        targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed)]
         if self.req.get("warn_file"):
             targets.append(lambda: self._forward_warning(self.req["warn_file"], relayed))
         for target in targets:
@@ -286,8 +410,16 @@ class Agent:
         relayed.set()
         code = self.proc.wait()
         sampler.stop.set()
+        if self._ended:
+            self._end_done.wait()  # an end a signal or a lost supervisor began: ranks that outlive TERM get KILL first
+        self.sweep()
         self.out.event("exit", {"code": code})
         return EXIT_SIGNAL_BASE - code if code < 0 else code
+
+    def _reap(self, relayed: threading.Event) -> None:
+        """Reap the orphans re-parented to the agent while the job runs (each would stay a zombie until it exits)."""
+        while self.subreaper and not relayed.wait(REAP_S):
+            reap_orphans()
 
     def _forward_warning(self, path: str, relayed: threading.Event) -> None:
         """Once ``path`` exists (a scheduler's time limit is near), SIGUSR1 to every rank of this node that
@@ -325,9 +457,70 @@ class Agent:
 
     def _end_orphans(self, relayed: threading.Event) -> None:
         """Once the command has exited, end what it left behind holding its output open (``ORPHAN_WAIT_S``)."""
+        assert self.proc is not None
         self.proc.wait()
         if not relayed.wait(ORPHAN_WAIT_S):
-            proctree.end_job(self.job_id, self.grace, self.node)
+            with self._sweeping:
+                proctree.end_job(self.job_id, self.grace, self.node)
+                self._sweep()
+
+
+_SPAWN = threading.Lock()  # held while the agent starts a child of its own, and while it reaps orphans
+_OWN: set[int] = set()  # the agent's own children (its command, nvidia-smi, clean-up): reaped by their waiters
+
+
+def run_helper(argv: list[str], timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True)`` as a child the orphan reaper leaves to its waiter."""
+    with _SPAWN:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+        _OWN.add(proc.pid)
+    try:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    finally:
+        with _SPAWN:
+            _OWN.discard(proc.pid)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def reap_orphans() -> list[int]:
+    """Reap the zombies re-parented to the agent (it is a child subreaper), never one of its own children."""
+    me, reaped = os.getpid(), []
+    with _SPAWN:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in _OWN:
+                continue
+            stat = proctree._stat(int(entry))
+            if stat is None or stat[0] != me or stat[1] != "Z":
+                continue
+            try:
+                os.waitpid(int(entry), os.WNOHANG)
+                reaped.append(int(entry))
+            except ChildProcessError:
+                pass
+    return reaped
+
+
+def harden(prctl) -> bool:
+    """Before any rank starts: make the agent undumpable (its /proc files, its fds above all, become root's: a
+    rank of the same user cannot write the agent's framed lines through /proc/<agent>/fd/1) and its command's
+    child subreaper; whether the subreaper is set (old kernels, other systems: the job tag alone finds processes)."""
+    if prctl is None:
+        return False
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def with_rank_streams(argv: list[str]) -> list[str]:
+    """``argv`` with DeepSpeed's launcher run as ``RANK_STREAMS`` (each rank's lines whole and prefixed); else as is."""
+    for at in range(len(argv) - 1):
+        if (argv[at], argv[at + 1]) == DEEPSPEED_LAUNCH:
+            return [*argv[:at], "-c", RANK_STREAMS, *argv[at + 2:]]
+    return list(argv)
 
 
 def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
@@ -335,7 +528,7 @@ def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
     failed = []
     for argv in commands:
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30 + grace, cwd="/")
+            done = run_helper(argv, 30 + grace, cwd="/")
         except (OSError, subprocess.TimeoutExpired) as exc:
             failed.append(f"{' '.join(argv[:3])}: {exc}")
             continue

@@ -191,6 +191,53 @@ def _wait(done, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def descendants(root: int, skip: frozenset[int] = frozenset()) -> list[Proc]:
+    """This user's live processes below ``root`` (zombies left out), through their parents, not below a PID in ``skip``.
+
+    With ``root`` a child subreaper (the node agent), every process its command started stays below it, whatever
+    it did to its environment, its session or its parent: orphans are re-parented to ``root``, not to init.
+    """
+    uid = os.getuid()
+    children: dict[int, list[tuple[int, tuple[int, str, float, int, int]]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+        except OSError:
+            continue
+        stat = _stat(int(entry))
+        if stat is not None:
+            children.setdefault(stat[0], []).append((int(entry), stat))
+    found, todo = [], [root]
+    while todo:
+        for pid, stat in children.get(todo.pop(), ()):
+            if pid in skip:
+                continue
+            todo.append(pid)
+            if stat[1] != "Z":
+                found.append(Proc(pid, stat[0], stat[1], stat[2], stat[3], stat[4]))
+    return found
+
+
+def end_descendants(root: int, grace: float, skip: frozenset[int] = frozenset()) -> list[int]:
+    """TERM every process below ``root`` (see ``descendants``), KILL what is left after ``grace`` seconds, each
+    only while it is still the process found (PID and start time); the PIDs still alive after."""
+    found = descendants(root, skip)
+    if not found:
+        return []
+    for proc in found:
+        signal_if(proc.pid, proc.start_ticks, signal.SIGTERM)
+    _wait(lambda: not descendants(root, skip), grace)
+    deadline = time.monotonic() + 5.0
+    while (left := descendants(root, skip)) and time.monotonic() < deadline:
+        for proc in left:  # found afresh each round: a process may have forked while it was being ended
+            signal_if(proc.pid, proc.start_ticks, signal.SIGKILL)
+        time.sleep(0.05)
+    return [proc.pid for proc in descendants(root, skip)]
+
+
 def start_ticks(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (with the PID, an identity that survives PID reuse)."""
     stat = _stat(pid)

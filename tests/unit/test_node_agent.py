@@ -142,7 +142,7 @@ def test_signalled_agent_ends_its_command_group_and_every_tagged_process() -> No
     proc.stdin.close()
     started = json.loads(proc.stdout.readline().partition(" ")[2])
     assert proc.stdout.readline().strip() == "|True", "the command runs in a session of its own"
-    assert _eventually(lambda: len(proctree.job_pids(job_id)) >= 3), "agent, command and its setsid child are tagged"
+    assert _eventually(lambda: len(proctree.job_pids(job_id)) >= 2), "the command and its setsid child are tagged"
     signalled = subprocess.run(node_argv(sys.executable, "signal", {"pid": started["pid"], "start_ticks": started["start_ticks"],
                                                                     "signal": int(signal.SIGTERM)}), capture_output=True, text=True)
     assert json.loads(signalled.stdout) == {"sent": True}
@@ -285,3 +285,133 @@ def test_a_time_limit_warning_reaches_ranks_that_handle_sigusr1_even_once_they_i
     told = [line for line in out if line.startswith("launch: the time limit is near: rank ")]
     assert [line.split()[7] for line in told] == ["1", "0"], told  # rank 0 warned after, and only after, rank 1
     assert all(line.endswith("got SIGUSR1") for line in told), told
+
+
+def _gone(pid: int, ticks: int) -> bool:
+    """Whether the process ``pid`` that started at ``ticks`` has ended (gone, reused, or a zombie nobody reaped yet)."""
+    stat = proctree._stat(pid)
+    return stat is None or stat[4] != ticks or stat[1] == "Z"
+
+
+def _read_pid(path: Path) -> tuple[int, int]:
+    pid, ticks = path.read_text().split()
+    return int(pid), int(ticks)
+
+
+DAEMON = """\
+import os, sys, time
+if os.fork():
+    os._exit(0)
+os.setsid()
+if os.fork():
+    os._exit(0)
+if sys.argv[2] == "quiet":
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+ticks = open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19]
+with open(sys.argv[1] + ".tmp", "w") as handle:
+    handle.write(f"{os.getpid()} {ticks}")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("output", ["quiet", "holding the output"])
+def test_a_daemon_a_rank_starts_with_a_clean_environment_ends_with_the_job(tmp_path: Path, output: str) -> None:
+    """``env -i`` drops the job's tag and a double fork leaves the rank's tree: the agent still finds it below itself."""
+    pidfile = tmp_path / "daemon.pid"
+    rank = ("import os, subprocess, sys\n"
+            f"subprocess.run(['env', '-i', sys.executable, '-c', {DAEMON!r}, {str(pidfile)!r}, {output!r}], check=True)\n"
+            f"while not os.path.exists({str(pidfile)!r}): pass\n"
+            "print('rank done', flush=True)\n")
+    job_id = _job_id()
+    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", rank], {}, "/")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    daemon = None
+    try:
+        out, _ = proc.communicate("{}\n", timeout=120)
+        daemon = _read_pid(pidfile)
+        assert proc.returncode == 0 and "|rank done" in out.splitlines()
+        assert _gone(*daemon), "the daemon outlived its job"
+        assert f"|launch: node 1: ended 1 process(es) the job left running (pids {daemon[0]})" in out.splitlines()
+    finally:
+        proc.kill()
+        if daemon is None and pidfile.exists():
+            daemon = _read_pid(pidfile)
+        if daemon is not None:
+            proctree.signal_if(daemon[0], daemon[1], signal.SIGKILL)
+
+
+LAUNCHER_LIKE = """\
+import subprocess, sys, time
+rank = "import os, signal, sys, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n" \\
+       "ticks = open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[19]\\n" \\
+       "open(sys.argv[1] + '.tmp', 'w').write(f'{os.getpid()} {ticks}')\\nos.rename(sys.argv[1] + '.tmp', sys.argv[1])\\n" \\
+       "time.sleep(600)\\n"
+subprocess.Popen([sys.executable, "-c", rank, sys.argv[1]], start_new_session=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("supervisor_end", ["hangup", "reader killed"])
+def test_ranks_that_ignore_sigterm_are_killed_before_the_agent_exits(tmp_path: Path, supervisor_end: str) -> None:
+    """The supervisor dies (its terminal hangs up, or kill -9 closes the agent's output): a launcher that dies of
+    TERM leaves a rank that ignores it; the agent must KILL that rank before it exits, not leave it running."""
+    pidfile = tmp_path / "rank.pid"
+    job_id = _job_id()
+    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", LAUNCHER_LIKE, str(pidfile)], {}, "/")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    rank = None
+    try:
+        proc.stdin.write("{}\n")
+        proc.stdin.close()
+        started = json.loads(proc.stdout.readline().partition(" ")[2])
+        assert _eventually(pidfile.exists), "the rank ignores SIGTERM and says so"
+        rank = _read_pid(pidfile)
+        if supervisor_end == "hangup":
+            os.kill(started["pid"], signal.SIGHUP)
+        else:
+            proc.stdout.close()
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        assert _gone(*rank), "the rank that ignores SIGTERM outlived the agent"
+    finally:
+        proc.kill()
+        if rank is None and pidfile.exists():
+            rank = _read_pid(pidfile)
+        if rank is not None:
+            proctree.signal_if(rank[0], rank[1], signal.SIGKILL)
+
+
+FD_PROBE = """\
+import os
+try:
+    fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+except PermissionError:
+    print("refused", flush=True)
+else:
+    os.write(fd, b'@exit {"code":0}\\n')
+    print("opened", flush=True)
+"""
+
+
+def test_a_rank_cannot_open_the_agents_output_to_forge_its_lines() -> None:
+    """The rank runs as the agent's user (as root, both run as nobody: root may open any process's fds)."""
+    python = "/usr/bin/python3" if os.getuid() == 0 else sys.executable
+    as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.getuid() == 0 else []
+    if as_user and not (shutil.which("setpriv") and os.access(python, os.X_OK)):
+        pytest.skip("running as root, without setpriv or /usr/bin/python3 to run the agent as another user")
+    job_id = _job_id()
+    request = {"job_id": job_id, "node": 0, "argv": [python, "-c", FD_PROBE], "env": {"LAUNCH_JOB_ID": job_id},
+               "cwd": "/", "grace": 1.0}
+    # the agent's output is a pipe its own user made (as sshd's would be), so only the agent's /proc guards it
+    through_own_pipe = ["sh", "-c", '"$@" | cat', "sh"]
+    done = subprocess.run([*as_user, *through_own_pipe, *node_argv(python, "agent", request)], capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin"}, timeout=120, cwd="/")
+    lines = done.stdout.splitlines()
+    started = json.loads(lines[0].partition(" ")[2])
+    shutil.rmtree(Path(started["run_dir"]), ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert "|refused" in lines and "|opened" not in lines
+    assert [line for line in lines if line.startswith("@exit")] == ['@exit {"code":0}'], "one exit line, the agent's own"
