@@ -1,40 +1,48 @@
 """A detached supervisor: ``python -m launcher.run.detached JOB_ID`` runs a recorded job to its end.
 
 `launch submit --detach` records the job (plan, specs) in the store and starts this in a session
-of its own, so it survives the submitting shell.
+of its own, so it survives the submitting shell. Whatever fails before the supervisor runs (a
+record that cannot be read, a secret missing, a backend that cannot be made) ends the job FAILED
+with that reason, never a job left PENDING; once it runs, the supervisor's own finish does.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 
-from launcher.backends import get_backend
-from launcher.plan.planner import Plan
-from launcher.run.orchestrate import placer, replanner
+from launcher.backends import Backend, get_backend
+from launcher.run.orchestrate import end_unsupervised, make_supervisor
+from launcher.run.recorded import RecordedJob
 from launcher.run.secrets import read_secrets
-from launcher.run.supervisor import Supervisor
-from launcher.spec.cluster import ClusterSpec
-from launcher.spec.job import JobSpec
 from launcher.store.db import Store
 from launcher.store.states import JobState
 from launcher.views.watch import stage_recorder
 
 
 def main(argv: list[str]) -> int:
-    store = Store()
-    row = store.job(argv[0])
-    plan = Plan.model_validate(row["plan"])
-    cluster = ClusterSpec.model_validate(row["spec"]["cluster"])
-    job = JobSpec.model_validate(row["spec"]["job"])
-    run_check = row["spec"].get("check", True)
-    supervisor = Supervisor(
-        store, plan, get_backend(cluster), stage=stage_recorder(store, plan.job_id),
-        secrets=read_secrets(plan.secrets), grace=job.watch.grace_period,
-        restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
-        replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
-        place=placer(job, cluster),
-    )
-    supervisor.install_signal_handlers()
+    job_id = argv[0]
+    backend: Backend | None = None
+    try:
+        store = Store()
+    except Exception:  # noqa: BLE001 - no store, no job to end: say it in supervisor.log
+        traceback.print_exc()
+        return 1
+    try:
+        job = RecordedJob.read(store, job_id)
+        secrets = read_secrets(job.plan.secrets)
+        backend = get_backend(job.cluster)
+        supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend, secrets,
+                                     stage=stage_recorder(store, job.id))
+        supervisor.install_signal_handlers()
+    except Exception as exc:  # noqa: BLE001 - the job must end, whatever kept its supervisor from starting
+        traceback.print_exc()
+        try:
+            if backend is not None:
+                backend.close()
+        finally:
+            end_unsupervised(store, job_id, f"the detached supervisor could not start: {exc}")
+        return 1
     return 0 if supervisor.run() == JobState.SUCCEEDED else 1
 
 

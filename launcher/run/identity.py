@@ -4,13 +4,17 @@ A supervisor records its PID, its start time (clock ticks since boot, from /proc
 in its job's run directory. `launch cancel` signals that PID only if the process there now
 started at that same tick of that same boot (a reused PID cannot), and its command line is a
 launch supervisor's: the detached one names the job id, the foreground one is `launch submit`.
+The same proof, turned round, says when a supervisor is gone (``presence``): `launch cancel` and
+`status --watch` act on that evidence only, never on a supervisor being slow.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.node.proctree import start_ticks
 
@@ -31,19 +35,56 @@ def record(run_dir: Path, job_id: str) -> None:
     (run_dir / IDENTITY_FILE).write_text(json.dumps(identity))
 
 
-def verified_pid(run_dir: Path, job_id: str) -> int | None:
-    """The recorded supervisor's PID if that very process is alive and is launch's; else None."""
+@dataclass(frozen=True)
+class Presence:
+    """What is known of a job's supervisor: alive (``pid``), gone (``gone``: the evidence), or neither (starting)."""
+
+    pid: int | None = None
+    gone: str | None = None
+
+
+def _recorded(run_dir: Path) -> dict[str, Any] | None:
     try:
         identity = json.loads((run_dir / IDENTITY_FILE).read_text())
-        pid = int(identity["pid"])
+    except (OSError, ValueError):
+        return None
+    return identity if isinstance(identity, dict) else None
+
+
+def _argv(pid: int) -> list[bytes] | None:
+    """The process's command line; None when there is no such process."""
+    try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            argv = handle.read().split(b"\0")
-    except (OSError, ValueError, KeyError, TypeError):
+            return handle.read().split(b"\0")
+    except OSError:
         return None
-    if identity.get("job_id") != job_id or identity.get("boot_id") != _boot_id():
-        return None
-    if identity.get("start_ticks") is None or start_ticks(pid) != identity["start_ticks"]:
-        return None
+
+
+def _is_supervisor(argv: list[bytes], job_id: str) -> bool:
     detached = b"launcher.run.detached" in argv and job_id.encode() in argv
     foreground = b"submit" in argv and any(arg.endswith((b"launch", b"launcher")) for arg in argv[:3])
-    return pid if detached or foreground else None
+    return detached or foreground
+
+
+def presence(run_dir: Path, job_id: str, spawned_pid: int | None) -> Presence:
+    """Is the supervisor of ``job_id`` alive, proven gone, or not yet known? ``spawned_pid`` is the PID the store
+    has for it (a detached supervisor's, recorded when it was started, before it records itself)."""
+    identity = _recorded(run_dir)
+    if identity is None or identity.get("job_id") != job_id or not isinstance(identity.get("pid"), int):
+        if spawned_pid is None:
+            return Presence()  # nothing recorded yet: a supervisor that is starting
+        argv = _argv(spawned_pid)
+        if argv is None:
+            return Presence(gone=f"its process {spawned_pid} exited before it recorded itself")
+        if not _is_supervisor(argv, job_id):
+            return Presence(gone=f"process {spawned_pid} is no longer this job's supervisor")
+        return Presence()
+    pid = identity["pid"]
+    if identity.get("boot_id") != _boot_id():
+        return Presence(gone="the machine restarted since it started")
+    argv = _argv(pid)
+    if argv is None:
+        return Presence(gone=f"its process {pid} has exited")
+    if identity.get("start_ticks") is None or start_ticks(pid) != identity["start_ticks"] or not _is_supervisor(argv, job_id):
+        return Presence(gone=f"its process {pid} has exited (the PID is not launch's now)")
+    return Presence(pid=pid)

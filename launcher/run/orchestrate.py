@@ -9,22 +9,30 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.backends import Backend, backend_class, get_backend, plan_job
 from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
+from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import LaunchError, PreflightError, SpecError
 from launcher.plan.planner import Plan, make_plan
+from launcher.run import identity
 from launcher.run.checks import version_differences
+from launcher.run.recorded import RecordedJob, stored_spec
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
 from launcher.store.db import Store
 from launcher.store.states import JobState, is_terminal
 
+if TYPE_CHECKING:
+    from launcher.run.supervisor import Supervisor
+
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
 SUBMITTED_WAIT_S = 30.0  # --detach on a scheduler: how long to wait for the scheduler to have the job
+RECORDS_ITSELF_S = 5.0  # how long `cancel` waits for a starting supervisor to record itself
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,6 @@ def submit(
     One backend, so one connection per host, serves the whole submit.
     """
     from launcher.run.secrets import read_secrets
-    from launcher.run.supervisor import Supervisor
 
     job, cluster = prepared.job, prepared.cluster
     secret_values = read_secrets(job.secrets)
@@ -136,24 +143,55 @@ def submit(
     except BaseException:
         backend.close()
         raise
-    store = Store()
-    store.create_job(plan, stored_spec(job, cluster, run_check))
-    if on_recorded:
-        on_recorded(plan.job_id)
-    if detach:
+    store, created = Store(), False
+    try:  # until a supervisor owns the job: a failure here closes the backend and ends a recorded job FAILED
+        store.create_job(plan, stored_spec(job, cluster, run_check))
+        created = True
+        if not detach:  # this process supervises it: provable at once (`launch cancel` finds it)
+            identity.record(store.run_dir(plan.job_id), plan.job_id)
+            store.update_job(plan.job_id, supervisor_pid=os.getpid())
+        if on_recorded:
+            on_recorded(plan.job_id)
+        if detach:
+            backend.close()
+            _spawn_supervisor(store, plan.job_id)
+        else:
+            supervisor = make_supervisor(store, plan, job, cluster, run_check, backend, secret_values,
+                                         echo=echo, warn=warn, stage=stage)
+            supervisor.install_signal_handlers()
+    except BaseException as exc:
         backend.close()
-        _spawn_supervisor(store, plan.job_id)
+        if created:
+            end_unsupervised(store, plan.job_id, f"submit failed before the job was supervised: {exc!r}")
+        raise
+    if detach:
         if backend.places_at_start:
             return plan.job_id, _scheduler_has(store, plan.job_id)
         return plan.job_id, JobState.PENDING
-    supervisor = Supervisor(
-        store, plan, backend, echo=echo, warn=warn, stage=stage, secrets=secret_values, grace=job.watch.grace_period,
+    return plan.job_id, supervisor.run()
+
+
+def make_supervisor(
+    store: Store, plan: Plan, job: JobSpec, cluster: ClusterSpec, run_check: bool, backend: Backend,
+    secrets: Mapping[str, str], *, echo: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None, stage: StageSink = no_stage,
+) -> Supervisor:
+    """The supervisor of a recorded job, wired from its specs (the foreground submit and the detached one alike)."""
+    from launcher.run.supervisor import Supervisor
+
+    return Supervisor(
+        store, plan, backend, echo=echo, warn=warn, stage=stage, secrets=secrets, grace=job.watch.grace_period,
         restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
         place=placer(job, cluster),
     )
-    supervisor.install_signal_handlers()
-    return plan.job_id, supervisor.run()
+
+
+def end_unsupervised(store: Store, job_id: str, reason: str) -> None:
+    """End a job FAILED that no supervisor took (its reason says why); a job already ended keeps its state."""
+    failure = Failure(kind=FailureKind.INTERNAL, reason=reason)
+    if store.transition(job_id, JobState.FAILED, reason=reason, first_failure=failure.model_dump(mode="json")):
+        store.add_event(job_id, "failed", reason)
 
 
 def _scheduler_has(store: Store, job_id: str, timeout: float = SUBMITTED_WAIT_S) -> JobState:
@@ -166,11 +204,6 @@ def _scheduler_has(store: Store, job_id: str, timeout: float = SUBMITTED_WAIT_S)
             return JobState(job["state"])
         time.sleep(0.1)
     return JobState(store.job(job_id)["state"])
-
-
-def stored_spec(job: JobSpec, cluster: ClusterSpec, run_check: bool) -> dict:
-    """What the store keeps of a job's specs: enough for a detached supervisor, `cancel` and a re-plan."""
-    return {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json"), "check": run_check}
 
 
 def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool):
@@ -299,46 +332,64 @@ def _spawn_supervisor(store: Store, job_id: str) -> None:
 
 
 def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
-    """Cancel a job: signal its supervisor (once proven to be it), or clean up directly if it is gone."""
-    from launcher.run import identity
+    """Cancel a job: signal its supervisor (once proven to be it), or, once it is proven gone, clean up directly.
 
-    job = store.job(job_ref)
-    if is_terminal(job["state"]):
-        raise LaunchError(f"job {job['id']} already ended {job['state']}; nothing to cancel")
-    store.add_event(job["id"], "cancel_requested", "cancel requested by `launch cancel`")
-    run_dir = store.run_dir(job["id"])
-    deadline = time.monotonic() + 5.0
-    pid = identity.verified_pid(run_dir, job["id"])
-    while pid is None and job["state"] == JobState.PENDING and time.monotonic() < deadline:
+    A supervisor that is alive but slow to tear the job down is never declared gone: after ``wait`` seconds
+    this says so (LaunchError) and the supervisor records CANCELLED when it is done.
+    """
+    job = RecordedJob.read(store, job_ref)
+    if job.state.terminal:
+        raise LaunchError(f"job {job.id} already ended {job.state}; nothing to cancel")
+    store.add_event(job.id, "cancel_requested", "cancel requested by `launch cancel`")
+    found = _presence(store, job.id)
+    deadline = time.monotonic() + RECORDS_ITSELF_S
+    while found.pid is None and found.gone is None and time.monotonic() < deadline:
         time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
-        pid = identity.verified_pid(run_dir, job["id"])
-        job = store.job(job["id"])
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
+        found = _presence(store, job.id)
+    if found.pid is not None:
+        os.kill(found.pid, signal.SIGTERM)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            job = store.job(job["id"])
-            if is_terminal(job["state"]):
-                return job
+        while found.gone is None:
+            row = store.job(job.id)
+            if is_terminal(row["state"]):
+                return row
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"job {job.id}: its supervisor (PID {found.pid}) was asked to cancel and is still ending the job "
+                    f"after {wait:g} s; it records CANCELLED when the nodes are clean",
+                    hint=f"`launch status --watch {job.id}` follows it; `launch cancel {job.id}` again asks again")
             time.sleep(0.1)
-    _cancel_orphaned(store, job)
-    return store.job(job["id"])
+            found = _presence(store, job.id)
+    row = store.job(job.id)
+    if is_terminal(row["state"]):  # it ended the job as it went
+        return row
+    _cancel_orphaned(store, job, found.gone or "no supervisor ever recorded itself for this job")
+    return store.job(job.id)
 
 
-def _cancel_orphaned(store: Store, job: dict) -> None:
-    """The supervisor is gone: end the job's processes ourselves and record CANCELLED, unless a node
+def _presence(store: Store, job_id: str) -> identity.Presence:
+    return identity.presence(store.run_dir(job_id), job_id, store.job(job_id).get("supervisor_pid"))
+
+
+def supervisor_gone(store: Store, job_id: str) -> str | None:
+    """Why the supervisor of ``job_id`` is proven gone (for `status --watch`); None while it is, or may be, alive."""
+    return _presence(store, job_id).gone
+
+
+def _cancel_orphaned(store: Store, job: RecordedJob, why: str) -> None:
+    """The supervisor is gone (``why``): end the job's processes ourselves and record CANCELLED, unless a node
     could not be checked (then say which, and leave the job for another try)."""
-    plan = Plan.model_validate(job["plan"])
-    cluster = ClusterSpec.model_validate(job["spec"]["cluster"])
-    backend = get_backend(cluster)
+    backend = get_backend(job.cluster)
     try:
-        report = backend.sweep(plan, job["spec"]["job"]["watch"]["grace_period"])
+        report = backend.sweep(job.plan, job.job.watch.grace_period)
     finally:
         backend.close()
     if not report.clean:
         for problem in report.problems():
-            store.add_event(job["id"], "sweep", problem)
-        raise LaunchError(f"job {job['id']}: cancel could not confirm every node is clean:\n"
+            store.add_event(job.id, "sweep", problem)
+        raise LaunchError(f"job {job.id}: cancel could not confirm every node is clean:\n"
                           + "\n".join(f"  {p}" for p in report.problems()),
-                          hint=f"`launch cancel {job['id']}` again once the node is reachable")
-    store.transition(job["id"], JobState.CANCELLED, reason="cancelled by user (supervisor was gone)")
+                          hint=f"`launch cancel {job.id}` again once the node is reachable")
+    reason = f"cancelled by user (supervisor was gone: {why})"
+    if store.transition(job.id, JobState.CANCELLED, reason=reason):
+        store.add_event(job.id, "cancelled", reason)

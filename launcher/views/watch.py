@@ -2,7 +2,8 @@
 
 Stages come from ``stage`` events (filed by ``stage_recorder``), the job's state (queued) and the
 node rows of its current attempt (start); log lines from following its log files; the bar from
-its metric records. The watch ends when the job does.
+its metric records. The watch ends when the job does, or when its supervisor is proven gone (the
+job would never end then: the view says so and how to clean up).
 """
 
 from __future__ import annotations
@@ -74,9 +75,11 @@ def job_stages(
 
 def watch(
     store: Store, job_ref: str, *, stream: IO[str], plain: bool | None = None, poll_s: float = 0.5,
+    supervisor_gone: Callable[[str], str | None] | None = None,
 ) -> dict[str, Any]:
     """Show the job's progress until it ends (its stages, its last TAIL_LINES log lines, then what comes);
-    the final job row."""
+    the final job row. ``supervisor_gone(job_id)``: why the job's supervisor is proven gone, else None
+    (`launch status --watch` passes ``launcher.run.orchestrate.supervisor_gone``); the watch then stops."""
     reader = LogReader(store, job_ref, LogQuery(tail=TAIL_LINES))
     job = reader.job
     progress = open_progress(stream, max_steps=job["max_steps"], nnodes=job["nnodes"] or 1, plain=plain)
@@ -92,7 +95,13 @@ def watch(
                 progress.log(line.text)
             if ended:
                 break
-            time.sleep(poll_s)
+            gone = supervisor_gone(job["id"]) if supervisor_gone is not None else None
+            if gone is not None and store.job(job["id"])["state"] not in TERMINAL:  # (ended meanwhile: shown next round)
+                progress.log(f"launch: job {job['id']} is {job['state']} but its supervisor is gone ({gone}): "
+                             f"it will not end on its own; `launch cancel {job['id']}` ends its processes")
+                break
+            if gone is None:
+                time.sleep(poll_s)
     finally:
         progress.close()
     return store.job(job["id"])

@@ -1,0 +1,45 @@
+"""A job as the store keeps it, read back as typed values: what a detached supervisor and `launch cancel` need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from launcher.errors import LaunchError
+from launcher.plan.planner import Plan
+from launcher.spec.cluster import ClusterSpec
+from launcher.spec.job import JobSpec
+from launcher.store.db import Store
+from launcher.store.states import JobState
+
+
+def stored_spec(job: JobSpec, cluster: ClusterSpec, run_check: bool) -> dict[str, Any]:
+    """What the store keeps of a job's specs: enough for a detached supervisor, `cancel` and a re-plan."""
+    return {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json"), "check": run_check}
+
+
+@dataclass(frozen=True)
+class RecordedJob:
+    """One stored job: its id and state, its plan and specs, whether submit checked versions, its supervisor's PID."""
+
+    id: str
+    state: JobState
+    plan: Plan
+    job: JobSpec
+    cluster: ClusterSpec
+    check: bool
+    supervisor_pid: int | None
+
+    @classmethod
+    def read(cls, store: Store, ref: str) -> RecordedJob:
+        """The job ``ref`` names (an id or its unique prefix); LaunchError if its record cannot be read back."""
+        row = store.job(ref)
+        spec = row.get("spec") if isinstance(row.get("spec"), dict) else {}
+        try:
+            return cls(id=row["id"], state=JobState(row["state"]), plan=Plan.model_validate(row.get("plan")),
+                       job=JobSpec.model_validate(spec.get("job")), cluster=ClusterSpec.model_validate(spec.get("cluster")),
+                       check=spec.get("check", True) is not False, supervisor_pid=row.get("supervisor_pid"))
+        except (ValidationError, ValueError) as exc:
+            raise LaunchError(f"job {row['id']}: its stored record cannot be read back: {exc}") from None
