@@ -91,16 +91,14 @@ def relay(fd, prefix):
     def emit():
         nonlocal dropped
         note = f" [launch: line cut at {LIMIT} bytes; {dropped} more dropped]".encode() if dropped else b""
-        write(prefix + bytes(pending) + note + b"
-")
+        write(prefix + bytes(pending) + note + b"\n")
         pending.clear()
         dropped = 0
 
     with open(fd, "rb", buffering=0) as pipe:
         while chunk := pipe.read(65536):
             start = 0
-            while (end := chunk.find(b"
-", start)) >= 0:
+            while (end := chunk.find(b"\n", start)) >= 0:
                 add(chunk[start:end])
                 emit()
                 start = end + 1

@@ -1,0 +1,62 @@
+"""Every rank's line reaches the supervisor whole and behind its ``[rank]:`` prefix under DeepSpeed's launcher
+(real ``deepspeed.launcher.launch`` on CPU, through the node agent), and a record is filed as the rank whose
+stream it came on: two ranks print at once, one of them hostile."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.metrics.record import MetricRecord, Rejected, parse_line
+from launcher.node import agent
+from launcher.node.ship import node_argv
+from launcher.plan.commands import deepspeed_argv
+
+pytestmark = pytest.mark.slow
+PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "rank_streams.py"
+LINES = 400
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_deepspeed_ranks_printing_at_once_arrive_as_whole_lines_each_behind_its_rank(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    job_id = f"streams-{os.getpid()}"
+    argv = deepspeed_argv(sys.executable, [2], 0, "127.0.0.1", _free_port(), (True, [str(PROGRAM)]))
+    env = {"LAUNCH_JOB_ID": job_id, "LAUNCH_NODE": "0", "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1",
+           "RANK_STREAMS_READY": str(ready), "RANK_STREAMS_LINES": str(LINES)}
+    request = {"job_id": job_id, "node": 0, "argv": argv, "env": env, "cwd": str(tmp_path), "grace": 1.0,
+               "run_root": str(tmp_path / "runs")}
+    (tmp_path / "runs").mkdir(mode=0o700)
+    done = subprocess.run(node_argv(sys.executable, "agent", request), capture_output=True, text=True, timeout=300)
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = [line[1:] for line in done.stdout.splitlines() if line.startswith("|")]
+
+    for rank in (0, 1):
+        printed = [line for line in output if re.search(r"rank \d (line|err) ", line)]
+        mine = [line for line in printed if line.startswith(f"[{rank}]:")]
+        assert [line for line in mine if " line " in line] == [f"[{rank}]:rank {rank} line {i} {'x' * 40}" for i in range(LINES)]
+        assert [line for line in mine if " err " in line] == [f"[{rank}]:rank {rank} err {i}" for i in range(0, LINES, 50)]
+    assert all(re.fullmatch(r"\[(\d)\]:rank \1 (line \d+ x{40}|err \d+)", line)
+               for line in output if re.search(r"rank \d (line|err) ", line)), "a line merged with another, or lost its rank"
+
+    parsed = [parse_line(line, world_size=2, node=0, host="h") for line in output]
+    records = [result for result in parsed if isinstance(result, MetricRecord)]
+    assert [(record.rank, record.step) for record in records] == [(0, 1)]
+    assert [result.reason for result in parsed if isinstance(result, Rejected)] == [
+        "a record claiming rank 0 on the stream of rank 1"]
+    assert "[1]:debug: sending @@launch " in "\n".join(output), "a print that contains the marker is output, not a record"
+    assert agent.DEEPSPEED_LAUNCH == ("-m", argv[argv.index("-m") + 1]), "the agent knows the plan's spelling"
