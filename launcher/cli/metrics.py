@@ -182,18 +182,38 @@ def report(jobs, out_file, title):
       launch report cifar10-convnet-3f2a1c --out convnet.html
       launch report bert-ddp bert-zero2 bert-zero3 --out bert.html --title "BERT-large, 4x A800"
     """
-    from pathlib import Path
-
-    from launcher.errors import LaunchError
+    from launcher.spec.files import expand_user
     from launcher.store.db import Store
     from launcher.views.report import build_report
 
     store = Store()
     entries = _load(store, jobs)
     page = build_report(entries, title=title, usage={job["id"]: store.samples(job["id"]) for job, _ in entries})
-    path = Path(out_file).expanduser()
+    path = expand_user(out_file, "report --out")
+    _write_new_or_own(path, page)
+    click.echo(f"wrote {path} ({len(jobs)} job(s), {len(page) // 1024} KB)")
+
+
+def _write_new_or_own(path, text: str) -> None:
+    """Write ``text`` to ``path``, never through a symlink (it could point at any file of the user's, planted
+    by whoever can write the directory), and only to a regular file."""
+    import os
+    import stat
+
+    from launcher.errors import LaunchError
+
+    if path.is_symlink():
+        raise LaunchError(f"report --out: {path} is a symbolic link; give the file itself (launch does not write "
+                          "through a link)")
     try:
-        path.write_text(page)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise LaunchError(f"cannot write {path}: {exc.strerror or exc}") from None
-    click.echo(f"wrote {path} ({len(jobs)} job(s), {len(page) // 1024} KB)")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LaunchError(f"report --out: {path} is not a regular file; give a file to write")
+        try:
+            handle.truncate(0)
+            handle.write(text)
+        except OSError as exc:
+            raise LaunchError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from launcher.errors import LaunchError
 from launcher.metrics import mfu as mfu_mod
 from launcher.metrics.record import CSV_FIELDS, MetricRecord
+from launcher.spec.files import expand_user
 
 MB = 1024 * 1024
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet would evaluate at the start of a cell
@@ -38,11 +39,17 @@ def write_csv(records: Sequence[MetricRecord], out: TextIO) -> int:
 
 def _cell(value: Any) -> Any:
     """A CSV cell: texts came from rank output, so one a spreadsheet would run as a formula gets a leading
-    quote (OWASP's advice for CSV injection); numbers stay numbers, None is empty."""
+    quote (OWASP's advice for CSV injection); numbers stay numbers, None is empty.
+
+    A line break inside a text is written as the two characters ``\\r`` or ``\\n``: some spreadsheets start
+    a new row (or cell) at a bare CR even inside quotes, and the text after it would be read as a formula.
+    Leading spaces do not hide a formula either (spreadsheets trim them)."""
     if value is None:
         return ""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
+    if isinstance(value, str):
+        value = value.replace("\r", "\\r").replace("\n", "\\n")
+        if value.lstrip(" ").startswith(FORMULA_STARTS):
+            return "'" + value
     return value
 
 
@@ -75,7 +82,7 @@ def write_tensorboard(job: Mapping[str, Any], records: Sequence[MetricRecord], l
         by_rank.setdefault(record.rank, []).append(record)
     runs = []
     for rank, rows in sorted(by_rank.items()):
-        run = Path(logdir).expanduser() / job["id"] / f"rank{rank}"
+        run = expand_user(logdir, "--tensorboard") / job["id"] / f"rank{rank}"
         try:
             writer = SummaryWriter(log_dir=str(run))
         except OSError as exc:

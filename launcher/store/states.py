@@ -44,9 +44,11 @@ TRANSITIONS: dict[JobState, tuple[JobState, ...]] = {
 
 
 class NodeState(StrEnum):
-    """One node of one attempt: started, running, then exited on its own or stopped by launch."""
+    """One node of one attempt: started, running, then exited on its own or stopped by launch; NOT_STARTED: its
+    attempt ended (a start failed, here or on another node) before it ran."""
 
     STARTING = "STARTING"
+    NOT_STARTED = "NOT_STARTED"
     RUNNING = "RUNNING"
     EXITED = "EXITED"
     STOPPED = "STOPPED"

@@ -2,7 +2,8 @@
 
 Each line of a node's log file starts with the writer's epoch time (``1764536400.123 [0/1] ...``);
 lines without it (logs written before timestamps) are shown as they are. Lines of several nodes
-are merged in time order. Rank output is untrusted: it is printed, never interpreted.
+are merged in time order. Rank output is untrusted: it is printed through ``safe_text`` (plain colour
+kept, every other control sequence made visible), never interpreted; ``raw`` prints it as written.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from launcher.store.db import TERMINAL, Store
+from launcher.views.terminal import safe_text
 
 TIMESTAMP = re.compile(r"^(\d+\.\d{3}) ")
 _PREFIX = re.compile(r"^\[(\d+)(?:/(\d+))?\] ")
@@ -27,6 +29,7 @@ RANK_COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "bright_cyan", "br
                 "bright_green", "bright_blue")
 NODE_COLOUR = "bright_black"
 READ_BLOCK = 64 * 1024
+MAX_SINCE_DAYS = 100 * 366  # --since further back than this is a typo, not a log
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,16 @@ class LogQuery:
 
 @dataclass(frozen=True)
 class LogFormat:
-    """How lines are printed: prefixes coloured per rank (terminals), the time shown or not."""
+    """How lines are printed: prefixes coloured per rank (terminals), the time shown or not; ``raw``: as written."""
 
     colour: bool = False
     timestamps: bool = False
+    raw: bool = False
 
     def render(self, line: LogLine) -> str:
-        text = line.text
+        if self.raw:
+            return line.text
+        text = safe_text(line.text)
         prefix = line.prefix
         if self.colour and prefix is not None:
             end = text.index("] ") + 1
@@ -104,11 +110,16 @@ def parse_since(text: str, now: float | None = None) -> float:
     now = time.time() if now is None else now
     match = _DURATION.match(text.strip())
     if match and any(match.groups()):
+        if any(len(g) > 9 for g in match.groups() if g):
+            raise ValueError(f"'{text[:40]}': a duration back of at most {MAX_SINCE_DAYS} days, e.g. 30s, 10m, 2h, 1d")
         days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-        return now - (((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+        back = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        if back > MAX_SINCE_DAYS * 86400:
+            raise ValueError(f"'{text}': a duration back of at most {MAX_SINCE_DAYS} days, e.g. 30s, 10m, 2h, 1d")
+        return now - back
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         raise ValueError(
             f"'{text}' is neither a duration (30s, 10m, 2h, 1d, 1h30m) nor an ISO time (2025-12-01T10:00:00)"
         ) from None

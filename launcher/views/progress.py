@@ -27,6 +27,7 @@ from launcher.metrics.snapshot import (
     with_elapsed,
 )
 from launcher.views.logs import TIMESTAMP, LogLine, prefix_colour
+from launcher.views.terminal import safe_text
 
 STAGES = ("queued", "preflight", "sync", "setup", "start")
 STAGE_STATES = ("waiting", "running", "done", "failed")
@@ -194,10 +195,10 @@ class PlainProgress(Progress):
 
     def _stage_changed(self, stage: str, entry: NodeStage) -> None:
         detail = f": {entry.detail}" if entry.detail else ""
-        self._write(f"[{stage}] {who(entry.node, entry.host)}: {entry.state}{detail}")
+        self._write(safe_text(f"[{stage}] {who(entry.node, entry.host)}: {entry.state}{detail}", colour=False))
 
     def _line(self, text: str) -> None:
-        self._write(text)
+        self._write(safe_text(text))
 
     def _summary(self, due: bool) -> None:
         """A summary line if there is a new step to tell and ``due``."""
@@ -310,15 +311,15 @@ class LiveProgress(Progress):
 def _text(text: str, style: str = ""):
     from rich.text import Text
 
-    return Text(text, style=style)
+    return Text(safe_text(text, colour=False), style=style)
 
 
 def _log_text(line: str):
-    """A relayed line as rich Text: the rank's ANSI colours kept, other control codes dropped, never markup;
-    its ``[node/rank]`` prefix coloured per rank."""
+    """A relayed line as rich Text: the rank's plain ANSI colours kept, other control codes made visible before
+    rich reads it (rich would make OSC 8 a link), never markup; its ``[node/rank]`` prefix coloured per rank."""
     from rich.text import Text
 
-    text = Text.from_ansi(line)
+    text = Text.from_ansi(safe_text(line))
     prefix = LogLine(text.plain).prefix
     if prefix is not None:
         text.stylize(prefix_colour(*prefix), 0, text.plain.index("]") + 1)
@@ -331,7 +332,7 @@ def _stage_line(stage: str, nodes: list[NodeStage]):
     line = Text(f"{stage:<10}", style="bold")
     if len(nodes) <= NODES_SHOWN:
         for entry in nodes:
-            line.append(f" {who(entry.node, entry.host)} ")
+            line.append(safe_text(f" {who(entry.node, entry.host)} ", colour=False))
             line.append(entry.state, style=STATE_COLOURS[entry.state])
             line.append(" ")
     else:

@@ -6,10 +6,13 @@ summaries only inside the functions that use them: `launch --help` stays light.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import time
 from typing import TYPE_CHECKING, Any
+
+from launcher.views.terminal import safe_text
 
 if TYPE_CHECKING:
     from launcher.metrics.summary import JobSummary
@@ -207,9 +210,10 @@ def _age(t: float | None) -> str:
 
 
 def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]]):
-    """A rich table of (job row, summary) pairs."""
+    """A rich table of (job row, summary) pairs (stored text shown through ``safe_text``)."""
     from rich.table import Table
-    from rich.text import Text
+
+    Text = _safe_text_class()
 
     table = Table(box=None, header_style="bold")
     table.add_column("ID", no_wrap=True)
@@ -224,8 +228,21 @@ def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]]):
     return table
 
 
-def _state(state: Any):
+@functools.lru_cache(maxsize=1)
+def _safe_text_class() -> Any:
+    """rich's Text whose text goes through ``safe_text``: a stored reason, host or log line cannot move the
+    cursor, set the title or the clipboard, or make a link (rich writes control codes in Text as they are)."""
     from rich.text import Text
+
+    class SafeText(Text):
+        def __init__(self, text: str = "", *args: Any, **kwargs: Any) -> None:
+            super().__init__(safe_text(text, colour=False), *args, **kwargs)
+
+    return SafeText
+
+
+def _state(state: Any):
+    Text = _safe_text_class()
 
     color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
     return Text(_fmt(state, ""), style=color)
@@ -249,13 +266,13 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     reason or failure record cannot change how the page renders.
     """
     from rich.table import Table
-    from rich.text import Text
 
+    Text = _safe_text_class()
     m = summary
     waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == "QUEUED" and obj.get("queue_reason") else ""
     scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
     header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"]),
-                           f"  {obj['reason'] or ''}{waiting}{scheduler}")
+                           Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))
     out: list[Any] = [
         header,
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
@@ -293,7 +310,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
         out.append(Text(shown.describe(), style="red"))
         for line in shown.last_lines[-10:]:
             out.append(Text("    " + line))
-    out.append("events:")
+    out.append(Text("events:"))
     for e in events[-12:]:
         out.append(Text(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))}  {e['kind']:<16} {e['message']}"))
     return out

@@ -1,0 +1,153 @@
+"""`launch submit` and `launch plan`: a job file validated, planned, then run (or its memory estimated).
+
+Only click is imported at module level; the orchestration, the store and rich inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from launcher.cli.output import echo_reason, echo_safe_line, exit_for
+from launcher.errors import LaunchError
+from launcher.views.render import console
+
+
+@click.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job spec value; repeatable.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and stop; contacts nothing.")
+@click.option("--detach", is_flag=True, help="Print the job id and return; a supervisor runs the job to its end.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the plan with --dry-run).")
+@click.option("--skip-check", is_flag=True,
+              help="Skip the checks beyond preflight: the nodes' versions compared (SSH) and the DeepSpeed config validated by DeepSpeed.")
+def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_check):
+    """Validate, plan, preflight and run JOB_FILE.
+
+    In the foreground, logs stream with [node/rank] prefixes and the exit code
+    is 0 only if the job succeeded; Ctrl-C cancels the job on every node. On a
+    terminal a live view shows each node's stages (preflight, sync, setup, start)
+    and then a progress bar (step, samples/s, slowest rank, peak memory, ETA) under
+    the scrolling logs; on a pipe or in CI the output is plain lines.
+
+    \b
+    Examples:
+      launch submit jobs/cifar10_convnet.yaml
+      launch submit jobs/cifar10_convnet.yaml --set max_steps=20 --set batch.micro_batch=16
+      launch submit jobs/bert_large_zero3.yaml --cluster examples/clusters/a800.yaml --dry-run --json
+    """
+    from launcher.run import orchestrate
+
+    prepared = orchestrate.prepare(job_file, cluster_file, tuple(overrides))
+    if dry_run:
+        _print_plan(prepared.plan, as_json)
+        return
+    quiet = as_json or detach
+    view = None if quiet else _open_view(prepared.plan)
+    try:
+        job_id, state = orchestrate.submit(
+            prepared, detach=detach, echo=None if quiet else (view.log if view else echo_safe_line),
+            on_recorded=_on_recorded(prepared, view, quiet), run_check=not skip_check,
+            warn=lambda text: click.echo(text, err=True), **({"stage": view.stage} if view else {}),
+        )
+    finally:
+        if view is not None:
+            view.close()
+    _tell_outcome(job_id, state, as_json=as_json, detach=detach)
+    if detach:
+        if state in ("FAILED", "CANCELLED"):  # a scheduler refused the job before --detach returned
+            exit_for(state)
+    else:
+        exit_for(state)
+
+
+def _print_plan(plan, as_json: bool) -> None:
+    """`--dry-run`: the plan as text, or as JSON."""
+    from launcher.views import render
+
+    click.echo(json.dumps(render.plan_json(plan), indent=2) if as_json else render.plan_text(plan))
+
+
+def _open_view(plan):
+    """The live view on a terminal (stages, then a progress bar under the logs); None on a pipe."""
+    if not sys.stdout.isatty():
+        return None
+    from launcher.views.progress import open_progress
+
+    return open_progress(sys.stdout, max_steps=plan.max_steps, nnodes=plan.nnodes, plain=False)
+
+
+def _on_recorded(prepared, view, quiet: bool):
+    """What to do once the job is in the store: say its id and shape, and point the live view at it."""
+
+    def recorded(job_id: str) -> None:
+        if not quiet:
+            plan = prepared.plan
+            click.echo(f"job {job_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} on {prepared.cluster.name}", err=True)
+        if view is not None:
+            from launcher.store.db import Store
+
+            view.attach(Store(), job_id)
+
+    return recorded
+
+
+def _tell_outcome(job_id: str, state: str, *, as_json: bool, detach: bool) -> None:
+    """The id and end state (JSON, the bare id for --detach, or a line on stderr), and why it failed."""
+    if as_json:
+        click.echo(json.dumps({"id": job_id, "state": state}))
+        return
+    if detach:
+        click.echo(job_id)
+        if state not in ("FAILED", "CANCELLED"):
+            return
+    else:
+        click.echo(f"job {job_id}: {state}  (launch status {job_id})", err=True)
+        if state == "SUCCEEDED":
+            return
+    from launcher.store.db import Store
+
+    echo_reason(Store().job(job_id).get("reason"))
+
+
+@click.command("plan")
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job spec value; repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="The estimates as JSON.")
+def plan_command(job_file, cluster_file, overrides, as_json):
+    """Will it fit? Per-GPU memory of a recipe job under every strategy, and the cheapest that fits.
+
+    Model states follow DeepSpeed's estimator formulas (mixed-precision Adam: DDP 16 bytes a
+    parameter, ZeRO-2 2 + 14/N, ZeRO-3 16/N, offload variants); activations are estimated
+    for the recipe's micro batch and sequence length; the cluster's gpu.memory_gb is the limit.
+
+    \b
+    Examples:
+      launch plan jobs/bert_large_zero3.yaml --cluster examples/clusters/a800.yaml
+      launch plan jobs/gpt2_small_zero2.yaml --cluster examples/clusters/a800.yaml --set batch.micro_batch=32
+    """
+    from launcher.plan import fit
+    from launcher.run import orchestrate
+    from launcher.views import render
+
+    prepared = orchestrate.prepare(job_file, cluster_file, tuple(overrides), check_fit=False)
+    job, plan = prepared.job, prepared.plan
+    if job.recipe is None:
+        raise LaunchError("`launch plan` estimates memory for built-in recipes; an entrypoint job's model is unknown")
+    chosen = plan.memory
+    gpu_gb = chosen.gpu_memory_gib
+    rows = fit.strategy_estimates(job, plan.batch.micro_batch, plan.nnodes, plan.nproc_per_node, gpu_gb)
+    if as_json:
+        click.echo(json.dumps({"plan": chosen.model_dump(mode="json"), "strategies": [r.__dict__ for r in rows]}, indent=2))
+        return
+    out = console()
+    out.print(f"{job.name}: {job.recipe} on {plan.nnodes} node(s) x {plan.nproc_per_node}, {job.precision}, "
+                  f"micro batch {plan.batch.micro_batch} (global {plan.batch.global_batch})")
+    out.print(render.fit_table(rows, job.strategy, gpu_gb))
+    out.print("  " + render.memory_line(chosen))
+    if chosen.reason:
+        out.print(f"  recommendation: {chosen.recommended or 'none fits'}: {chosen.reason}")

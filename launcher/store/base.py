@@ -1,0 +1,105 @@
+"""The job store's file: SQLite in WAL mode under ``$LAUNCH_HOME`` (default ``~/.launch``).
+
+The directory is private to its user (0700; when LAUNCH_HOME is a symlink, the directory it
+points to is left as its owner made it) and the database file too (0600). Every SQLite error (a
+corrupted file, a locked or read-only one) becomes a ``StoreError`` that names the file and
+what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from launcher.spec.files import expand_user
+from launcher.store.schema import StoreError, migrate
+
+
+def launch_home() -> Path:
+    """Where the store and run directories live: ``$LAUNCH_HOME`` or ``~/.launch`` (SpecError for ``~nobody``)."""
+    return expand_user(os.environ.get("LAUNCH_HOME") or "~/.launch", "LAUNCH_HOME")
+
+
+class StoreBase:
+    """The store's file and its one connection: opened private, migrated, every SQLite error a StoreError."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or launch_home()
+        self.runs = self.home / "runs"
+        self.path = self.home / "jobs.db"
+        self._lock = threading.Lock()
+        try:
+            self.runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not self.home.is_symlink():  # a link's target is someone's directory: its mode is not launch's to set
+                os.chmod(self.home, 0o700)
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+            os.close(fd)
+        except OSError as exc:
+            raise StoreError(f"cannot open the job store in {self.home}: {exc}", hint="set LAUNCH_HOME to a writable directory") from None
+        with self._guard():
+            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA busy_timeout = 30000")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+
+    def _migrate(self) -> None:
+        migrate(self._db, self.path)
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """SQLite errors as a StoreError naming the file and what to do."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: sqlite3.Error) -> StoreError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in text or "not a database" in text or "corrupt" in text):
+            return StoreError(
+                f"the job store {self.path} is corrupted ({text})",
+                hint=f"move it aside (mv {shlex.quote(str(self.path))} {shlex.quote(str(self.path))}.broken) and run launch "
+                     f"again: it makes a new, empty store; the jobs' logs stay under {self.runs}",
+            )
+        if "locked" in text or "busy" in text:
+            return StoreError(f"the job store {self.path} is locked by another process ({text})",
+                              hint="try again when the other launch command is done")
+        return StoreError(f"the job store {self.path} failed: {text}",
+                          hint="check the disk and the file's permissions, or set LAUNCH_HOME to another directory")
+
+    def close(self) -> None:
+        with self._guard():
+            self._db.close()
+
+    def _execute(self, sql: str, params: tuple | list = ()) -> int:
+        """Run one write; the number of rows it changed."""
+        with self._lock, self._guard():
+            return self._db.execute(sql, params).rowcount
+
+    def _query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
+        """Run one read and fetch every row (a damaged page fails here, inside the guard)."""
+        with self._lock, self._guard():
+            return self._db.execute(sql, params).fetchall()
+
+    def _transaction(self, sql: str, rows: list[tuple]) -> None:
+        with self._lock, self._guard():
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(sql, rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def run_dir(self, job_id: str) -> Path:
+        """The job's private directory for logs and pid files (created 0700)."""
+        path = self.runs / job_id
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path

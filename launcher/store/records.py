@@ -1,0 +1,135 @@
+"""A job's events, metric records and process samples in the store.
+
+Metric records come from ranks (untrusted) and are bounded: at most ``MAX_METRIC_RECORDS`` a job
+(``launch metrics`` reads them all), the rest dropped with one ``metrics_capped`` event. Samples
+are folded into one row per rank and attempt, so a long job does not grow the store. A row that
+does not read as valid is left out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from launcher.metrics.record import MetricRecord, ProcessSample, RankUsage
+from launcher.store.base import StoreBase
+from launcher.store.rows import finite_or_none, json_text, json_value, text_or_none
+
+MAX_METRIC_RECORDS = 50_000  # a job's records kept: 8 ranks reporting every 10 steps for 60,000 steps
+CAPPED = "metrics_capped"
+
+
+class RecordsStore(StoreBase):
+    """Events, metric records and samples (the job rows are ``Store``'s)."""
+
+    max_metric_records = MAX_METRIC_RECORDS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._metric_counts: dict[str, int] = {}
+        self._capped: set[str] = set()
+
+    def _within_metric_cap(self, job_id: str, rows: list[tuple]) -> list[tuple]:
+        """The rows that fit under the job's cap; the first time the cap is hit, a ``metrics_capped`` event."""
+        if not rows:
+            return rows
+        kept = self._metric_counts.get(job_id)
+        if kept is None:
+            kept = self._query("SELECT count(*) FROM metrics WHERE job_id = ?", (job_id,))[0][0]
+        room = max(0, self.max_metric_records - kept)
+        self._metric_counts[job_id] = kept + min(room, len(rows))
+        if len(rows) > room and job_id not in self._capped:
+            self._capped.add(job_id)
+            if not self._query("SELECT 1 FROM events WHERE job_id = ? AND kind = ? LIMIT 1", (job_id, CAPPED)):
+                self.add_event(job_id, CAPPED, f"{self.max_metric_records} metric records kept, the most a job keeps; "
+                               "later records are dropped (summaries cover the records kept)",
+                               {"limit": self.max_metric_records})
+        return rows[:room]
+
+    def add_event(self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        self._execute(
+            "INSERT INTO events (job_id, t, kind, message, data) VALUES (?,?,?,?,?)",
+            (job_id, time.time(), kind, message, json_text(data) if data is not None else None),
+        )
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """A job's events in order; a value of the wrong type reads as unknown."""
+        rows = self._query("SELECT t, kind, message, data FROM events WHERE job_id = ? ORDER BY id", (job_id,))
+        return [
+            {"t": finite_or_none(r["t"]) or 0.0, "kind": text_or_none(r["kind"]) or "?",
+             "message": text_or_none(r["message"]) or "", "data": json_value(r["data"])}
+            for r in rows
+        ]
+
+    def add_metrics(self, job_id: str, attempt: int, records: Iterable[MetricRecord | Mapping[str, Any]]) -> None:
+        """Store metric records of an attempt (one transaction for the batch), each under this job and attempt.
+
+        Records come from ``parse_line`` (validated, with the channel's node and host); a mapping is
+        read as a stored row is. A job keeps at most ``max_metric_records``: later ones are dropped,
+        and a ``metrics_capped`` event says so once.
+        """
+        rows = []
+        for item in records:
+            record = item if isinstance(item, MetricRecord) else MetricRecord.from_stored(item)
+            if record is None:
+                continue
+            wire = {**record.to_wire(), "job": job_id}
+            rows.append((job_id, attempt, record.node, record.rank, record.step, json_text(wire)))
+        rows = self._within_metric_cap(job_id, rows)
+        if rows:
+            self._transaction("INSERT INTO metrics (job_id, attempt, node, rank, step, record) VALUES (?,?,?,?,?,?)", rows)
+
+    def metrics(self, job_id: str) -> list[MetricRecord]:
+        """A job's records, in arrival order, each with its attempt; rows that are not valid records are left out."""
+        rows = self._query("SELECT attempt, record FROM metrics WHERE job_id = ? ORDER BY id", (job_id,))
+        records = []
+        for row in rows:
+            data = json_value(row["record"])
+            record = MetricRecord.from_stored(data, attempt=row["attempt"]) if isinstance(data, dict) else None
+            if record is not None:
+                records.append(record)
+        return records
+
+    def add_samples(self, job_id: str, attempt: int, samples: Iterable[ProcessSample]) -> None:
+        """Fold the node agent's process samples into one row per rank and attempt.
+
+        Kept: the latest sample (time, pid, CPU seconds, RSS, GPU memory), the peaks of RSS
+        and GPU memory, and the sum and count of GPU utilisation readings (for the mean).
+        """
+        rows = [
+            (job_id, attempt, s.rank, s.node, s.host, s.pid, s.t, s.cpu_s, s.rss_bytes, max(s.rss_peak_bytes, s.rss_bytes),
+             s.gpu_mem_bytes, s.gpu_mem_bytes, s.gpu_util or 0.0, int(s.gpu_util is not None))
+            for s in samples
+        ]
+        if rows:
+            self._transaction(
+                """INSERT INTO samples (job_id, attempt, rank, node, host, pid, t, cpu_s, rss_bytes, rss_peak_bytes,
+                   gpu_mem_bytes, gpu_mem_peak_bytes, gpu_util_sum, gpu_util_samples, samples)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)
+                   ON CONFLICT (job_id, attempt, rank) DO UPDATE SET
+                   node = excluded.node, host = excluded.host, pid = excluded.pid, t = excluded.t,
+                   cpu_s = excluded.cpu_s, rss_bytes = excluded.rss_bytes,
+                   rss_peak_bytes = max(coalesce(rss_peak_bytes, 0), excluded.rss_peak_bytes),
+                   gpu_mem_bytes = excluded.gpu_mem_bytes,
+                   gpu_mem_peak_bytes = CASE WHEN excluded.gpu_mem_peak_bytes IS NULL THEN gpu_mem_peak_bytes
+                       ELSE max(coalesce(gpu_mem_peak_bytes, 0), excluded.gpu_mem_peak_bytes) END,
+                   gpu_util_sum = gpu_util_sum + excluded.gpu_util_sum,
+                   gpu_util_samples = gpu_util_samples + excluded.gpu_util_samples,
+                   samples = samples + 1""",
+                rows,
+            )
+
+    def samples(self, job_id: str) -> list[RankUsage]:
+        """What the node agents saw of each rank, per attempt (rows that do not read as valid are left out)."""
+        rows = self._query("SELECT * FROM samples WHERE job_id = ? ORDER BY attempt, rank", (job_id,))
+        usage = []
+        for row in rows:
+            data = dict(row)
+            count = data["gpu_util_samples"]
+            if isinstance(count, int) and count > 0 and isinstance(data["gpu_util_sum"], (int, float)):
+                data["gpu_util_mean"] = data["gpu_util_sum"] / count
+            entry = RankUsage.from_stored(data)
+            if entry is not None:
+                usage.append(entry)
+        return usage
