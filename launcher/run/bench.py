@@ -21,6 +21,7 @@ from typing import Any
 
 from launcher.catalog.strategies import BENCH_DEFAULT, find_strategy
 from launcher.errors import LaunchError, SpecError
+from launcher.metrics.record import MetricRecord
 from launcher.spec.job import JobSpec
 from launcher.store.db import CANCELLED, Store, launch_home
 from launcher.views.compare import compare_row, failed_row, job_metrics, with_ratios
@@ -43,7 +44,7 @@ class BenchResult:
 
     runs: list[BenchRun]
     rows: list[dict[str, Any]]
-    entries: list[tuple[dict[str, Any], list[dict[str, Any]]]] = field(default_factory=list)
+    entries: list[tuple[dict[str, Any], list[MetricRecord]]] = field(default_factory=list)
 
 
 def parse_strategies(text: str) -> list[str]:

@@ -109,6 +109,7 @@ def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None
             if batch is None and user is None:
                 return None  # nothing of the job's to give the program: it brings its own config
             return entrypoint_ds_config(job.precision, batch, job.deepspeed.gradient_clipping, user)
+        assert batch is not None  # a recipe job has a batch (JobSpec's validation refuses one without)
         return make_ds_config(
             job.strategy, job.precision, batch.micro_batch, batch.grad_accum, world,
             gradient_clipping=job.deepspeed.gradient_clipping, user_config=user,

@@ -36,7 +36,7 @@ class RecordedJob:
     def read(cls, store: Store, ref: str) -> RecordedJob:
         """The job ``ref`` names (an id or its unique prefix); LaunchError if its record cannot be read back."""
         row = store.job(ref)
-        spec = row.get("spec") if isinstance(row.get("spec"), dict) else {}
+        spec: dict[str, Any] = row["spec"] if isinstance(row.get("spec"), dict) else {}
         try:
             return cls(id=row["id"], state=JobState(row["state"]), plan=Plan.model_validate(row.get("plan")),
                        job=JobSpec.model_validate(spec.get("job")), cluster=ClusterSpec.model_validate(spec.get("cluster")),
