@@ -177,7 +177,10 @@ class NodeWatcher:
             if self._reported is None and failures.is_agent_failed_line(text):
                 self._reported = relay.sequence()
         self._write(log, f"{now:.3f} {shown}\n")
-        relay.echo(shown)
+        try:
+            relay.echo(shown)
+        except OSError:
+            pass  # the console is gone (its terminal closed): the line is in the log, and the job goes on
 
     def _write(self, log: IO[str] | None, line: str) -> None:
         if log is None:
