@@ -83,6 +83,7 @@ def status(job, as_json, last, limit, watch):
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
     """`status --watch`: the live view until the job ends, then exit as submit does."""
+    from launcher.run.orchestrate import supervisor_gone
     from launcher.views.watch import watch
 
     if as_json or not (job or last):
@@ -93,7 +94,7 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
         job = newest[0]["id"]
     try:
-        row = watch(store, job, stream=sys.stdout)
+        row = watch(store, job, stream=sys.stdout, supervisor_gone=lambda job_id: supervisor_gone(store, job_id))
     except KeyboardInterrupt:
         click.echo("stopped watching; the job goes on (`launch cancel` ends it)", err=True)
         sys.exit(EXIT_CANCELLED)
