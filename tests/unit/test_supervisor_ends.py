@@ -153,3 +153,17 @@ def test_a_job_cancelled_before_it_launched_still_has_its_backend_closed(tmp_pat
     store.transition("unit-00000001", JobState.CANCELLED, reason="cancelled by user")
     assert sup.run() == JobState.CANCELLED
     assert backend.closed and backend.started == []
+
+
+def test_a_console_that_went_away_loses_nothing(tmp_path: Path) -> None:
+    backend = FakeBackend(CLUSTER, [[NodeScript([output("epoch 1")]), NodeScript([output("epoch 1")])]])
+    sup, store = _supervisor(tmp_path, backend)
+
+    def closed_terminal(line: str) -> None:
+        raise OSError(5, "Input/output error")
+
+    sup.echo = closed_terminal
+    assert sup.run() == JobState.SUCCEEDED
+    row = store.job("unit-00000001")
+    assert row["reason"] is None
+    assert (Path(row["run_dir"]) / "attempt0-node1.log").read_text().endswith("[1] epoch 1\n")
