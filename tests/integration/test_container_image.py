@@ -51,6 +51,11 @@ def _podman(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=60)
 
 
+def _podman_major() -> int:
+    """Podman's major version (``podman version 4.3.1`` -> 4)."""
+    return int(_podman("--version").stdout.split()[-1].split(".")[0])
+
+
 def _wait_running(name: ContainerName, proc: subprocess.Popen) -> None:
     """Wait until podman reports ``name`` running (its process started)."""
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -166,11 +171,9 @@ def test_stop_by_name_sends_sigterm_first_and_rm_leaves_no_container(container_i
     try:
         assert proc.stdout.readline() == "ready\n"  # its SIGTERM handler is installed
         grace_s = 30.0
-        started = time.monotonic()
         stopped = _podman(*stop_argv(Runtime.PODMAN, name, grace_s)[1:])
         assert stopped.returncode == 0, stopped.stderr
-        assert time.monotonic() - started < grace_s  # ended by its handler, not by the SIGKILL after the grace
-        assert proc.wait(timeout=60) == 43
+        assert proc.wait(timeout=60) == 43  # its handler's status: a SIGKILL after the grace would give 137
     finally:
         proc.kill()
     assert parse_names(_podman(*list_argv(Runtime.PODMAN, name.job_id)[1:]).stdout, name.job_id) == []  # --rm
@@ -197,7 +200,10 @@ def test_a_container_over_its_memory_limit_exits_137_and_the_kernel_log_names_it
         assert state.exit_code == 137
         # Podman says so too: OOMKilled from 5.0 on; before, conmon only drops an empty `oom` file into the
         # working directory of the command that started the container (containers/podman#13102, conmon#504).
-        assert state.oom_killed or (tmp_path / "oom").exists()
+        if _podman_major() >= 5:
+            assert state.oom_killed
+        else:
+            assert (tmp_path / "oom").exists()
     finally:
         proc.kill()
         _podman(*remove_argv(Runtime.PODMAN, name)[1:])

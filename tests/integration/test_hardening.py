@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -114,9 +113,8 @@ def test_a_host_that_does_not_speak_ssh_gets_launchs_one_line_not_paramikos_trac
     cluster = write_yaml(tmp_path / "cluster.yaml", {
         "name": "web", "backend": "ssh", "ssh": {"known_hosts": str(tmp_path / "known"), "connect_timeout": 5},
         "nodes": [{"host": "127.0.0.1", "port": port}], "python": sys.executable, "workdir": str(tmp_path)})
-    started = time.monotonic()
-    result = run_cli(home, "check", "--cluster", str(cluster), "--no-bandwidth", timeout=60)
+    result = run_cli(home, "check", "--cluster", str(cluster), "--no-bandwidth", timeout=60)  # a hang: timeout
     server.close()
-    assert result.returncode == 3 and time.monotonic() - started < 50
+    assert result.returncode == 3
     assert "Traceback" not in result.stderr + result.stdout
     assert "127.0.0.1" in result.stdout + result.stderr

@@ -3,6 +3,10 @@
 Two tiny entrypoint jobs are submitted once for the module: 'even' (both
 ranks alike) and 'strag' (rank 1 sleeps 20 ms more a step: a straggler).
 The cluster spec names an A100, so MFU is computed (tiny on CPU, but exact).
+
+The Reporter runs unchanged, but the program hands it a step clock that advances by exactly
+each step's sleep, and a fixed peak memory, so every figure below can be worked out by hand:
+a step is 20 ms (40 ms on the straggler's rank 1) and 8 samples / 128 tokens on each rank.
 """
 
 from __future__ import annotations
@@ -20,15 +24,22 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-A100_PEAK = 312e12
 FLOPS_PER_SAMPLE = 1e6
 STEPS, EVERY = 12, 2
 
 PROGRAM = f"""
 import os, time
 import torch, torch.distributed as dist
-from launcher.metrics import Reporter
+from launcher.metrics import Reporter, reporter as reporter_module
 
+class StepClock:  # time as the Reporter reads it, with a perf_counter that moves by each step's nominal length
+    now = 0.0
+    perf_counter = staticmethod(lambda: StepClock.now)
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+reporter_module.time = StepClock()
+reporter_module.peak_memory_bytes = lambda: int(os.environ["PEAK_MB"]) * 1024 * 1024
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 slow = float(os.environ.get("SLOW_SLEEP", "0")) if rank == int(os.environ.get("SLOW_RANK", "-1")) else 0.0
@@ -37,6 +48,7 @@ x = torch.randn(64, 64)
 for step in range({STEPS}):
     y = x @ x
     time.sleep(0.02 + slow)
+    StepClock.now += 0.02 + slow
     reporter.step(samples=8, tokens=128, loss=1.0 / (step + 1))
 reporter.close()
 dist.barrier()
@@ -89,8 +101,8 @@ def submit(home: Path, job_file: Path, cluster_file: Path) -> str:
 def jobs(tmp_path_factory) -> tuple[Path, str, str]:
     home = tmp_path_factory.mktemp("metrics")
     cluster = write_cluster(home)
-    even = submit(home, write_job(home, "even"), cluster)
-    strag = submit(home, write_job(home, "strag", {"SLOW_RANK": "1", "SLOW_SLEEP": "0.02"}), cluster)
+    even = submit(home, write_job(home, "even", {"PEAK_MB": "100"}), cluster)
+    strag = submit(home, write_job(home, "strag", {"SLOW_RANK": "1", "SLOW_SLEEP": "0.02", "PEAK_MB": "150"}), cluster)
     return home, even, strag
 
 
@@ -113,10 +125,16 @@ def test_metrics_json_has_mfu_and_per_rank_flags(jobs) -> None:
     assert data["steps"] == STEPS
     assert data["stragglers"] == [1]
     assert [r["straggler"] for r in data["per_rank"]] == [False, True]
-    assert data["per_rank"][1]["slowdown"] > 1.1
-    assert data["mfu"] == pytest.approx(data["samples_per_sec"] * FLOPS_PER_SAMPLE / (2 * A100_PEAK))
-    assert data["tokens_per_sec"] == pytest.approx(data["samples_per_sec"] * 16)
-    assert data["peak_mem_mb"] > 10
+    # step times 20 and 40 ms, their median 30 ms: rank 1 is 40 / 30 = 1.333 of the median
+    assert data["per_rank"][1]["slowdown"] == pytest.approx(4 / 3)
+    # samples/s: rank 0 8 / 0.02 = 400, rank 1 8 / 0.04 = 200, the job 600
+    assert [r["samples_per_sec"] for r in data["per_rank"]] == pytest.approx([400.0, 200.0])
+    assert data["samples_per_sec"] == pytest.approx(600.0)
+    # MFU: 600 samples/s x 1e6 FLOP = 6e8 FLOP/s over 2 GPUs x 312e12 FLOP/s = 6.24e14: 9.615e-7
+    assert data["mfu"] == pytest.approx(9.6153846e-7)
+    # tokens/s: 128 / 0.02 + 128 / 0.04 = 6400 + 3200
+    assert data["tokens_per_sec"] == pytest.approx(9600.0)
+    assert data["peak_mem_mb"] == pytest.approx(150.0)
     assert json.loads(run_launch(home, "metrics", even, "--json").stdout)["stragglers"] == []
 
 
@@ -157,9 +175,10 @@ def test_compare_prints_the_reference_table_and_json(jobs) -> None:
     rows = json.loads(run_launch(home, "compare", even, strag, "--json").stdout)
     assert [r["job"] for r in rows] == [even, strag]
     assert rows[0]["baseline"] and rows[0]["speedup"] == pytest.approx(1.0)
-    assert rows[1]["speedup"] == pytest.approx(rows[1]["samples_per_sec"] / rows[0]["samples_per_sec"])
-    assert rows[1]["speedup"] < 0.95
-    assert rows[1]["mem_ratio"] == pytest.approx(rows[1]["peak_mem_mb"] / rows[0]["peak_mem_mb"])
+    # samples/s: even 400 + 400 = 800, strag 400 + 200 = 600: 600 / 800 = 0.75
+    assert [r["samples_per_sec"] for r in rows] == pytest.approx([800.0, 600.0])
+    assert rows[1]["speedup"] == pytest.approx(0.75)
+    assert rows[1]["mem_ratio"] == pytest.approx(1.5)  # peak memory 150 MB / 100 MB
 
 
 def test_report_writes_one_self_contained_html_file(jobs) -> None:

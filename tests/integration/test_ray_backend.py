@@ -255,14 +255,11 @@ def test_a_group_that_cannot_be_placed_fails_preflight(tmp_path, job_files, ray_
         "name": "ray", "backend": "ray", "ray": {"address": ray_cluster["address"], "placement_timeout": 7},
         "python": sys.executable, "workdir": str(tmp_path),
     })
-    began = time.monotonic()
     result = run_cli(home, "submit", str(job(nodes=nodes, nproc=nproc)), "--cluster", str(short))
-    elapsed = time.monotonic() - began
     assert result.returncode == 3, result.stderr
     assert "waiting for Ray to place" in result.stderr
     assert "could not place the job within 7 s" in result.stderr and missing in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
-    assert elapsed < 7 + 10
     ray = ray_cluster["ray"]
     assert wait_for(lambda: not _live_groups(ray), timeout=10), _live_groups(ray)
     assert json.loads(run_cli(home, "status", "--json").stdout) == []
