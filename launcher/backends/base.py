@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,6 +29,7 @@ from launcher.plan.netenv import NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
 from launcher.plan.policy import PlanPolicy
 from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.container import ContainerSpec
 from launcher.spec.job import JobSpec
 
 NODE_COMMAND_TIMEOUT_S = 60.0
@@ -76,10 +77,10 @@ class StageState(StrEnum):
     FAILED = "failed"
 
 
-StageSink = Callable[[Stage, int, str, StageState], None]
+StageSink = Callable[[Stage, int | None, str, StageState], None]  # node None: the whole job (queued)
 
 
-def no_stage(stage: Stage, node: int, host: str, state: StageState) -> None:
+def no_stage(stage: Stage, node: int | None, host: str, state: StageState) -> None:
     """A StageSink that shows nothing."""
 
 
@@ -249,7 +250,7 @@ class Backend(ABC):
         """Check every node in parallel and probe what the plan left to ``auto``; starts nothing."""
 
     @abstractmethod
-    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[NodeHandle]]:
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, Sequence[NodeHandle]]:
         """Start every node's agent; (the plan as run, the handles). On failure nothing is left running
         (NodeStartError names the node at fault)."""
 
@@ -345,13 +346,13 @@ def facts_request(plan: Plan, index: int, **extra) -> dict:
     request = {"modules": required_modules(plan), "workdir": node.cwd,
                "port": plan.rendezvous.port if index == 0 else None, **extra}
     if plan.container is not None:
-        request["container"] = container_request(plan, index)
+        request["container"] = container_request(plan, plan.container, index)
     return request
 
 
-def container_request(plan: Plan, index: int) -> dict:
-    """How a node checks the job's container: runtime usable, image present or pulled, facts inside the image."""
-    spec, node = plan.container, plan.nodes[index]
+def container_request(plan: Plan, spec: ContainerSpec, index: int) -> dict:
+    """How a node checks the job's container (``spec``): runtime usable, image present or pulled, facts inside the image."""
+    node = plan.nodes[index]
     probe_name = containers.ContainerName(f"{plan.job_id}-probe", index)
     inside = node_argv(spec.python, "facts", {"modules": required_modules(plan), "workdir": node.cwd})
     return {
@@ -409,10 +410,11 @@ def node_problems(host: str, plan: Plan, facts: dict, node: NodePlan | None = No
             f"{host}: cannot find the interface routing to node 0: {facts['route_error']} (pin network.interface in cluster.yaml)"
         )
     box = facts.get("container") or {}
-    for key in ("runtime_error", "image_error", "inside_error"):
+    container = plan.container
+    for key in ("runtime_error", "image_error", "inside_error") if container is not None else ():
         if box.get(key):
-            what = {"runtime_error": f"container runtime {plan.container.runtime.value} is not usable",
-                    "image_error": f"image {plan.container.image}", "inside_error": "inside the image"}[key]
+            what = {"runtime_error": f"container runtime {container.runtime.value} is not usable",
+                    "image_error": f"image {container.image}", "inside_error": "inside the image"}[key]
             problems.append(f"{host}: {what}: {box[key]}")
     offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy == "zero3_offload" else None
     total = facts.get("mem_total_bytes")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import signal
 import socket
 import sys
@@ -163,7 +164,7 @@ class RayBackend(Backend):
         _check_reachable(address)
         previous = signal.getsignal(signal.SIGTERM)
         try:
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise PreflightError(
                 f"cannot connect to the Ray cluster at '{address}' (cluster.yaml ray.address): {_first_line(exc)}",

@@ -86,6 +86,13 @@ def batch_script(node_command: list[str], folder: Path) -> str:
     ])
 
 
+def required(value: str | None, key: str) -> str:
+    """A cluster key backend 'slurm' requires (the cluster spec checks it when loaded)."""
+    if value is None:
+        raise LaunchError(f"cluster spec: backend 'slurm' needs '{key}'")
+    return value
+
+
 class SlurmBackend(Backend):
     """Submits each attempt with ``sbatch``; follows it with ``squeue``/``scontrol`` and the job directory."""
 
@@ -96,6 +103,8 @@ class SlurmBackend(Backend):
     def __init__(self, cluster: ClusterSpec) -> None:
         super().__init__(cluster)
         self.spec = cluster.slurm
+        self.partition = required(cluster.slurm.partition, "slurm.partition")
+        self.workdir = required(cluster.workdir, "workdir")
         self._jobs: dict[str, SlurmJob] = {}
         self._check_nodes: list[str] | None = None
 
@@ -116,41 +125,42 @@ class SlurmBackend(Backend):
     def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
         """`launch check` probes the partition's nodes in service (CHECK_NODES at most), each through its own
         ``srun``, which may wait in the queue."""
-        names = cli.nodes_in_service(cluster.slurm.partition)[:CHECK_NODES]
+        partition = required(cluster.slurm.partition, "slurm.partition")
+        names = cli.nodes_in_service(partition)[:CHECK_NODES]
         if not names:
-            raise LaunchError(f"partition '{cluster.slurm.partition}' has no node in service (idle, mixed or "
-                              f"allocated): `sinfo -p {cluster.slurm.partition}` says why")
-        sys.stderr.write(f"launch check: each node is probed by `srun --partition={cluster.slurm.partition} "
+            raise LaunchError(f"partition '{partition}' has no node in service (idle, mixed or "
+                              f"allocated): `sinfo -p {partition}` says why")
+        sys.stderr.write(f"launch check: each node is probed by `srun --partition={partition} "
                          f"--nodelist=NODE` (it may wait in Slurm's queue); nodes: {', '.join(names)}\n")
         return names
 
     @classmethod
     def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
-        return len(cli.nodes_in_service(cluster.slurm.partition)[:CHECK_NODES])
+        return len(cli.nodes_in_service(required(cluster.slurm.partition, "slurm.partition"))[:CHECK_NODES])
 
     # at submit: what the controller answers at once
 
     def preflight(self, plan: Plan) -> Preflight:
         """Whether the partition exists and can ever hold the job (nodes, GPUs per node, time limit)."""
         spec, problems = self.spec, []
-        found = cli.partition(spec.partition)
+        found = cli.partition(self.partition)
         if found is None:
-            return Preflight(problems=[f"slurm.partition: Slurm has no partition '{spec.partition}' (`sinfo -s` lists them)"])
+            return Preflight(problems=[f"slurm.partition: Slurm has no partition '{self.partition}' (`sinfo -s` lists them)"])
         if not found.up:
-            problems.append(f"slurm.partition: partition '{spec.partition}' is not UP (`scontrol show partition {spec.partition}`)")
+            problems.append(f"slurm.partition: partition '{self.partition}' is not UP (`scontrol show partition {self.partition}`)")
         limit = min(n for n in (found.total_nodes, found.max_nodes) if n is not None)
         if plan.nnodes > limit:
-            problems.append(f"resources.nodes: the job asks for {plan.nnodes} nodes; partition '{spec.partition}' "
+            problems.append(f"resources.nodes: the job asks for {plan.nnodes} nodes; partition '{self.partition}' "
                             f"can give at most {limit} (TotalNodes={found.total_nodes}, MaxNodes={found.max_nodes or 'UNLIMITED'})")
         wanted = time_minutes(spec.time) if spec.time else None
         if spec.time and found.max_minutes is not None and (wanted is None or wanted > found.max_minutes):
-            problems.append(f"slurm.time: {spec.time} is more than partition '{spec.partition}' allows "
+            problems.append(f"slurm.time: {spec.time} is more than partition '{self.partition}' allows "
                             f"(MaxTime {found.max_minutes} min); the job would stay pending forever")
         if spec.gpus_per_node:
-            enough = sum(count for count, gpus in cli.partition_gpus(spec.partition) if gpus >= spec.gpus_per_node)
+            enough: int = sum(count for count, gpus in cli.partition_gpus(self.partition) if gpus >= spec.gpus_per_node)
             if enough < plan.nnodes:
                 problems.append(f"slurm.gpus_per_node: {plan.nnodes} nodes with {spec.gpus_per_node} GPUs each wanted; "
-                                f"partition '{spec.partition}' has {enough} such nodes (`sinfo -p {spec.partition} -o %D|%G`)")
+                                f"partition '{self.partition}' has {enough} such nodes (`sinfo -p {self.partition} -o %D|%G`)")
         return Preflight(problems=problems)
 
     # start: submit, wait in the queue, check the allocation, start the agents
@@ -163,7 +173,7 @@ class SlurmBackend(Backend):
         script = folder / "job.sh"
         script.write_text(batch_script(node_argv(plan.python, "slurm", request), folder))
         argv = cli.sbatch_argv(self.spec, nodes=plan.nnodes, job_name=job_name(plan.job_id),
-                               output=str(folder / "batch.log"), workdir=self.cluster.workdir, script=str(script))
+                               output=str(folder / "batch.log"), workdir=self.workdir, script=str(script))
         job = SlurmJob(cli.parse_job_id(cli.checked(argv)), folder)
         self._jobs[plan.job_id] = job
         try:
@@ -190,7 +200,7 @@ class SlurmBackend(Backend):
         return placed, [SlurmNode(node.index, node.host, job, pids[node.index]) for node in placed.nodes]
 
     def _attempt_dir(self, job_id: str) -> Path:
-        base = Path(self.cluster.workdir) / JOB_DIR / job_id
+        base = Path(self.workdir) / JOB_DIR / job_id
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         attempt = 0
         while True:
@@ -325,7 +335,7 @@ class SlurmBackend(Backend):
                 unknown.append(f"Slurm job {slurm_id}: {exc}")
                 continue
             left += [still] if still else []
-        for stale in (Path(self.cluster.workdir) / JOB_DIR / plan.job_id).glob("a*/node*.run.json"):
+        for stale in (Path(self.workdir) / JOB_DIR / plan.job_id).glob("a*/node*.run.json"):
             stale.unlink(missing_ok=True)  # a run request never read holds the secrets
         hosts = [node.host for node in plan.nodes]
         try:
@@ -344,7 +354,7 @@ class SlurmBackend(Backend):
     def _left(self, plan: Plan, slurm_id: str, end: bool) -> str | None:
         """What is left of Slurm job ``slurm_id`` after ending it (with ``end``), or None once it ended with no step."""
         known = self._jobs.get(plan.job_id)
-        job = SlurmJob(slurm_id, known.folder if known is not None else Path(self.cluster.workdir))
+        job = SlurmJob(slurm_id, known.folder if known is not None else Path(self.workdir))
         settle = SETTLE_S if known is not None and known.slurm_id == slurm_id and known.agents_done(plan.nnodes) else 0
         confirmed = self._end(job, settle) if end else job.status().state.ended and not cli.steps(slurm_id)
         if confirmed:
@@ -374,7 +384,7 @@ class SlurmBackend(Backend):
         minutes = max(1, math.ceil(timeout / 60))
         try:
             if self._check_nodes is None:
-                self._check_nodes = cli.nodes_in_service(self.spec.partition)[:CHECK_NODES]
+                self._check_nodes = cli.nodes_in_service(self.partition)[:CHECK_NODES]
             done = cli.run([*cli.srun_argv(self.spec, self._check_nodes[index], minutes), *argv],
                            timeout=timeout + CHECK_QUEUE_WAIT_S)
         except cli.SlurmCommandError as exc:

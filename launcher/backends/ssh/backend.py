@@ -163,12 +163,12 @@ class SSHBackend(Backend):
         if specs[0].address and specs[0].address != AUTO:
             master.set_result(specs[0].address)
         results = fan_out(lambda index: self._check(plan, index, specs[index], master), list(range(plan.nnodes)))
-        problems = [p for r in results for p in (r.value[2] if r.ok else [error_text(r.error)])]
+        problems = [p for r in results for p in (r.got[2] if r.ok else [error_text(r.failure)])]
         if problems:
             return Preflight(problems=problems)
-        nodes = [specs[r.key].model_copy(update={"address": r.value[0]}) for r in results]
-        return Preflight(nodes=nodes, probes={r.key: r.value[1] for r in results},
-                         facts={r.key: r.value[3] for r in results})
+        nodes = [specs[r.key].model_copy(update={"address": r.got[0]}) for r in results]
+        return Preflight(nodes=nodes, probes={r.key: r.got[1] for r in results},
+                         facts={r.key: r.got[3] for r in results})
 
     def _check(self, plan: Plan, index: int, spec: NodeSpec, master: Future) -> tuple[str, NodeNetwork, list[str], dict]:
         """One host's preflight: (its address, its network probe, its problems, its facts).
@@ -233,11 +233,11 @@ class SSHBackend(Backend):
         if failed:
             for r in results:
                 if r.ok:
-                    r.value.terminate(context.grace)
-            error = failed[0].error
+                    r.got.terminate(context.grace)
+            error = failed[0].failure
             node = error.node if isinstance(error, NodeStartError) else failed[0].key.index
             raise NodeStartError(error_text(error), node)
-        return plan, [r.value for r in results]
+        return plan, [r.got for r in results]
 
     def _prepare(self, plan: Plan, context: StartContext) -> list[tuple[int, str]]:
         """(node index, problem) for every node whose sync or setup failed, in node order."""
@@ -255,7 +255,7 @@ class SSHBackend(Backend):
                 raise
             context.stage(stage, node.index, node.host, StageState.DONE)
 
-        return [(r.key.index, error_text(r.error)) for r in fan_out(step, list(plan.nodes)) if not r.ok]
+        return [(r.key.index, error_text(r.failure)) for r in fan_out(step, list(plan.nodes)) if not r.ok]
 
     def host(self, plan: Plan | None, index: int) -> str:
         return self.targets[index].alias

@@ -128,15 +128,15 @@ def _gpu_lines(reports: list[HostReport]) -> list[str]:
 
 def _python_lines(draft: SSHDraft, hosts: list[str]) -> list[str]:
     choice = draft.python
-    if choice.path is None:
+    first = choice.per_host[0] if choice.per_host else None  # the first host's interpreter at the chosen path
+    if choice.path is None or first is None:
         return [line(0, "python: python3", "WARNING: no interpreter found; set the path of one that imports torch")]
-    first = choice.per_host[0]
     where = "on every node" if choice.same_everywhere else f"on {hosts[0]}"
     out = [line(0, f"python: {scalar(choice.path)}", f"{where}: {first.describe()}")]
     missing = [h for h, i in zip(hosts, choice.per_host) if i is None]
     if missing:
         best = {r.host: r.best for r in draft.reports}
-        seen = "; ".join(f"{h}: {best[h].path if best[h] else 'none found'}" for h in missing)
+        seen = "; ".join(f"{h}: {found.path if (found := best[h]) else 'none found'}" for h in missing)
         out.append(f"# DIFFERS: {', '.join(missing)} lack this path; the first host's interpreter is used. "
                    f"Their best: {comment(seen)}")
     without = [h for h, i in zip(hosts, choice.per_host) if i is not None and not i.has_torch]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
@@ -242,7 +242,7 @@ def check_host_key(known: paramiko.HostKeys, target: Target, offered: paramiko.P
             hint=f"check that fingerprint with the host's administrator, then run `launch trust {target.alias}`"
             " (add --cluster FILE to use the cluster's ssh settings)",
         )
-    if status == "changed":
+    if status == "changed" and expected is not None:  # key_status gives the recorded key for a changed one
         raise HostKeyError(
             f"{target.label}: the host key has CHANGED: {known_hosts} has {expected.get_name()} "
             f"{fingerprint(expected)} for {name}, the host offered {offered.get_name()} {fingerprint(offered)}. "
@@ -466,6 +466,20 @@ class HostResult(Generic[K, T]):
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def got(self) -> T:
+        """The step's value; its error raised again when it failed (check ``ok`` first)."""
+        if self.error is not None:
+            raise self.error
+        return cast(T, self.value)
+
+    @property
+    def failure(self) -> BaseException:
+        """The step's error (check ``ok`` first)."""
+        if self.error is None:
+            raise ValueError(f"{self.key}: the step did not fail")
+        return self.error
 
 
 def fan_out(step: Callable[[K], T], keys: Sequence[K]) -> list[HostResult[K, T]]:

@@ -182,9 +182,9 @@ def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callab
     for result in fan_out(lambda target: fetch_host_key(target, backend.pool), backend.targets):
         target = result.key
         if not result.ok:
-            problems[target.alias] = error_text(result.error)
+            problems[target.alias] = error_text(result.failure)
             continue
-        key = result.value
+        key = result.got
         status, recorded = key_status(settings.host_keys(), target.known_hosts_name, key)
         if status == "trusted":
             continue
@@ -211,8 +211,8 @@ def probe(backend: SSHBackend, python: str | None,
 
     indexes = [i for i, target in enumerate(backend.targets) if target.alias not in skip]
     connected = fan_out(lambda i: backend.pool.get(backend.targets[i]).peer_address(), indexes)
-    problems = {backend.targets[i].alias: error_text(r.error) for i, r in zip(indexes, connected) if not r.ok}
-    addresses = {i: r.value for i, r in zip(indexes, connected) if r.ok}
+    problems = {backend.targets[i].alias: error_text(r.failure) for i, r in zip(indexes, connected) if not r.ok}
+    addresses = {i: r.got for i, r in zip(indexes, connected) if r.ok}
     if not addresses:
         return [], problems
     request = {
@@ -224,7 +224,7 @@ def probe(backend: SSHBackend, python: str | None,
     reports = []
     for index, result in zip(addresses, answers):
         host = backend.targets[index].alias
-        facts, error = result.value if result.ok else (None, error_text(result.error))
+        facts, error = result.got if result.ok else (None, error_text(result.failure))
         if facts is None:
             problems[host] = f"{host}: the probe failed (it needs python3 on the host's PATH): {error}"
         else:
