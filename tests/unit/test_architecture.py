@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,14 +109,47 @@ def test_no_import_cycles_among_launcher_modules() -> None:
 
 
 def test_the_base_backend_imports_no_concrete_backend() -> None:
-    concrete = {"launcher.backends.local.backend", "launcher.backends.ssh.backend", "launcher.backends.ray.backend"}
-    assert not _imports(PACKAGE / "backends" / "base.py") & concrete
+    """Every package under backends/ is a concrete backend (found on disk, so a new one is covered): base.py
+    imports none of them, nor any module inside one, type-only imports included."""
+    concrete = sorted(f"launcher.backends.{p.parent.name}" for p in (PACKAGE / "backends").glob("*/__init__.py"))
+    assert {"launcher.backends.local", "launcher.backends.slurm"} <= set(concrete)
+    imported = _imports(PACKAGE / "backends" / "base.py", typing_too=True)
+    assert sorted(m for m in imported if any(m == c or m.startswith(c + ".") for c in concrete)) == []
+
+
+def _backend_branches(source: str) -> list[str]:
+    """Comparisons of a ``backend`` value with a name (``cluster.backend == "ssh"``, ``backend in (...)``, ``!=``);
+    ``backend is None`` asks whether there is one, not which."""
+
+    def is_backend(side: ast.expr) -> bool:
+        return (isinstance(side, ast.Attribute) and side.attr == "backend") or (isinstance(side, ast.Name) and side.id == "backend")
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        others = [side for side in sides if not is_backend(side)]
+        if len(others) < len(sides) and not all(isinstance(o, ast.Constant) and o.value is None for o in others):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_backend_branch_finder_sees_every_form_of_a_branch() -> None:
+    source = ('if cluster.backend == "ssh": pass\nif plan.backend != "ray": pass\n'
+              'if backend in ("slurm", "ray"): pass\nok = "ssh" == self.backend\nif job.name == "x": pass\n'
+              'if backend is not None: pass\n')
+    assert [line.split(":")[0] for line in _backend_branches(source)] == ["1", "2", "3", "4"]
 
 
 def test_no_backend_branches_outside_the_backends_and_the_spec_models() -> None:
-    found = subprocess.run(["grep", "-rn", "backend ==", str(PACKAGE)], capture_output=True, text=True).stdout
-    outside = [line for line in found.splitlines() if "/backends/" not in line and "/spec/" not in line]
-    assert outside == []
+    outside = {
+        str(path.relative_to(PACKAGE)): found
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] not in ("backends", "spec")
+        and (found := _backend_branches(path.read_text(encoding="utf-8")))
+    }
+    assert outside == {}
 
 
 def test_the_node_side_imports_nothing_outside_itself() -> None:
