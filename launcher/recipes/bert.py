@@ -8,6 +8,8 @@ while partitioning, then re-initialising gathered weights); a raw
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -54,4 +56,5 @@ def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The encoder layers, each sharded separately by FSDP2."""
-    return list(model.bert.encoder.layer)
+    bert: Any = model.bert  # transformers' BertModel: torch types submodules as Tensor | Module
+    return list(bert.encoder.layer)

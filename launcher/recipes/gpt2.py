@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -42,4 +44,5 @@ def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks, each sharded separately by FSDP2."""
-    return list(model.transformer.h)
+    transformer: Any = model.transformer  # transformers' GPT2Model: torch types submodules as Tensor | Module
+    return list(transformer.h)
