@@ -13,7 +13,6 @@ DEEPSPEED_MODULE = "deepspeed.launcher.launch"
 RECIPE_MODULE = "launcher.recipes.train"
 
 
-
 def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) -> tuple[bool, list[str]]:
     """What each rank runs: (is_python, args). Python programs omit the interpreter.
 
@@ -22,6 +21,7 @@ def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) 
     any other program (``/opt/py38/bin/python3.8``, ``pythonic-tool``) runs as written.
     """
     if job.entrypoint is None:
+        assert batch is not None, "the planner makes a batch plan for every recipe"
         return True, ["-m", RECIPE_MODULE, *recipe_args(job, batch, ds_config)]
     argv = list(job.entrypoint)
     if argv[0] in PYTHON_NAMES:
@@ -29,9 +29,10 @@ def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) 
     return False, argv
 
 
-def recipe_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) -> list[str]:
+def recipe_args(job: JobSpec, batch: BatchPlan, ds_config: dict | None) -> list[str]:
     """Flags of ``python -m launcher.recipes.train`` for a built-in recipe."""
-    args = [
+    assert job.recipe is not None, "a job without an entrypoint names a recipe (the spec checks it)"
+    args: list[str] = [
         "--recipe", job.recipe,
         "--strategy", job.strategy,
         "--precision", job.precision,
