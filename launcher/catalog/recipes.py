@@ -12,8 +12,10 @@ The models themselves live in the sibling modules (``convnet``, ``resnet``,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-RECIPES: tuple[str, ...] = ("convnet", "resnet50", "bert", "gpt2")
+RecipeName = Literal["convnet", "resnet50", "bert", "gpt2"]
+RECIPES: tuple[str, ...] = get_args(RecipeName)
 # The transformers recipes: AdamW with weight decay, built partitioned under ZeRO-3 (HfDeepSpeedConfig).
 LANGUAGE_MODELS: tuple[str, ...] = ("bert", "gpt2")
 

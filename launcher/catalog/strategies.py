@@ -17,11 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any, Literal, get_args
 
 from launcher.catalog.recipes import LANGUAGE_MODELS, RecipeInfo
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
-LAUNCHERS: tuple[str, ...] = ("torchrun", "deepspeed")
+PrecisionName = Literal["fp32", "fp16", "bf16"]
+LauncherName = Literal["torchrun", "deepspeed"]
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+LAUNCHERS: tuple[str, ...] = get_args(LauncherName)
 DEFAULT_STRATEGY = "ddp"
 # DeepSpeed's default ``additional_buffer_factor`` for host-memory estimates.
 ADDITIONAL_BUFFER_FACTOR = 1.5
@@ -215,7 +218,7 @@ def _zero3(strategy: Strategy, info: RecipeInfo, precision: str, nnodes: int, np
     return ModelStates(gpu, cpu)
 
 
-_DEEPSPEED = {
+_DEEPSPEED: dict[str, Any] = {
     "family": Family.DEEPSPEED, "launchers": ("torchrun", "deepspeed"),
     "gpu_only_precisions": ("fp16",), "checkpoint": CheckpointFormat.DEEPSPEED,
 }

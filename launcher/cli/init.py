@@ -154,7 +154,7 @@ def _warnings(reports: list[HostReport], choice: PythonChoice) -> list[str]:
     for report, interp in zip(reports, choice.per_host):
         if interp is None and choice.path is not None:
             out.append(f"{report.host}: {choice.path} does not exist there; the file names it anyway (the first host's)")
-        elif not interp.has_torch:
+        elif interp is not None and not interp.has_torch:
             out.append(f"{report.host}: {interp.path} does not import torch ({interp.describe()})")
         if report.route_error and not report.interface:
             out.append(f"{report.host}: no route to {reports[0].host}: {report.route_error}")
@@ -190,7 +190,7 @@ def summary_table(reports: list[HostReport], choice: PythonChoice, found: list[D
         table.add_row(
             Text(report.host), cell(gpus, "GPU model", "GPU count"),
             Text(python, style="" if interp and interp.has_torch else "red"),
-            cell(interp.version if interp else "-", "python version"),
+            cell(interp.version or "-" if interp else "-", "python version"),
             cell(interp.torch or "none" if interp else "-", "torch"),
             cell(interp.deepspeed or "none" if interp else "-", "deepspeed"),
             Text(report.interface or "?"), Text(", ".join(report.hcas) or "-"), Text(str(report.cpus)),

@@ -94,7 +94,7 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
         job = newest[0]["id"]
     try:
-        row = watch(store, job, stream=sys.stdout, supervisor_gone=lambda job_id: supervisor_gone(store, job_id))
+        row = watch(store, str(job), stream=sys.stdout, supervisor_gone=lambda job_id: supervisor_gone(store, job_id))
     except KeyboardInterrupt:
         click.echo("stopped watching; the job goes on (`launch cancel` ends it)", err=True)
         sys.exit(EXIT_CANCELLED)

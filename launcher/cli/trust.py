@@ -92,7 +92,7 @@ def _trust_key(settings: SSHSettings, target: Target, key: paramiko.PKey, yes: b
     if status == "trusted":
         click.echo(f"  already trusted in {settings.known_hosts}")
         return None
-    if status == "changed":
+    if status == "changed" and recorded is not None:  # "changed" always comes with the recorded key
         click.echo(f"  CHANGED: {settings.known_hosts} has {recorded.get_name()} {fingerprint(recorded)}")
         if not replace:
             click.echo("  not replaced: rerun with --replace once the new fingerprint is confirmed", err=True)

@@ -117,9 +117,10 @@ class ClusterSpec(Strict):
     def _distinct_nodes(cls, nodes: list[NodeSpec], info: ValidationInfo) -> list[NodeSpec]:
         """Two entries for one host (same name and port, or same address) would start two agents there."""
         ssh = info.data.get("ssh") or SSHSpec()
-        problems, seen = [], {}
+        problems: list[str] = []
+        seen: dict[object, int] = {}
         for index, node in enumerate(nodes):
-            keys = [(f"host {node.host} port {node.port or ssh.port}", (node.host.lower(), node.port or ssh.port))]
+            keys: list[tuple[str, object]] = [(f"host {node.host} port {node.port or ssh.port}", (node.host.lower(), node.port or ssh.port))]
             if node.address and node.address != "auto":
                 keys.append((f"address {node.address}", node.address.lower()))
             for shown, key in keys:

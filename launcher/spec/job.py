@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from launcher.catalog.recipes import RECIPES, model_problem
-from launcher.catalog.strategies import DEFAULT_STRATEGY, LAUNCHERS, PRECISIONS, get_strategy
+from launcher.catalog.recipes import RecipeName, model_problem
+from launcher.catalog.strategies import DEFAULT_STRATEGY, LauncherName, PrecisionName, get_strategy
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name
@@ -103,13 +103,13 @@ class JobSpec(Strict):
     """A training job. Exactly one of ``recipe`` and ``entrypoint``."""
 
     name: str
-    recipe: Literal[RECIPES] | None = None
+    recipe: RecipeName | None = None
     entrypoint: list[Arg] | None = Field(None, min_length=1, max_length=10_000)
     model: ModelSpec = ModelSpec()
-    launcher: Literal[LAUNCHERS] = "torchrun"
+    launcher: LauncherName = "torchrun"
     strategy: str = DEFAULT_STRATEGY
     compile_mode: Name | None = None
-    precision: Literal[PRECISIONS] = "fp32"
+    precision: PrecisionName = "fp32"
     batch: BatchSpec | None = Field(
         None, description="Batch arithmetic; required for recipes. For an entrypoint, its values reach the program "
         "as LAUNCH_GLOBAL_BATCH, LAUNCH_MICRO_BATCH and LAUNCH_GRAD_ACCUM.",

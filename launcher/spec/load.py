@@ -125,7 +125,7 @@ def validate(model: type[M], data: Any, source: str, lines: dict[Loc, int], set_
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = [_describe(model, err, source, lines, set_locs) for err in exc.errors()]
+        problems = [_describe(model, dict(err), source, lines, set_locs) for err in exc.errors()]
     noun = "problem" if len(problems) == 1 else "problems"
     raise SpecError(f"{source}: {len(problems)} {noun} in the {_kind(model)} spec:\n" + "\n".join(problems))
 

@@ -44,11 +44,11 @@ def time_minutes(text: str) -> int | None:
         raise ValueError(f"{text!r} is not a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
     days, first, second, third = (int(part) if part else None for part in match.groups())
     if days is not None:  # D-HH[:MM[:SS]]
-        hours, minutes, seconds = first, second or 0, third or 0
+        hours, minutes, seconds = first or 0, second or 0, third or 0  # the pattern makes HH present
     elif third is not None:  # HH:MM:SS
-        hours, minutes, seconds = first, second, third
+        hours, minutes, seconds = first or 0, second or 0, third  # all three present
     else:  # MM[:SS]
-        hours, minutes, seconds = 0, first, second or 0
+        hours, minutes, seconds = 0, first or 0, second or 0
     total = ((days or 0) * 24 + hours) * 60 + minutes + (1 if seconds else 0)
     if total == 0:
         raise ValueError(f"{text!r} is zero, which Slurm reads as UNLIMITED: write UNLIMITED, or at least 1 minute")

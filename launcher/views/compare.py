@@ -33,7 +33,7 @@ TEXT_HEADERS = ("JOB", "STRATEGY", "PRECISION")
 
 def table_headers() -> list[str]:
     """The comparison table's headers, in the order users read them."""
-    return [h for _, h in HEAD_COLUMNS] + [c.header for c in registry.table_columns()] + [h for _, h in TAIL_COLUMNS]
+    return [h for _, h in HEAD_COLUMNS] + [c.header or c.name for c in registry.table_columns()] + [h for _, h in TAIL_COLUMNS]
 
 
 def rank_slowdowns(per_rank: list[dict[str, Any]]) -> dict[int, float]:
@@ -144,7 +144,7 @@ def row_cells(row: Mapping[str, Any]) -> list[str]:
     if row["state"] == "FAILED" and row.get("samples_per_sec") is None:
         metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 1)
     else:
-        metrics = [column.cell(row.get(column.row_key)) for column in figures] + [
+        metrics = [column.cell(row.get(column.row_key) if column.row_key else None) for column in figures] + [
             fmt_pct(row["mfu"]), fmt(row["speedup"], ".2f", "x"), fmt(row["mem_ratio"], ".2f", "x"),
         ]
     head = [row["job"] or "-", row["strategy"] or "(entrypoint)", row["precision"] or "-", fmt(row["world_size"], "d")]
@@ -230,7 +230,7 @@ def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> l
     return out
 
 
-def _mfu_line(m: dict[str, Any]) -> str:
+def _mfu_line(m: Mapping[str, Any]) -> str:
     if m["mfu"] is not None:
         return f"{fmt_pct(m['mfu'])} of {m['peak_tflops']:.0f} TFLOP/s per GPU ({m['gpu_name'] or 'gpu.peak_tflops'})"
     if not m["flops_per_sample"]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from launcher.store.db import TERMINAL, Store
 from launcher.views.terminal import safe_text
@@ -227,7 +228,8 @@ class LogReader:
 
     def existing(self) -> Iterator[LogLine]:
         """The lines already written that the query keeps, merged in time order (last ``tail`` of them)."""
-        handles, per_file = [], []
+        handles: list[Any] = []
+        per_file: list[Iterable[LogLine]] = []
         try:
             for path in self._paths():
                 try:
@@ -252,7 +254,7 @@ class LogReader:
     def new(self) -> list[LogLine]:
         """Complete lines written since the last read (new attempts' files included), merged in time order."""
         self.job = self.store.job(self.job["id"])
-        per_file = []
+        per_file: list[Iterable[LogLine]] = []
         for path in self._paths():
             try:
                 with open(path, "rb") as handle:

@@ -147,6 +147,8 @@ class Progress:
 
     def _read_store(self) -> None:
         """A new snapshot; once the job has ended, its elapsed time stops and it has no ETA."""
+        if self._source is None:
+            return
         store, job_id = self._source
         try:
             job = store.job(job_id)

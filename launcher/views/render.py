@@ -149,7 +149,8 @@ def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
     for n in nodes if isinstance(nodes, list) else []:
         if not isinstance(n, dict) or not isinstance(n.get("env"), dict):
             continue
-        env, sources = n["env"], n.get("env_sources") if isinstance(n.get("env_sources"), dict) else {}
+        given = n.get("env_sources")
+        env, sources = n["env"], given if isinstance(given, dict) else {}
         out.append({
             "node": n.get("index"), "host": n.get("host"), "address": n.get("address"), "master_addr": master,
             "env": {k: env[k] for k in NETWORK_ENV if k in env},
