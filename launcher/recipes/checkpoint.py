@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launcher.catalog.strategies import CheckpointFormat, names
-from launcher.recipes.strategies import TorchTrainer, Trainer
+from launcher.recipes.strategies import DeepSpeedTrainer, TorchTrainer, Trainer
 
 LATEST = "latest"
 DEEPSPEED_MARKER = "*model_states.pt"
@@ -51,8 +52,10 @@ def save(trainer: Trainer, directory: str | os.PathLike, step: int) -> None:
     directory = Path(directory)
     tag = tag_for(step)
     if trainer.checkpoint_format is CheckpointFormat.DEEPSPEED:
+        assert isinstance(trainer, DeepSpeedTrainer)  # the catalog gives this format to DeepSpeed strategies only
         trainer.engine.save_checkpoint(str(directory), tag=tag, client_state={"step": step})
         return
+    assert isinstance(trainer, TorchTrainer)  # every other strategy is DDP, FSDP2 or DataParallel
     model_state, optim_state = get_state_dict(trainer.module, trainer.optimizer)
     state = {"model": model_state, "optim": optim_state, "meta": _meta(trainer, step)}
     dcp.save(state, checkpoint_id=str(directory / tag))
@@ -74,6 +77,7 @@ def load_latest(trainer: Trainer, directory: str | os.PathLike) -> int | None:
         if not is_deepspeed:
             raise CheckpointError(f"{path}: not a DeepSpeed checkpoint; resume it with {_able(CheckpointFormat.DCP)} "
                                   "or use a new dir")
+        assert isinstance(trainer, DeepSpeedTrainer)  # the catalog gives this format to DeepSpeed strategies only
         loaded, client_state = trainer.engine.load_checkpoint(str(directory), tag=tag)
         if loaded is None or "step" not in (client_state or {}):
             raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
@@ -81,8 +85,9 @@ def load_latest(trainer: Trainer, directory: str | os.PathLike) -> int | None:
     if is_deepspeed or not (path / DCP_MARKER).exists():
         raise CheckpointError(f"{path}: not a torch.distributed.checkpoint folder; resume it with "
                               f"{_able(CheckpointFormat.DEEPSPEED)}")
+    assert isinstance(trainer, TorchTrainer)  # every other strategy is DDP, FSDP2 or DataParallel
     model_state, optim_state = get_state_dict(trainer.module, trainer.optimizer)
-    state = {"model": model_state, "optim": optim_state, "meta": _meta(trainer, 0)}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state, "meta": _meta(trainer, 0)}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     meta = state["meta"]

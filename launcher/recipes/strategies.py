@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,9 @@ from torch import nn
 
 from launcher.catalog.recipes import LANGUAGE_MODELS
 from launcher.catalog.strategies import CheckpointFormat, Family, Strategy, get_strategy
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 WEIGHT_DECAY = 0.01  # AdamW decay for the language models; the CNNs use plain Adam
@@ -134,9 +138,10 @@ class TorchTrainer(Trainer):
         self._fsdp = self.strategy.family is Family.FSDP2
         dtype = DTYPES[opts.precision]
         self._autocast_dtype = None if self._fsdp or dtype == torch.float32 else dtype
-        self.model = self._wrap(recipe, dtype)
+        self.model: nn.Module = self._wrap(recipe, dtype)
         if self.strategy.compiles:
-            self.model = torch.compile(self.model, mode=opts.compile_mode)
+            # A module compiles to an OptimizedModule (an nn.Module); torch's stub says only Callable.
+            self.model = cast(nn.Module, torch.compile(self.model, mode=opts.compile_mode))
         self.optimizer = _make_optimizer(opts, self.model.parameters())
         self.scaler = torch.amp.GradScaler(device.type) if opts.precision == "fp16" else None
 
@@ -153,12 +158,14 @@ class TorchTrainer(Trainer):
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for unit in recipe.shard_units(self.module):
             fully_shard(unit, mp_policy=policy)
-        return fully_shard(self.module, mp_policy=policy)
+        # fully_shard returns self.module itself, its class swapped for one that is also an FSDPModule.
+        return cast(nn.Module, fully_shard(self.module, mp_policy=policy))
 
     def _sync_context(self, last: bool):
         if self._fsdp:
-            self.module.set_requires_gradient_sync(last)
+            cast("FSDPModule", self.module).set_requires_gradient_sync(last)  # sharded in place by _fully_shard
             return contextlib.nullcontext()
+        assert self._ddp is not None  # set by _wrap when not FSDP2 (DataParallelTrainer overrides this method)
         return contextlib.nullcontext() if last else self._ddp.no_sync()
 
     def _autocast(self):
@@ -241,6 +248,7 @@ class DeepSpeedTrainer(Trainer):
         self.device = device
         self._compute_loss = recipe.compute_loss
         config = opts.ds_config
+        assert config is not None, "a DeepSpeed strategy needs ds_config (train.check_args always builds one)"
         self._zero_init_config = None
         if config["zero_optimization"]["stage"] == 3 and opts.recipe in LANGUAGE_MODELS:
             from transformers.integrations import HfDeepSpeedConfig
@@ -306,7 +314,8 @@ def init_distributed(strategy: Strategy) -> None:
         dist.init_process_group(backend="nccl" if cuda and strategy.family is not Family.DATA_PARALLEL else "gloo")
 
 
-TRAINERS: dict[Family, type[Trainer]] = {
+# Each family's trainer class, called with the constructor arguments every subclass takes.
+TRAINERS: dict[Family, Callable[[TrainOptions, ModuleType, torch.device, int], Trainer]] = {
     Family.DDP: TorchTrainer,
     Family.FSDP2: TorchTrainer,
     Family.DEEPSPEED: DeepSpeedTrainer,

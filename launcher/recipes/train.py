@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import sys
+from typing import NoReturn
 
 from launcher.catalog.recipes import DEFAULT_SEQ_LEN, LANGUAGE_MODELS, RECIPES, recipe_info
 from launcher.catalog.strategies import (
@@ -37,7 +38,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
         sys.stderr.write(f"train: error: {message}\n")
         sys.exit(EXIT_USAGE)
 
