@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.node.ship import node_argv, stdin_argv, stdin_request
 from launcher.plan import containers
@@ -44,13 +45,14 @@ class Preflight:
     ``problems`` stop the launch (every host checked, all listed). ``nodes`` (concrete nodes:
     probed addresses, a Ray placement), ``probes`` (per-node network facts) and ``python`` (the
     interpreter the nodes run, when the backend found it) make the planner re-plan before launch.
+    ``facts`` are what each node said about itself, parsed (``launcher.backends.facts``).
     """
 
     problems: list[str] = field(default_factory=list)
     nodes: list[NodeSpec] | None = None
     probes: dict[int, NodeNetwork] = field(default_factory=dict)
     python: str | None = None
-    facts: dict[int, dict] = field(default_factory=dict)
+    facts: dict[int, NodeFacts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,10 @@ class Backend(ABC):
     def kernel_log(self, plan: Plan, index: int) -> list[str]:
         """The node's recent kernel log (ISO times), for OOM-killer lines; [] if unreadable."""
         answer, _ = self.node_command(plan, index, "facts", {"kernel_log": True})
-        return list(answer.get("kernel_log", [])) if answer else []
+        try:
+            return list(NodeFacts.parse(answer).kernel_log) if answer else []
+        except FactsError:
+            return []
 
     def stacks(self, plan: Plan) -> list[tuple[int, dict | None, str | None]]:
         """Per node: (index, the node's stack report, or None and why not)."""
@@ -380,55 +385,63 @@ def required_modules(plan: Plan) -> list[str]:
     return modules
 
 
-def node_problems(host: str, plan: Plan, facts: dict, node: NodePlan | None = None, gpus: int = 0) -> list[str]:
+def node_problems(host: str, plan: Plan, facts: NodeFacts, node: NodePlan | None = None, gpus: int = 0) -> list[str]:
     """What a node's facts say is wrong with it for this plan (every backend's preflight uses this)."""
     node = node or plan.nodes[0]
     problems = []
-    if facts.get("missing") and plan.container is not None:
+    if facts.missing and plan.container is not None:
         problems.append(f"{host}: {plan.container.python} in image {plan.container.image} cannot import "
-                        f"{', '.join(facts['missing'])} (container.python names the image's interpreter)")
-    elif facts.get("missing"):
+                        f"{', '.join(facts.missing)} (container.python names the image's interpreter)")
+    elif facts.missing:
         problems.append(
-            f"{host}: {plan.python} cannot import {', '.join(facts['missing'])} "
+            f"{host}: {plan.python} cannot import {', '.join(facts.missing)} "
             "(install it on the node, or point cluster.yaml python at an interpreter that has it)"
         )
-    if not facts.get("workdir_ok", True):
+    if not facts.workdir_ok:
         problems.append(f"{host}: workdir '{node.cwd}' does not exist (cluster.yaml workdir, or set sync_workdir)")
-    for name in facts.get("missing_ifaces", []):
+    for name in facts.missing_ifaces:
         problems.append(f"{host}: network interface '{name}' (cluster.yaml network.interface) does not exist")
-    if facts.get("port_free") is False:
+    if facts.port_free is False:
         problems.append(
             f"{host}: rendezvous port {plan.rendezvous.port} is in use on node 0 (a stale job may hold it: "
             "`launch status`; or choose another rendezvous.port)"
         )
-    if gpus and not facts.get("gpus"):
-        problems.append(f"{host}: cluster.yaml says {gpus} GPUs but nvidia-smi failed: {facts.get('gpu_error')}")
-    elif gpus and len(facts["gpus"]) < gpus:
-        problems.append(f"{host}: cluster.yaml says {gpus} GPUs, nvidia-smi lists {len(facts['gpus'])}")
-    if facts.get("route_error") and not facts.get("dev"):
+    if gpus and not facts.gpus:
+        problems.append(f"{host}: cluster.yaml says {gpus} GPUs but nvidia-smi failed: {facts.gpu_error}")
+    elif gpus and len(facts.gpus) < gpus:
+        problems.append(f"{host}: cluster.yaml says {gpus} GPUs, nvidia-smi lists {len(facts.gpus)}")
+    if facts.route_error and not facts.dev:
         problems.append(
-            f"{host}: cannot find the interface routing to node 0: {facts['route_error']} (pin network.interface in cluster.yaml)"
+            f"{host}: cannot find the interface routing to node 0: {facts.route_error} (pin network.interface in cluster.yaml)"
         )
-    box = facts.get("container") or {}
+    box = facts.container
     container = plan.container
-    for key in ("runtime_error", "image_error", "inside_error") if container is not None else ():
-        if box.get(key):
-            what = {"runtime_error": f"container runtime {container.runtime.value} is not usable",
-                    "image_error": f"image {container.image}", "inside_error": "inside the image"}[key]
-            problems.append(f"{host}: {what}: {box[key]}")
+    if container is not None and box is not None:
+        for what, error in ((f"container runtime {container.runtime.value} is not usable", box.runtime_error),
+                            (f"image {container.image}", box.image_error), ("inside the image", box.inside_error)):
+            if error:
+                problems.append(f"{host}: {what}: {error}")
     offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy == "zero3_offload" else None
-    total = facts.get("mem_total_bytes")
-    if offloaded and isinstance(total, int) and offloaded * 2**30 > total * HOST_MEMORY_SHARE:
+    total = facts.mem_total_bytes
+    if offloaded and total is not None and offloaded * 2**30 > total * HOST_MEMORY_SHARE:
         problems.append(
             f"{host}: zero3_offload keeps about {offloaded:.1f} GiB of model states in host memory on each node; "
             f"this node has {total / 2**30:.1f} GiB ({HOST_MEMORY_SHARE:.0%} usable): use more nodes, or zero3"
         )
-    if facts.get("hostname_resolves") not in (None, True):
+    if facts.hostname_resolves not in (None, True):
         problems.append(
-            f"{host}: its hostname '{facts.get('hostname')}' does not resolve ({facts['hostname_resolves']}); torchrun's "
+            f"{host}: its hostname '{facts.hostname}' does not resolve ({facts.hostname_resolves}); torchrun's "
             "c10d rendezvous looks it up: add it to /etc/hosts or DNS"
         )
     return problems
+
+
+def parse_facts(host: str, answer: object) -> tuple[NodeFacts | None, str | None]:
+    """A node's facts answer as received, parsed once: (the facts, None), or (None, ``host``'s problem)."""
+    try:
+        return NodeFacts.parse(answer), None
+    except FactsError as exc:
+        return None, f"{host}: {exc}"
 
 
 def unreachable(error: str) -> CommandResult:

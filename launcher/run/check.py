@@ -61,29 +61,33 @@ def report_json(report: CheckReport) -> dict[str, Any]:
         "warnings": report.warnings,
         "bandwidth_gbps": report.bandwidth_gbps,
         "bandwidth_job": report.bandwidth_job,
-        "nodes": [{"index": n.index, "host": n.host, "error": n.error, "skew_s": n.skew_s, **n.facts} for n in report.nodes],
+        "nodes": [{"index": n.index, "host": n.host, "error": n.error, "skew_s": n.skew_s,
+                   **({} if n.error else n.facts.as_json())} for n in report.nodes],
     }
 
 
 def report_table(report: CheckReport):
-    """A rich table: one row per node."""
+    """A rich table: one row per node. What a node said is shown as plain text, never as markup."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, header_style="bold")
     for column in ("NODE", "HOST", "PYTHON", "TORCH", "DEEPSPEED", "NCCL", "GPUS", "FREE GPU MEM", "DISK FREE", "SKEW", "PORT"):
         table.add_column(column, no_wrap=True)
     for n in report.nodes:
         if n.error:
-            table.add_row(str(n.index), n.host, f"[red]{n.error[:60]}[/]", *["-"] * 8)
+            table.add_row(str(n.index), Text(n.host), Text(n.error[:60], style="red"), *["-"] * 8)
             continue
         f = n.facts
-        gpus = f["gpus"]
-        free = sum(g["total_mb"] - g["used_mb"] for g in gpus) / 1024 if gpus else None
-        port = "free" if f.get("port_free") else ("reached" if f.get("reached") is True else "-")
+        gpus = f.gpus
+        free = sum(g.total_mb - g.used_mb for g in gpus) / 1024 if gpus else None
+        port = "free" if f.port_free else ("reached" if f.reached is True else "-")
         table.add_row(
-            str(n.index), f["hostname"], f["python"], f["torch"] or "[red]missing[/]", f["deepspeed"] or "-",
-            f["nccl"] or "-", f"{len(gpus)} x {gpus[0]['name']}" if gpus else "0 (CPU)",
-            f"{free:.0f} GiB" if free is not None else "-", f"{f['disk_free_gb']:.0f} GB",
+            str(n.index), Text(f.hostname or n.host), Text(f.python or "-"),
+            Text(f.torch) if f.torch else Text("missing", style="red"), Text(f.deepspeed or "-"),
+            Text(f.nccl or "-"), Text(f"{len(gpus)} x {gpus[0].name or '?'}") if gpus else "0 (CPU)",
+            f"{free:.0f} GiB" if free is not None else "-",
+            f"{f.disk_free_gb:.0f} GB" if f.disk_free_gb is not None else "-",
             f"{n.skew_s:+.2f} s" if n.skew_s is not None else "-", port,
         )
     return table

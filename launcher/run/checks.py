@@ -2,17 +2,21 @@
 
 The lower layer of `launch check` and of submit's version comparison: facts come from the node
 side (``launcher.node.facts``) through a backend's ``node_command``, the same way preflight gets
-them, so a submit compares the nodes from the facts its preflight already gathered.
+them, so a submit compares the nodes from the facts its preflight already gathered. They are parsed
+once, where they arrive, into ``launcher.backends.facts.NodeFacts``; a malformed answer is that
+node's error.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.backends.base import Backend
+from launcher.backends.base import Backend, parse_facts
+from launcher.backends.facts import NodeFacts
 from launcher.plan.netenv import AUTO
 from launcher.spec.cluster import ClusterSpec
 
@@ -22,19 +26,19 @@ COMPARED = ("python", "torch", "deepspeed", "nccl")
 
 
 @dataclass
-class NodeFacts:
+class CheckedNode:
     """What one node reported, or why it could not."""
 
     index: int
     host: str
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: NodeFacts = field(default_factory=NodeFacts)
     error: str | None = None
     skew_s: float | None = None
 
 
 @dataclass
 class CheckReport:
-    nodes: list[NodeFacts]
+    nodes: list[CheckedNode]
     problems: list[str]
     warnings: list[str]
     bandwidth_gbps: float | None = None
@@ -45,7 +49,7 @@ class CheckReport:
         return not self.problems
 
 
-def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 8.0) -> list[NodeFacts]:
+def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 8.0) -> list[CheckedNode]:
     """The facts of every node of the cluster, in parallel; node 0 listens on ``port`` for ``listen_s``
     seconds while the others connect to it (``listen_s=0``: no reachability test)."""
     hosts = backend.check_hosts(cluster)
@@ -53,24 +57,28 @@ def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 
     master_address = master.address if master.address and master.address != AUTO else hosts[0]
     reach = listen_s > 0 and len(hosts) > 1
 
-    def one(index: int) -> NodeFacts:
+    def one(index: int) -> CheckedNode:
         request: dict[str, Any] = {"workdir": cluster.workdir, "gpus": True}
         if index == 0:
             request.update(port=port, listen_s=listen_s if reach else 0, expect=len(hosts) - 1)
         elif reach:
             request.update(port=port, connect=master_address, wait_s=listen_s)
         sent = time.time()
-        facts, error = backend.node_command(None, index, "facts", request, timeout=listen_s + 30)
+        answer, error = backend.node_command(None, index, "facts", request, timeout=listen_s + 30)
         received = time.time()
+        if answer is None:
+            return CheckedNode(index, hosts[index], error=error)
+        facts, problem = parse_facts(hosts[index], answer)
         if facts is None:
-            return NodeFacts(index, hosts[index], error=error)
-        return NodeFacts(index, hosts[index], facts, skew_s=facts["time"] - (sent + received) / 2)
+            return CheckedNode(index, hosts[index], error=(problem or "").removeprefix(f"{hosts[index]}: "))
+        skew = None if facts.time is None else facts.time - (sent + received) / 2
+        return CheckedNode(index, hosts[index], facts, skew_s=skew)
 
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         return list(pool.map(one, range(len(hosts))))
 
 
-def node_problems(nodes: list[NodeFacts], cluster: ClusterSpec) -> list[str]:
+def node_problems(nodes: list[CheckedNode], cluster: ClusterSpec) -> list[str]:
     """Per-node problems: unreachable, no torch, no workdir, port busy or unreachable."""
     problems = []
     for n in nodes:
@@ -78,28 +86,28 @@ def node_problems(nodes: list[NodeFacts], cluster: ClusterSpec) -> list[str]:
             problems.append(f"{n.host}: {n.error}")
             continue
         f = n.facts
-        if not f.get("torch"):
-            problems.append(f"{n.host}: torch is not installed for {f.get('executable') or cluster.python or 'python3'}")
-        if not f.get("workdir_ok", True) and not cluster.sync_workdir:
+        if not f.torch:
+            problems.append(f"{n.host}: torch is not installed for {f.executable or cluster.python or 'python3'}")
+        if not f.workdir_ok and not cluster.sync_workdir:
             problems.append(f"{n.host}: workdir '{cluster.workdir}' does not exist")
-        if n.index == 0 and f.get("port_free") is False:
+        if n.index == 0 and f.port_free is False:
             problems.append(f"{n.host}: rendezvous port is in use")
-        if n.index and f.get("reached") not in (None, True):
-            problems.append(f"{n.host}: cannot reach node 0 on the rendezvous port: {f['reached']}")
+        if n.index and f.reached not in (None, True):
+            problems.append(f"{n.host}: cannot reach node 0 on the rendezvous port: {f.reached}")
     return problems
 
 
-def version_differences(facts: dict[str, dict[str, Any]]) -> list[str]:
+def version_differences(facts: Mapping[str, NodeFacts]) -> list[str]:
     """One problem per package whose version differs between nodes (``facts``: host -> facts)."""
     problems = []
     for key in COMPARED:
-        if len({f.get(key) for f in facts.values()}) > 1:
-            detail = ", ".join(f"{host}={f.get(key)}" for host, f in facts.items())
+        if len({getattr(f, key) for f in facts.values()}) > 1:
+            detail = ", ".join(f"{host}={getattr(f, key)}" for host, f in facts.items())
             problems.append(f"{key} differs between nodes: {detail}")
     return problems
 
 
-def node_warnings(nodes: list[NodeFacts]) -> list[str]:
+def node_warnings(nodes: list[CheckedNode]) -> list[str]:
     """Clock skew, low disk, processes already on the GPUs."""
     warnings = []
     for n in nodes:
@@ -108,14 +116,14 @@ def node_warnings(nodes: list[NodeFacts]) -> list[str]:
         f = n.facts
         if n.skew_s is not None and abs(n.skew_s) > SKEW_WARN_S:
             warnings.append(f"{n.host}: clock differs from this machine by {n.skew_s:+.1f} s")
-        if f.get("disk_free_gb", DISK_WARN_GB) < DISK_WARN_GB:
-            warnings.append(f"{n.host}: only {f['disk_free_gb']:.1f} GB free in the workdir")
-        if f.get("gpu_processes"):
-            warnings.append(f"{n.host}: {f['gpu_processes']} process(es) already on the GPUs")
+        if f.disk_free_gb is not None and f.disk_free_gb < DISK_WARN_GB:
+            warnings.append(f"{n.host}: only {f.disk_free_gb:.1f} GB free in the workdir")
+        if f.gpu_processes:
+            warnings.append(f"{n.host}: {f.gpu_processes} process(es) already on the GPUs")
     return warnings
 
 
-def assess(nodes: list[NodeFacts], cluster: ClusterSpec) -> tuple[list[str], list[str]]:
+def assess(nodes: list[CheckedNode], cluster: ClusterSpec) -> tuple[list[str], list[str]]:
     """Problems (the cluster cannot train) and warnings, from the gathered facts."""
     answered = {n.host: n.facts for n in nodes if not n.error}
     return node_problems(nodes, cluster) + version_differences(answered), node_warnings(nodes)

@@ -247,9 +247,9 @@ def preflight(
             hint="`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
         )
     if run_check and warn is not None:
-        from launcher.run.checks import NodeFacts, node_warnings
+        from launcher.run.checks import CheckedNode, node_warnings
 
-        for text in node_warnings([NodeFacts(i, plan.nodes[i].host, f) for i, f in sorted(found.facts.items())]):
+        for text in node_warnings([CheckedNode(i, plan.nodes[i].host, f) for i, f in sorted(found.facts.items())]):
             warn(f"warning: {text}")
     if backend.places_at_start:
         return plan  # placed by the supervisor once the scheduler allocates the nodes (StartContext.place)

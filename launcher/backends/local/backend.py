@@ -24,6 +24,7 @@ from launcher.backends.base import (
     agent_start,
     facts_request,
     node_problems,
+    parse_facts,
 )
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
@@ -133,7 +134,10 @@ class LocalBackend(Backend):
         if answer is None:
             return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
                                        " (cluster.yaml python)"])
-        return Preflight(problems=node_problems("localhost", plan, answer), facts={0: answer})
+        facts, problem = parse_facts("localhost", answer)
+        if facts is None:
+            return Preflight(problems=[problem or "localhost: no facts"])
+        return Preflight(problems=node_problems("localhost", plan, facts), facts={0: facts})
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[LocalNode]]:
         handles: list[LocalNode] = []

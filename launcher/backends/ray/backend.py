@@ -17,7 +17,6 @@ Ray is imported only here, inside the class, so the CLI never loads it.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import signal
 import socket
@@ -42,6 +41,7 @@ from launcher.backends.base import (
     node_problems,
     unreachable,
 )
+from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.ray import actor as rayactor
 from launcher.errors import LaunchError, NodeStartError, PreflightError
@@ -261,7 +261,8 @@ class RayBackend(Backend):
 
         answers = self._gather([actor.run.remote(request(index), FACTS_TIMEOUT_S) for index, actor in enumerate(actors)],
                                "probe their nodes")
-        problems, found = [], {}
+        problems: list[str] = []
+        found: dict[int, NodeFacts] = {}
         for index, (fact, (code, out, err)) in enumerate(zip(facts, answers)):
             where = f"node {index} ({fact['hostname']}, {fact['ip']})"
             lines = [line for line in out.splitlines() if line.startswith("{")]
@@ -269,7 +270,11 @@ class RayBackend(Backend):
                 problems.append(f"{where}: {python} cannot run the node probe: {(err or out).strip()[-300:]} "
                                 "(the Ray workers run this Python unless 'python:' is set in the cluster spec)")
                 continue
-            found[index] = json.loads(lines[-1])
+            try:
+                found[index] = NodeFacts.from_json(lines[-1])
+            except FactsError as exc:
+                problems.append(f"{where}: {exc}")
+                continue
             problems += node_problems(where, plan.model_copy(update={"python": python}), found[index], plan.nodes[index])
         nodes = [
             NodeSpec(host=fact["hostname"], address=fact["ip"], gpus=fact["gpus"], slots=plan.nproc_per_node)
@@ -277,9 +282,9 @@ class RayBackend(Backend):
         ]
         networks = {
             index: NodeNetwork(
-                interface=answer.get("dev") or self.cluster.network.interface,
-                address=answer.get("source") or facts[index]["ip"],
-                ib_hcas=tuple(answer.get("hcas", [])),
+                interface=answer.dev or self.cluster.network.interface,
+                address=answer.source or facts[index]["ip"],
+                ib_hcas=answer.hcas,
             )
             for index, answer in found.items()
         }

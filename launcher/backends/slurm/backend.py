@@ -43,6 +43,7 @@ from launcher.backends.base import (
     node_problems,
     unreachable,
 )
+from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
 from launcher.errors import LaunchError, NodeStartError, PreflightError
@@ -236,36 +237,43 @@ class SlurmBackend(Backend):
 
     def _gather_facts(self, plan: Plan, job: SlurmJob, context: StartContext) -> Preflight:
         """Every node's facts from the allocation; the problems node_problems finds, and the probed network."""
-        facts: dict[int, dict] = {}
+        answers: dict[int, str] = {}
         for node in plan.nodes:
             context.stage(Stage.PREFLIGHT, node.index, node.host, StageState.RUNNING)
         deadline = time.monotonic() + FACTS_TIMEOUT_S
-        while len(facts) < plan.nnodes:
+        while len(answers) < plan.nnodes:
             self._check_cancelled(context)
-            for index in set(range(plan.nnodes)) - set(facts):
+            for index in set(range(plan.nnodes)) - set(answers):
                 path = job.folder / f"node{index}.facts.json"
                 if path.exists():
-                    facts[index] = json.loads(path.read_text())
-            if len(facts) == plan.nnodes:
+                    answers[index] = path.read_text(errors="replace")
+            if len(answers) == plan.nnodes:
                 break
             status = job.status()
             if status.state.ended or time.monotonic() > deadline:
-                missing = sorted(set(range(plan.nnodes)) - set(facts))
+                missing = sorted(set(range(plan.nnodes)) - set(answers))
                 raise NodeStartError(
                     f"nodes {missing} sent no facts (Slurm job {job.slurm_id} {status.state.value}, "
                     f"Reason={status.reason}): {step_log_tail(job.folder, missing[0])}", missing[0])
             time.sleep(POLL_S)
-        problems, nodes, probes = [], [], {}
+        problems, nodes, probes, facts = [], [], {}, {}
         for index in range(plan.nnodes):
-            found, host = facts[index], facts[index].get("slurm_node") or facts[index]["hostname"]
+            try:
+                found = NodeFacts.from_json(answers[index])
+            except FactsError as exc:
+                problems.append(f"node {index}: {exc}")
+                context.stage(Stage.PREFLIGHT, index, plan.nodes[index].host, StageState.FAILED)
+                continue
+            host = found.slurm_node or found.hostname or plan.nodes[index].host
             where = f"node {index} ({host})"
             node_problems_here = node_problems(where, plan, found, plan.nodes[index], self.spec.gpus_per_node)
             problems += node_problems_here
             context.stage(Stage.PREFLIGHT, index, host, StageState.FAILED if node_problems_here else StageState.DONE)
-            address = found.get("source") or found.get("master") or host
+            address = found.source or found.master or host
             nodes.append(NodeSpec(host=host, address=address, gpus=self.spec.gpus_per_node, slots=plan.nproc_per_node))
-            probes[index] = NodeNetwork(interface=found.get("dev") or self.cluster.network.interface, address=address,
-                                        ib_hcas=tuple(found.get("hcas", [])))
+            probes[index] = NodeNetwork(interface=found.dev or self.cluster.network.interface, address=address,
+                                        ib_hcas=found.hcas)
+            facts[index] = found
         return Preflight(problems=problems, nodes=nodes, probes=probes, facts=facts)
 
     def _wait_started(self, plan: Plan, job: SlurmJob, context: StartContext) -> dict[int, int | None]:

@@ -32,8 +32,10 @@ from launcher.backends.base import (
     agent_start,
     facts_request,
     node_problems,
+    parse_facts,
     unreachable,
 )
+from launcher.backends.facts import NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.ssh import sync
 from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
@@ -170,7 +172,7 @@ class SSHBackend(Backend):
         return Preflight(nodes=nodes, probes={r.key: r.got[1] for r in results},
                          facts={r.key: r.got[3] for r in results})
 
-    def _check(self, plan: Plan, index: int, spec: NodeSpec, master: Future) -> tuple[str, NodeNetwork, list[str], dict]:
+    def _check(self, plan: Plan, index: int, spec: NodeSpec, master: Future) -> tuple[str, NodeNetwork, list[str], NodeFacts]:
         """One host's preflight: (its address, its network probe, its problems, its facts).
 
         Every host probes its route to node 0, whose address (unless pinned) node 0's step
@@ -197,13 +199,16 @@ class SSHBackend(Backend):
         if self.cluster.sync_workdir:
             request["workdir"] = None  # made by the sync at start
         host = self.targets[index].alias
-        facts, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
-        if facts is None:
+        answer, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
+        if answer is None:
             missing = error and ("not found" in error or "No such file" in error)
             why = (f"python interpreter '{plan.python}' not found (cluster.yaml python)" if missing
                    else f"the preflight probe failed: {error}")
-            return address, NodeNetwork("", address), [f"{host}: {why}"], {}
-        network = NodeNetwork(facts.get("dev") or "", address, tuple(facts["hcas"]))
+            return address, NodeNetwork("", address), [f"{host}: {why}"], NodeFacts()
+        facts, problem = parse_facts(host, answer)
+        if facts is None:
+            return address, NodeNetwork("", address), [problem or f"{host}: no facts"], NodeFacts()
+        network = NodeNetwork(facts.dev or "", address, facts.hcas)
         return address, network, node_problems(host, plan, facts, node, spec.gpus), facts
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SSHNode]]:

@@ -4,15 +4,18 @@ The hosts are reached through the ``ssh`` backend of a throwaway cluster spec (o
 host); their keys go through ``launch trust``'s functions; everything a host says about itself
 comes from the node side's ``facts`` command (``pythons`` lists its candidate interpreters).
 ``choose_python`` picks the interpreter the cluster file names and ``differences`` lists what
-differs between the hosts. Answers are parsed into typed, bounded values here.
+differs between the hosts. Answers are parsed once into ``launcher.backends.facts.NodeFacts`` (typed,
+bounded) where they arrive; a host whose answer does not parse is a problem of that host.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from launcher.backends.facts import FactsError, NodeFacts
 
 if TYPE_CHECKING:
     from launcher.backends.ssh.backend import SSHBackend
@@ -97,20 +100,21 @@ class HostReport:
         return ", ".join(sorted({g.name for g in self.gpus})) or "none"
 
     @classmethod
-    def from_facts(cls, host: str, address: str, facts: dict) -> HostReport:
-        gpus = tuple(GPU(_text(g.get("name")) or "?", float(g.get("total_mb") or 0)) for g in facts.get("gpus") or [])
+    def from_facts(cls, host: str, address: str, facts: NodeFacts | Mapping[str, object]) -> HostReport:
+        """The report of a host's parsed facts (a raw answer is parsed first: FactsError if it does not)."""
+        facts = facts if isinstance(facts, NodeFacts) else NodeFacts.parse(dict(facts))
+        gpus = tuple(GPU(_text(g.name) or "?", g.total_mb) for g in facts.gpus)
         interpreters = tuple(
-            Interpreter(_text(p["path"]), _text(p.get("version")), _text(p.get("torch")), _text(p.get("deepspeed")),
-                        p.get("imports_torch"), _text(p.get("import_error")))
-            for p in facts.get("pythons") or [] if not p.get("error") and p.get("version")
+            Interpreter(_text(p.path) or "?", _text(p.version), _text(p.torch), _text(p.deepspeed),
+                        p.imports_torch, _text(p.import_error))
+            for p in facts.pythons if not p.error and p.version and p.path
         )
-        memory = facts.get("mem_total_bytes")
-        resolves = facts.get("hostname_resolves")
+        resolves = facts.hostname_resolves
         return cls(
-            host=host, address=address, hostname=_text(facts.get("hostname")) or host, gpus=gpus,
-            interpreters=interpreters, interface=_text(facts.get("dev")), route_error=_text(facts.get("route_error")),
-            hcas=tuple(_text(h) for h in facts.get("hcas") or []), cpus=int(facts.get("cpus") or 1),
-            memory_bytes=memory if isinstance(memory, int) else None,
+            host=host, address=address, hostname=_text(facts.hostname) or host, gpus=gpus,
+            interpreters=interpreters, interface=_text(facts.dev), route_error=_text(facts.route_error),
+            hcas=tuple(_text(h) or "" for h in facts.hcas), cpus=facts.cpus or 1,
+            memory_bytes=facts.mem_total_bytes,
             hostname_resolves=resolves if resolves is True else _text(resolves),
         )
 
@@ -147,7 +151,7 @@ def choose_python(reports: list[HostReport]) -> PythonChoice:
     common = [i.path for i in first.interpreters if all(r.interpreter(i.path) for r in reports)]
     if common:
         def worst(candidate: str) -> tuple[bool, bool]:
-            return min(r.interpreter(candidate).preference for r in reports)
+            return min(i.preference for r in reports if (i := r.interpreter(candidate)) is not None)
 
         shared = max(common, key=worst)
         if best is None or worst(shared)[0] >= best.has_torch:
@@ -190,7 +194,8 @@ def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callab
             continue
         echo(f"{target.label}  {key.get_name()}  {fingerprint(key)}")
         if status == "changed":
-            echo(f"  CHANGED: {settings.known_hosts} has {recorded.get_name()} {fingerprint(recorded)}")
+            was = f"{recorded.get_name()} {fingerprint(recorded)}" if recorded is not None else "another key"
+            echo(f"  CHANGED: {settings.known_hosts} has {was}")
             problems[target.alias] = (f"{target.label}: the host key differs from the one recorded in "
                                       f"{settings.known_hosts}; not replaced (check it, then "
                                       f"`launch trust {target.alias} --replace`)")
@@ -224,11 +229,14 @@ def probe(backend: SSHBackend, python: str | None,
     reports = []
     for index, result in zip(addresses, answers):
         host = backend.targets[index].alias
-        facts, error = result.got if result.ok else (None, error_text(result.failure))
-        if facts is None:
+        answer, error = result.got if result.ok else (None, error_text(result.failure))
+        if answer is None:
             problems[host] = f"{host}: the probe failed (it needs python3 on the host's PATH): {error}"
-        else:
-            reports.append(HostReport.from_facts(host, addresses[index], facts))
+            continue
+        try:
+            reports.append(HostReport.from_facts(host, addresses[index], NodeFacts.parse(answer)))
+        except FactsError as exc:
+            problems[host] = f"{host}: {exc}"
     return reports, problems
 
 
