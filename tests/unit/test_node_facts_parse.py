@@ -194,3 +194,24 @@ def test_node_problems_read_a_parsed_answer_as_the_dict_was_read() -> None:
     facts = NodeFacts.parse({"hostname_resolves": False, "hostname": "n1", "route_error": "no route", "dev": "eth0"})
     assert node_problems("n", plan, facts) == [
         "n: its hostname 'n1' does not resolve (False); torchrun's c10d rendezvous looks it up: add it to /etc/hosts or DNS"]
+
+
+def test_an_ssh_host_whose_answer_does_not_parse_is_one_problem_of_that_host() -> None:
+    from concurrent.futures import Future
+
+    from launcher.backends.ssh.backend import SSHBackend
+
+    cluster, plan = _plan()
+    backend = SSHBackend.__new__(SSHBackend)
+    backend.cluster = cluster
+    backend._pool = SimpleNamespace(get=lambda target, on_peer=None: SimpleNamespace(peer_address=lambda: "10.0.0.2"))
+    backend.targets = [SimpleNamespace(alias=f"gpu-0{i}") for i in range(plan.nnodes)]
+    backend.node_command = lambda *args, **kwargs: ({"hcas": "mlx5_0", "dev": "ib0"}, None)
+    master: Future = Future()
+    master.set_result("10.0.0.1")
+    address, network, problems, facts = backend._check(plan, 1, cluster.nodes[1], master)
+    assert problems == ["gpu-01: malformed facts answer: hcas: Input should be a valid list"]
+    assert facts == NodeFacts() and network.interface == ""
+    backend.node_command = lambda *args, **kwargs: ({"hcas": ["mlx5_0"], "dev": "ib0"}, None)
+    address, network, problems, facts = backend._check(plan, 1, cluster.nodes[1], master)
+    assert network.interface == "ib0" and network.ib_hcas == ("mlx5_0",) and facts.dev == "ib0"
