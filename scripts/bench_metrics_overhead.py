@@ -113,7 +113,7 @@ def reporter_cost(work: Path, world_size: int = 2, every: int = 10, steps: int =
     lines = out.getvalue().splitlines()
     start = time.process_time()
     for line in lines:
-        store.add_metrics("cost", 0, [parse_line(line, world_size=world_size, node=0, host="localhost")])
+        store.add_metrics("cost", 0, [parse_line(line, world_size=world_size, node=0, host="localhost", rank=0)])
     supervisor_side = (time.process_time() - start) / steps
     store.close()
     return rank_side + world_size * supervisor_side

@@ -11,9 +11,11 @@ from collections.abc import Iterable, Mapping
 
 from launcher.errors import SpecError
 
+MIN_SECRET_CHARS = 8  # masking a shorter value would hide (and so reveal) every place its characters appear
+
 
 def read_secrets(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The values of the named secrets; every missing one is reported at once."""
+    """The values of the named secrets; every missing or too short one is reported at once."""
     env: Mapping[str, str] = os.environ if environ is None else environ
     names = list(names)
     missing = [n for n in names if not env.get(n)]
@@ -21,5 +23,12 @@ def read_secrets(names: Iterable[str], environ: Mapping[str, str] | None = None)
         raise SpecError(
             f"secrets: {', '.join(missing)} not set in your environment; the job lists "
             f"{'it' if len(missing) == 1 else 'them'} under 'secrets:', whose values come only from the submitter's environment"
+        )
+    short = [n for n in names if len(env[n]) < MIN_SECRET_CHARS]
+    if short:
+        raise SpecError(
+            f"secrets: {', '.join(short)} {'is' if len(short) == 1 else 'are'} shorter than {MIN_SECRET_CHARS} characters: "
+            "launch masks a secret's value wherever it appears in the logs, and masking so short a value would hide "
+            "every place those characters appear (and so reveal it); put a value that is not secret under env: instead"
         )
     return {n: env[n] for n in names}

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from launcher.backends import failures
 from launcher.backends.base import NodeHandle
@@ -26,6 +25,8 @@ from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_s
 from launcher.plan.shell import mask
 from launcher.run.liveness import Observation, Output, Progress, Sample
 from launcher.store.db import Store
+from launcher.store.logcap import CappedLog
+from launcher.views.terminal import safe_text
 
 _RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
 TAIL_LINES = 200
@@ -140,15 +141,15 @@ class NodeWatcher:
                 except OSError:
                     pass  # its lost lines are counted already
 
-    def _open_log(self) -> IO[str] | None:
+    def _open_log(self) -> CappedLog | None:
         try:
-            return open(self.log_path, "a", encoding="utf-8", errors="replace")
+            return CappedLog(self.log_path, self._relay.store, self._relay.job_id, self.handle.index)
         except OSError as exc:
             self._relay.note(f"node {self.handle.index}: its log file cannot be opened: {exc!r}")
             self._log_error = exc
             return None
 
-    def _line(self, raw: str, log: IO[str] | None) -> None:
+    def _line(self, raw: str, log: CappedLog | None) -> None:
         node, now = self.handle.index, time.time()
         if raw.startswith("@"):
             kind, _, data = raw[1:].partition(" ")
@@ -178,18 +179,18 @@ class NodeWatcher:
                 self._reported = relay.sequence()
         self._write(log, f"{now:.3f} {shown}\n")
         try:
-            relay.echo(shown)
+            relay.echo(safe_text(shown))
         except OSError:
             pass  # the console is gone (its terminal closed): the line is in the log, and the job goes on
 
-    def _write(self, log: IO[str] | None, line: str) -> None:
+    def _write(self, log: CappedLog | None, line: str) -> None:
         if log is None:
             self._relay.losses.add("lines", 1, self._log_error)
             return
         try:
             log.write(line)
             log.flush()
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - a full disk or a store that refuses the cap's event
             self._relay.losses.add("lines", 1, exc)
 
     def _event(self, kind: str, data: dict, now: float) -> None:

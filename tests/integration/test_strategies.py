@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ def _env() -> dict[str, str]:
     env.update(
         PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=EXTENSIONS_CACHE,
         OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", LAUNCH_JOB_ID="test",
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[${rank}]:",  # records are read from each rank's own stream
     )
     env.pop("LAUNCH_METRICS", None)
     env.pop("LAUNCH_METRICS_EVERY", None)
@@ -48,10 +50,11 @@ def _env() -> dict[str, str]:
 
 
 def run_ranks(args: list[str], timeout: float = 180, nproc: int = 2) -> tuple[int, str, list[dict]]:
-    """Run ``nproc`` ranks of the train entry point; returns (exit status, output, metric records)."""
+    """Run ``nproc`` ranks of the train entry point; returns (exit status, output without torchrun's rank
+    prefixes, metric records read from each rank's prefixed stream)."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
-        "--local-addr", "127.0.0.1", "--monitor-interval", "0.5", "-m", "launcher.recipes.train", *args,
+        "--local-addr", "127.0.0.1", "--monitor-interval", "0.5", "--tee", "3", "-m", "launcher.recipes.train", *args,
     ]
     proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -64,7 +67,7 @@ def run_ranks(args: list[str], timeout: float = 180, nproc: int = 2) -> tuple[in
         pytest.fail(f"ranks did not finish in {timeout}s:\n{output[-6000:]}\n{stacks}")
     parsed = (parse_line(line, world_size=1024, node=None, host=None) for line in output.splitlines())
     records = [r for r in parsed if isinstance(r, MetricRecord)]
-    return proc.returncode, output, records
+    return proc.returncode, re.sub(r"^\[\d+\]:", "", output, flags=re.M), records
 
 
 def _stacks(pid: int) -> str:

@@ -56,7 +56,7 @@ def job_with_test_metric(home, monkeypatch):
         reporter = Reporter(every=1, stream=out, extra={"test_metric": value})
         for _ in range(3):
             reporter.step(samples=4)
-        records = [parse_line(line, world_size=2, node=0, host="localhost") for line in out.getvalue().splitlines()]
+        records = [parse_line(line, world_size=2, node=0, host="localhost", rank=rank) for line in out.getvalue().splitlines()]
         assert all(isinstance(r, MetricRecord) for r in records)
         store.add_metrics(plan.job_id, 0, records)
     return store, plan.job_id

@@ -31,10 +31,12 @@ from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 from launcher.errors import LaunchError, PreflightError
 from launcher.plan.shell import render_command
 from launcher.spec.cluster import SSHSpec
+from launcher.spec.files import expand_user, read_regular
 from launcher.spec.hosts import Hop, check_host, check_port, parse_jump_hosts
 
 KEEPALIVE_S = 1
 DEAD_AFTER_S = 4
+MAX_SSH_FILE_BYTES = 64 * 2**20  # a known_hosts or ssh config file: never a FIFO or a device, never unbounded
 MAX_PARALLEL = 32
 CONNECTION_ERRORS = (OSError, EOFError, paramiko.SSHException)
 
@@ -79,8 +81,8 @@ class SSHSettings:
 
     def __init__(self, spec: SSHSpec) -> None:
         self.spec = spec
-        self.known_hosts = Path(spec.known_hosts).expanduser()
-        self._config = _load_config(Path(spec.config_file).expanduser())
+        self.known_hosts = expand_user(spec.known_hosts, "ssh.known_hosts")
+        self._config = _load_config(expand_user(spec.config_file, "ssh.config_file"))
 
     def target(self, host: str, port: int | None = None, user: str | None = None) -> Target:
         """Resolve ``host`` (a name, address or ~/.ssh/config alias).
@@ -131,7 +133,7 @@ class SSHSettings:
 
     def _key_files(self, found: Mapping[str, Any]) -> tuple[str, ...]:
         if self.spec.key_file:
-            return (str(Path(self.spec.key_file).expanduser()),)
+            return (str(expand_user(self.spec.key_file, "ssh.key_file")),)
         return tuple(str(Path(p).expanduser()) for p in found.get("identityfile", []))
 
     def host_keys(self) -> KnownHosts:
@@ -165,7 +167,7 @@ def load_known_hosts(path: Path) -> KnownHosts:
     if not path.exists():
         return known
     try:
-        text = path.read_bytes().decode("utf-8", "replace")
+        text = read_regular(path, "known_hosts", MAX_SSH_FILE_BYTES).decode("utf-8", "replace")
     except OSError as exc:
         raise LaunchError(f"cannot read known_hosts {path}: {exc.strerror or exc}") from None
     entries = []
@@ -207,7 +209,7 @@ def _load_config(path: Path) -> paramiko.SSHConfig:
     if not path.exists():
         return _SSHConfig()
     try:
-        return _SSHConfig.from_path(str(path))
+        return _SSHConfig.from_text(read_regular(path, "SSH config", MAX_SSH_FILE_BYTES).decode("utf-8", "replace"))
     except (OSError, paramiko.ConfigParseError) as exc:
         raise LaunchError(f"cannot read SSH config {path}: {exc}") from None
 
