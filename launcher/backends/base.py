@@ -23,6 +23,7 @@ from typing import ClassVar, Protocol
 
 from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.catalog.strategies import get_strategy
 from launcher.node.ship import node_argv, stdin_argv, stdin_request
 from launcher.plan import containers
 from launcher.plan.commands import RECIPE_MODULE
@@ -421,11 +422,11 @@ def node_problems(host: str, plan: Plan, facts: NodeFacts, node: NodePlan | None
                             (f"image {container.image}", box.image_error), ("inside the image", box.inside_error)):
             if error:
                 problems.append(f"{host}: {what}: {error}")
-    offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy == "zero3_offload" else None
+    offloaded = plan.memory.cpu_gib_per_node if plan.memory and get_strategy(plan.strategy).offload else None
     total = facts.mem_total_bytes
     if offloaded and total is not None and offloaded * 2**30 > total * HOST_MEMORY_SHARE:
         problems.append(
-            f"{host}: zero3_offload keeps about {offloaded:.1f} GiB of model states in host memory on each node; "
+            f"{host}: {plan.strategy} keeps about {offloaded:.1f} GiB of model states in host memory on each node; "
             f"this node has {total / 2**30:.1f} GiB ({HOST_MEMORY_SHARE:.0%} usable): use more nodes, or zero3"
         )
     if facts.hostname_resolves not in (None, True):

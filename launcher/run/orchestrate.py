@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.backends import Backend, backend_class, get_backend, plan_job
@@ -23,7 +22,9 @@ from launcher.run import identity
 from launcher.run.checks import version_differences
 from launcher.run.recorded import RecordedJob, stored_spec
 from launcher.spec.cluster import ClusterSpec
+from launcher.spec.files import expand_user, read_regular
 from launcher.spec.job import JobSpec
+from launcher.spec.load import MAX_NAMED_FILE_BYTES
 from launcher.store.db import Store
 from launcher.store.states import JobState, is_terminal
 
@@ -99,7 +100,8 @@ def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None
     user = None
     if job.deepspeed.config:
         try:
-            user = json.loads(Path(job.deepspeed.config).expanduser().read_text())
+            path = expand_user(job.deepspeed.config, "deepspeed.config")
+            user = json.loads(read_regular(path, "deepspeed.config", MAX_NAMED_FILE_BYTES))
         except (OSError, ValueError) as exc:
             raise SpecError(f"deepspeed.config: cannot read '{job.deepspeed.config}' as JSON: {exc}") from None
         if not isinstance(user, dict):

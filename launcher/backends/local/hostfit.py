@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.catalog.strategies import get_strategy
 from launcher.errors import PlanError
 
 GIB = 2**30
@@ -48,7 +49,7 @@ def host_memory(job, plan) -> HostMemory | None:
     ranks = plan.nnodes * plan.nproc_per_node
     if not any(node.gpus for node in plan.nodes):  # CPU ranks: everything lives in host memory
         return HostMemory(ranks, base + est.total_bytes + 4 * info.params, 0)
-    offloaded = est.cpu_bytes_per_node * plan.nnodes if job.strategy == "zero3_offload" else 0
+    offloaded = est.cpu_bytes_per_node * plan.nnodes if get_strategy(job.strategy).offload else 0
     return HostMemory(ranks, base, offloaded)
 
 
