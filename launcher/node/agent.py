@@ -15,7 +15,7 @@ makes itself undumpable before it starts them, so a rank cannot open ``/proc/<ag
 write there. Every rank's line comes whole and behind its ``[rank]:`` prefix, whichever launcher
 starts the ranks: torchrun tees each rank's output with the prefix the plan sets; under
 DeepSpeed's launcher (whose ranks would all share one pipe, unprefixed, lines merging) the agent
-runs that launcher with each rank's output on a pipe of its own (``RANK_STREAMS``).
+runs that launcher with each rank's output on a pipe of its own (``rankstreams``).
 
 The agent is its command's child subreaper: whatever a rank starts stays below the agent, even a
 daemon that dropped the job's tag from its environment (``env -i``) and left its parent. When
@@ -40,6 +40,7 @@ import threading
 import time
 
 from . import proctree
+from .rankstreams import with_rank_streams
 
 LINE_LIMIT = 64 * 1024
 SAMPLE_S = 2.0
@@ -55,87 +56,6 @@ WARN_POLL_S = 1.0
 WARN_UNHANDLED_S = 30.0  # ranks that still do not handle SIGUSR1 this long after the warning are named
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
-DEEPSPEED_LAUNCH = ("-m", "deepspeed.launcher.launch")  # launcher.plan.commands.DEEPSPEED_MODULE, as the plan writes it
-
-# DeepSpeed's per-node launcher, run with each rank's stdout and stderr on a pipe of its own: a thread a rank
-# writes the rank's whole lines, each behind ``[RANK]:`` (as torchrun's tee does), in one write under a lock,
-# cut at LIMIT bytes. Unchanged, the launcher lets every rank inherit its stdout: one pipe, no rank on a line,
-# and two ranks' lines merged where print() wrote a text and its newline apart. ``--enable_each_rank_log``
-# (files a rank) is left as DeepSpeed does it. Runs in the launcher's interpreter: ``python -u -c RANK_STREAMS ...``.
-RANK_STREAMS = r"""
-import os, subprocess, sys, threading, time, types
-from deepspeed.launcher import launch
-
-LIMIT, DRAIN_S = 64 * 1024, 5.0
-lock, relays = threading.Lock(), []
-
-
-def write(data):
-    with lock:
-        while data:
-            try:
-                data = data[os.write(1, data):]
-            except OSError:
-                return
-
-
-def relay(fd, prefix):
-    pending, dropped = bytearray(), 0
-
-    def add(piece):
-        nonlocal dropped
-        room = max(0, LIMIT - len(pending))
-        pending.extend(piece[:room])
-        dropped += len(piece) - min(room, len(piece))
-
-    def emit():
-        nonlocal dropped
-        note = f" [launch: line cut at {LIMIT} bytes; {dropped} more dropped]".encode() if dropped else b""
-        write(prefix + bytes(pending) + note + b"\n")
-        pending.clear()
-        dropped = 0
-
-    with open(fd, "rb", buffering=0) as pipe:
-        while chunk := pipe.read(65536):
-            start = 0
-            while (end := chunk.find(b"\n", start)) >= 0:
-                add(chunk[start:end])
-                emit()
-                start = end + 1
-            add(chunk[start:])
-    if pending or dropped:
-        emit()
-
-
-class Popen(subprocess.Popen):
-    def __init__(self, args, *rest, **kwargs):
-        if rest or kwargs.get("stdout") is not None:
-            super().__init__(args, *rest, **kwargs)
-            return
-        read, write_end = os.pipe()
-        try:
-            super().__init__(args, stdout=write_end, stderr=write_end, **kwargs)
-        except BaseException:
-            os.close(read)
-            raise
-        finally:
-            os.close(write_end)
-        rank = (kwargs.get("env") or os.environ).get("RANK", "?")
-        thread = threading.Thread(target=relay, args=(read, f"[{rank}]:".encode()), daemon=True)
-        thread.start()
-        relays.append(thread)
-
-
-launch.subprocess = types.ModuleType("subprocess")
-launch.subprocess.__dict__.update(vars(subprocess), Popen=Popen)
-sys.argv[0] = launch.__file__
-try:
-    launch.main()
-finally:
-    deadline = time.monotonic() + DRAIN_S  # a process a rank left may hold its pipe open: the agent ends it
-    for thread in relays:
-        thread.join(max(0.0, deadline - time.monotonic()))
-"""
 
 
 class RunDirError(Exception):
@@ -511,14 +431,6 @@ def harden(prctl) -> bool:
         return False
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-
-
-def with_rank_streams(argv: list[str]) -> list[str]:
-    """``argv`` with DeepSpeed's launcher run as ``RANK_STREAMS`` (each rank's lines whole and prefixed); else as is."""
-    for at in range(len(argv) - 1):
-        if (argv[at], argv[at + 1]) == DEEPSPEED_LAUNCH:
-            return [*argv[:at], "-c", RANK_STREAMS, *argv[at + 2:]]
-    return list(argv)
 
 
 def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:

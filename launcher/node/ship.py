@@ -19,7 +19,7 @@ from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
 
-NODE_MODULES = ("proctree", "pythons", "facts", "agent", "stacks", "slurmnode", "main")  # in import order
+NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "agent", "stacks", "slurmnode", "main")  # in import order
 
 PACKAGE = "launch_node"
 BOOT = """\

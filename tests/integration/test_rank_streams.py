@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from launcher.metrics.record import MetricRecord, Rejected, parse_line
-from launcher.node import agent
+from launcher.node import rankstreams
 from launcher.node.ship import node_argv
 from launcher.plan.commands import deepspeed_argv
 
@@ -59,4 +59,4 @@ def test_two_deepspeed_ranks_printing_at_once_arrive_as_whole_lines_each_behind_
     assert [result.reason for result in parsed if isinstance(result, Rejected)] == [
         "a record claiming rank 0 on the stream of rank 1"]
     assert "[1]:debug: sending @@launch " in "\n".join(output), "a print that contains the marker is output, not a record"
-    assert agent.DEEPSPEED_LAUNCH == ("-m", argv[argv.index("-m") + 1]), "the agent knows the plan's spelling"
+    assert rankstreams.DEEPSPEED_LAUNCH == ("-m", argv[argv.index("-m") + 1]), "the agent knows the plan's spelling"
