@@ -22,3 +22,4 @@ test: setup-test lint
 # The checkers (rules and reasons in pyproject.toml): ruff, then mypy at the Python floor.
 lint: setup-test
 	$(VENV)/bin/ruff check launcher tests scripts tools
+	$(VENV)/bin/mypy

@@ -422,7 +422,7 @@ def node_problems(host: str, plan: Plan, facts: NodeFacts, node: NodePlan | None
                             (f"image {container.image}", box.image_error), ("inside the image", box.inside_error)):
             if error:
                 problems.append(f"{host}: {what}: {error}")
-    offloaded = plan.memory.cpu_gib_per_node if plan.memory and get_strategy(plan.strategy).offload else None
+    offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy and get_strategy(plan.strategy).offload else None
     total = facts.mem_total_bytes
     if offloaded and total is not None and offloaded * 2**30 > total * HOST_MEMORY_SHARE:
         problems.append(
