@@ -326,6 +326,7 @@ def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bo
         "job_id": plan.job_id, "node": node.index, "argv": list(node.argv), "env": dict(node.env), "cwd": node.cwd,
         "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
         "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
+        "unattended_s": plan.unattended_s,
     }
 
 

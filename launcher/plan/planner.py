@@ -83,6 +83,8 @@ class Plan(Frozen):
     container: ContainerSpec | None = None
     ds_config: dict | None = None
     memory: MemoryFit | None = None
+    #: seconds the node agents run on with no supervisor in contact (None: to the end); docs/JOURNALS.md
+    unattended_s: float | None = 1800.0
 
     def unresolved(self) -> list[str]:
         """Values still waiting for a probe (``auto``), as ``node N: NAME``."""
@@ -136,6 +138,7 @@ def make_plan(
         container=shared.container,
         ds_config=ds_config,
         memory=memory,
+        unattended_s=job.watch.unattended_timeout,
     )
 
 

@@ -93,6 +93,11 @@ class WatchSpec(Strict):
         300.0, gt=0, le=WEEK_S, description="Seconds without progress before a job is called stalled (at most a week).",
     )
     grace_period: FiniteFloat = Field(5.0, ge=0, le=3600, description="Seconds between TERM and KILL on teardown.")
+    unattended_timeout: FiniteFloat | None = Field(
+        1800.0, gt=0, le=WEEK_S,
+        description="Seconds the node agents keep the job running with no supervisor in contact (its machine "
+        "crashed, its network is down), then end it on every node; null: run to the end unattended.",
+    )
 
 
 class MetricsSpec(Strict):
