@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Protocol
 
 from launcher.plan.batch import BatchPlan
 from launcher.spec.job import PYTHON_NAMES, JobSpec, interpreter_options
@@ -11,6 +12,21 @@ from launcher.spec.job import PYTHON_NAMES, JobSpec, interpreter_options
 TORCHRUN_MODULE = "torch.distributed.run"
 DEEPSPEED_MODULE = "deepspeed.launcher.launch"
 RECIPE_MODULE = "launcher.recipes.train"
+STATIC = "static"  # torchrun's fixed ranks: node N is told it is N
+C10D = "c10d"  # torchrun's rendezvous rounds in node 0's store: what elastic jobs need
+
+
+class RendezvousArgs(Protocol):
+    """What torchrun's rendezvous flags are made of (the plan's ``Rendezvous``)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
 
 
 def program_args(job: JobSpec, batch: BatchPlan | None, ds_config: dict | None) -> tuple[bool, list[str]]:
@@ -65,26 +81,45 @@ def torchrun_argv(
     nnodes: int,
     nproc: int,
     node_rank: int,
-    endpoint: str,
-    rdzv_id: str,
+    rendezvous: RendezvousArgs,
     local_addr: str,
     program: tuple[bool, list[str]],
 ) -> list[str]:
-    """``torchrun`` for one node, with a fixed node count and c10d rendezvous."""
+    """``torchrun`` for one node, with a fixed node count.
+
+    ``static`` rendezvous: every node is told its rank, node 0 hosts the store at
+    ``--master-addr``/``--master-port`` and the others connect to it (as DeepSpeed's launcher does);
+    no rendezvous rounds. ``c10d``: the agents agree on ranks through rounds in node 0's store
+    (elastic jobs need it; torchrun ignores ``--node-rank`` there, and ``--local-addr`` names the node
+    to the others).
+    """
     argv = [
         python, "-m", TORCHRUN_MODULE,
         "--nnodes", str(nnodes),
         "--nproc-per-node", str(nproc),
         "--node-rank", str(node_rank),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", endpoint,
-        "--rdzv-id", rdzv_id,
-        "--local-addr", local_addr,
+    ]
+    argv += _RENDEZVOUS_FLAGS[rendezvous.backend](rendezvous, local_addr)
+    argv += [
         "--max-restarts", "0",
         "--monitor-interval", "0.5",
         "--tee", "3",
     ]
     return argv + _program_tail(program, no_python="--no-python", module="-m")
+
+
+def _static_flags(rendezvous: RendezvousArgs, local_addr: str) -> list[str]:
+    return ["--rdzv-backend", STATIC, "--master-addr", rendezvous.host, "--master-port", str(rendezvous.port),
+            "--rdzv-id", rendezvous.id]
+
+
+def _c10d_flags(rendezvous: RendezvousArgs, local_addr: str) -> list[str]:
+    return ["--rdzv-backend", C10D, "--rdzv-endpoint", f"{rendezvous.host}:{rendezvous.port}",
+            "--rdzv-id", rendezvous.id, "--local-addr", local_addr]
+
+
+# torchrun's flags for each rendezvous the planner may choose (``planner.rendezvous_backend``)
+_RENDEZVOUS_FLAGS = {STATIC: _static_flags, C10D: _c10d_flags}
 
 
 def deepspeed_argv(

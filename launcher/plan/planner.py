@@ -33,7 +33,10 @@ class Frozen(BaseModel):
 
 
 class Rendezvous(Frozen):
-    backend: str = "c10d"
+    """How the nodes' launchers find each other: ``static`` (each node told its rank; node 0 hosts the
+    store) or ``c10d`` (rendezvous rounds, for elastic jobs); see ``rendezvous_backend``."""
+
+    backend: str = commands.C10D
     id: str
     host: str
     port: int
@@ -204,7 +207,8 @@ def _shared(
                         f"must be an absolute path (got {cwd!r})")
     return _Shared(
         job=job, cluster=cluster, policy=policy, job_id=job_id, nnodes=len(chosen), probes=probes, batch=batch,
-        rendezvous=Rendezvous(id=job_id, host=_address(chosen[0], probes.get(0)), port=rdzv_port),
+        rendezvous=Rendezvous(backend=rendezvous_backend(job), id=job_id, host=_address(chosen[0], probes.get(0)),
+                              port=rdzv_port),
         python=python,
         launcher_python=container.python if container else python,
         container=container,
@@ -212,6 +216,16 @@ def _shared(
         cwd=cwd,
         files={"LAUNCH_DS_CONFIG": (DS_CONFIG_FILE, _json(ds_config))} if ds_config and job.entrypoint else {},
     )
+
+
+def rendezvous_backend(job: JobSpec) -> str:
+    """The one decision on torchrun's rendezvous. launch knows every node's rank before it starts, so a job
+    whose node count is fixed needs no rendezvous rounds: ``static`` (node rank, master address and port).
+    c10d's rounds cost every agent work per round, which grows with the node count (32 agents on shared cores
+    never finished them, issue 23); they are kept for elastic jobs (a node count that may change while the
+    job runs), which no job spec asks for yet."""
+    elastic = False  # no spec field makes a job elastic yet; resources.nodes is fixed for the job's life
+    return commands.C10D if elastic else commands.STATIC
 
 
 def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
@@ -243,7 +257,7 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
 
 
 def _launcher_argv(shared: _Shared, index: int, address: str) -> list[str]:
-    """The node's per-node launcher: DeepSpeed's, or torchrun joining the c10d rendezvous."""
+    """The node's per-node launcher: DeepSpeed's, or torchrun with the plan's rendezvous."""
     job, rendezvous, nproc = shared.job, shared.rendezvous, shared.job.resources.nproc_per_node
     if job.launcher == "deepspeed":
         return commands.deepspeed_argv(
@@ -251,8 +265,7 @@ def _launcher_argv(shared: _Shared, index: int, address: str) -> list[str]:
             local_rank_flag=not job.deepspeed.no_local_rank,
         )
     return commands.torchrun_argv(
-        shared.launcher_python, shared.nnodes, nproc, index, rendezvous.endpoint, shared.job_id, address,
-        shared.program,
+        shared.launcher_python, shared.nnodes, nproc, index, rendezvous, address, shared.program,
     )
 
 

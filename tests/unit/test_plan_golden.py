@@ -61,8 +61,11 @@ def test_plan_facts():
     for node in plan.nodes:
         argv = list(node.argv)
         assert argv[argv.index("--node-rank") + 1] == str(node.index)
-        assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:29500"
+        assert argv[argv.index("--rdzv-backend") + 1] == "static"
+        assert argv[argv.index("--master-addr") + 1] == "127.0.0.1"
+        assert argv[argv.index("--master-port") + 1] == "29500"
         assert argv[argv.index("--rdzv-id") + 1] == "golden-abc123"
+        assert "--rdzv-endpoint" not in argv and "--local-addr" not in argv
         assert node.env["LAUNCH_JOB_ID"] == "golden-abc123"
     assert "WANDB_API_KEY" not in plan.nodes[0].env
     assert plan_json(plan)["nodes"][0]["env"]["WANDB_API_KEY"] == "****"
@@ -101,3 +104,18 @@ def test_too_many_nodes_for_the_cluster():
     job = JobSpec(name="j", entrypoint=["python", "t.py"], batch={"micro_batch": 4}, resources={"nodes": 3})
     with pytest.raises(PlanError, match="asks for 3 nodes; cluster 'c' lists 1"):
         plan_job(job, cluster, "j-1", rdzv_port=29500)
+
+
+def test_rendezvous_is_static_for_a_fixed_node_count_and_c10d_stays_for_elastic_jobs():
+    from launcher.plan import commands
+    from launcher.plan.planner import Rendezvous, rendezvous_backend
+
+    assert rendezvous_backend(_job(2, 2)) == "static"
+    plan = plan_job(_job(2, 2), LOCAL, "golden-abc123", rdzv_port=29500)
+    assert plan.rendezvous.backend == "static"
+    c10d = Rendezvous(backend="c10d", id="golden-abc123", host="10.0.0.11", port=29500)
+    argv = commands.torchrun_argv("/usr/bin/python3", 2, 2, 1, c10d, "10.0.0.12", (True, ["t.py"]))
+    assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.11:29500"
+    assert argv[argv.index("--local-addr") + 1] == "10.0.0.12"
+    assert "--master-addr" not in argv
