@@ -9,12 +9,18 @@ and idle: the limit then adapts to the job (five times the longest gap seen betw
 reports, at least FLOOR_S, never more than ``stall_timeout``), so a job reporting every second is
 called hung in seconds, not after NCCL's timeout. Pure logic: times are passed in.
 
+Where the job is matters as much as whether it moves: a job in which some node has no rank process
+yet (its torchrun agent is still in the rendezvous, waiting for the others) is reported as stuck in
+rendezvous, naming the nodes without ranks and, when node 0's agent could count them, how many
+agents had joined the rendezvous store; never as ranks that hang, since those ranks do not exist.
+
 One writer: the node watchers' threads only describe what they saw (``Output``, ``Sample``,
 ``Progress``); the supervisor's loop applies those to its ``Liveness`` (``apply``) and reads it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.backends.failures import Failure, FailureKind
@@ -51,7 +57,16 @@ class Progress:
     t: float
 
 
-Observation = Output | Sample | Progress
+@dataclass(frozen=True)
+class Joined:
+    """How many nodes' launcher agents are connected to the rendezvous store on node 0 (its agent counts
+    them), at ``t``."""
+
+    agents: int
+    t: float
+
+
+Observation = Output | Sample | Progress | Joined
 
 
 @dataclass
@@ -75,6 +90,7 @@ class Liveness:
     ranks: dict[int, RankSeen] = field(default_factory=dict)
     longest_gap: float = 0.0
     newest_report: float | None = None
+    joined: int | None = None  # agents connected to the rendezvous store, when node 0's agent counted them
 
     def apply(self, seen: Observation) -> None:
         """Take in one observation a node watcher made."""
@@ -82,6 +98,8 @@ class Liveness:
             self.output(seen.t)
         elif isinstance(seen, Sample):
             self.sample(seen.node, seen.rank, seen.cpu_s, seen.gpu_util, seen.t)
+        elif isinstance(seen, Joined):
+            self.joined = seen.agents
         else:
             self.progress(seen.node, seen.rank, seen.step, seen.t)
 
@@ -109,6 +127,10 @@ class Liveness:
             self.longest_gap = max(self.longest_gap, t - self.newest_report)
         self.newest_report = max(self.newest_report or t, t)
 
+    def nodes_with_ranks(self) -> set[int]:
+        """The nodes on which a rank process has been seen (sampled or reporting) in this attempt."""
+        return {seen.node for seen in self.ranks.values()}
+
     def last_activity(self) -> float:
         times = [self.started, self.output_at or 0.0, *(r.active_at or 0.0 for r in self.ranks.values())]
         return max(times)
@@ -132,9 +154,13 @@ class HangDetector:
     FLOOR_S = 30.0
     FACTOR = 5.0
 
-    def __init__(self, stall_timeout: float, max_steps: int) -> None:
+    def __init__(self, stall_timeout: float, max_steps: int, hosts: Sequence[str] = ()) -> None:
+        """``hosts``: the job's nodes in node order (the plan's host names), so that a job in which some node
+        has no rank process yet is called stuck in rendezvous, naming those nodes; without them the detector
+        makes no claim about where the job is (every verdict before the first step is "hung")."""
         self.stall_timeout = stall_timeout
         self.max_steps = max_steps
+        self.hosts = tuple(hosts)
 
     def limit(self, live: Liveness) -> float:
         """Seconds of silence and idleness allowed now for a reporting job."""
@@ -149,6 +175,8 @@ class HangDetector:
         if laggard is None:
             if idle < self.stall_timeout:
                 return None
+            if (stuck := self._in_rendezvous(live, idle)) is not None:
+                return stuck
             return Failure(
                 kind=FailureKind.HANG, stalled_s=idle, transient=False,
                 reason=f"hung before the first step: {what} for {idle:.0f} s (watch.stall_timeout {self.stall_timeout:g} s)",
@@ -170,3 +198,41 @@ class HangDetector:
                        f"alive (watch.stall_timeout {self.stall_timeout:g} s)",
             )
         return None
+
+    def _in_rendezvous(self, live: Liveness, idle: float) -> Failure | None:
+        """The verdict on a job in which some node has no rank process yet, else None."""
+        nnodes = len(self.hosts)
+        with_ranks = live.nodes_with_ranks()
+        without = [node for node in range(nnodes) if node not in with_ranks]
+        if not without:
+            return None  # every node has ranks (or the nodes are unknown: no claim about where the job is)
+        joined = (f"{live.joined} of {nnodes} nodes' agents joined the rendezvous store on node 0"
+                  if live.joined is not None else "how many agents joined is unknown")
+        where = (f"no rank process on {len(without)} of {nnodes} nodes: {self._names(without)}"
+                 if with_ranks else f"no rank process on any of the {nnodes} nodes")
+        waiting = ("torchrun's agents there are still waiting for each other: ranks started elsewhere wait for them"
+                   if with_ranks else "every torchrun agent is still waiting for the others: no rank has started")
+        return Failure(
+            kind=FailureKind.HANG, node=without[0], host=self.hosts[without[0]],
+            stalled_s=idle, transient=False,
+            reason=f"stuck in rendezvous for {idle:.0f} s (watch.stall_timeout {self.stall_timeout:g} s): {where}; "
+                   f"{joined}; {waiting}",
+        )
+
+    def _names(self, nodes: list[int], shown: int = 8) -> str:
+        """``nodes 3-5,9 (h4, h5, h6, h10)``, with at most ``shown`` host names."""
+        names = [self.hosts[node] for node in nodes[:shown]]
+        more = f", ... {len(nodes) - shown} more" if len(nodes) > shown else ""
+        label = "node" if len(nodes) == 1 else "nodes"
+        return f"{label} {ranges(nodes)} ({', '.join(names)}{more})"
+
+
+def ranges(numbers: Sequence[int]) -> str:
+    """``0-3,7,9-10`` from sorted distinct numbers."""
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
