@@ -23,32 +23,53 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from launcher.backends import failures
-from launcher.backends.base import Backend, Preflight, StageSink, StartContext, no_stage
-from launcher.backends.failures import Failure, FailureKind
+from launcher.backends.base import Backend, NodeHandle, Preflight, StageSink, StartContext, no_stage
+from launcher.backends.failures import LOST_NODE_EXIT, Failure, FailureKind
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.metrics.record import Rejected, RejectedCount
 from launcher.plan.planner import Plan
-from launcher.run import identity, stacks
+from launcher.run import contact, identity, stacks
 from launcher.run.attribution import NodeExit, node_failure
 from launcher.run.finish import Outcome, finish
 from launcher.run.liveness import HangDetector, Liveness
 from launcher.run.restarts import node_at_fault, why_not_restart
 from launcher.run.scheduled import SchedulerEvents
-from launcher.run.watcher import Lost, NodeWatcher, Relay
+from launcher.run.watcher import Lost, NodeWatcher, Relay, Resume
 from launcher.store.db import Store
 from launcher.store.states import JobState, NodeState
 
 SETTLE_S = 1.0
 REPORT_WAIT_S = 5.0  # how long failed nodes' output may take to reach us (their failure reports), under load
 POLL_S = 0.1
+HEARTBEAT_S = 2.0  # how often the loop records that the job's supervisor is alive (jobs.supervisor_at)
 Replanner = Callable[[Plan, frozenset[str]], tuple[Plan, Backend]]
 CANCEL_SIGNALS = {
     signal.SIGTERM: "cancelled (SIGTERM to the supervisor)",
     signal.SIGINT: "cancelled (Ctrl-C)",
     signal.SIGHUP: "cancelled (SIGHUP: the terminal of `launch submit` was closed)",
 }
+
+
+class _Unreached:
+    """A node `launch attach` could not reach at first: no lines, no exit yet; its watcher tries again."""
+
+    def __init__(self, index: int, agent: tuple[int, int | None] | None, error: str) -> None:
+        self.index = index
+        self.pid: int | None = agent[0] if agent else None
+        self.lost_reason: str | None = None
+        self.error = error
+
+    def lines(self):
+        return iter(())
+
+    def poll(self) -> int | None:
+        return LOST_NODE_EXIT if self.lost_reason is not None else None
+
+    def terminate(self, grace: float) -> None:
+        """Nothing to signal through: the sweep reaches the node if it can."""
 
 
 class Supervisor:
@@ -97,6 +118,9 @@ class Supervisor:
         self._sequence = itertools.count().__next__  # the order in which this supervisor observes things
         self._relay: Relay | None = None
         self._lost: dict[int, Lost] = {}
+        self._resume_attempt: int | None = None  # `launch attach`: follow this attempt's nodes instead of starting
+        self._heartbeat_at = 0.0
+        self._out_of_contact: dict[int, contact.OutOfContact] = {}
 
     # output
 
@@ -146,12 +170,23 @@ class Supervisor:
 
         It always ends in ``finish``: whatever was raised, the backend is closed and a terminal state written.
         """
+        return self._supervise(resume=None)
+
+    def attach(self, attempt: int) -> JobState:
+        """Supervise a RUNNING job whose supervisor is gone (`launch attach`): follow every node of ``attempt``
+        from the journal lines the store has, then go on as ``run`` does (restarts, one guarded finish)."""
+        return self._supervise(resume=attempt)
+
+    def _supervise(self, resume: int | None) -> JobState:
         job_id = self.plan.job_id
         outcome: Outcome | None = Outcome(JobState.FAILED, "launch internal error: the supervisor was interrupted")
         try:
             identity.record(self.run_dir, job_id)
-            self.store.update_job(job_id, supervisor_pid=os.getpid())
-            if not self.store.transition(job_id, JobState.LAUNCHING, attempt=0):
+            self.store.update_job(job_id, supervisor_pid=os.getpid(), supervisor_at=time.time())
+            if resume is not None:
+                self._resume_attempt = resume
+                outcome = self._attempts(resume)
+            elif not self.store.transition(job_id, JobState.LAUNCHING, attempt=0):
                 outcome = None  # the job ended (cancelled) before it launched: nothing to write
             else:
                 self.store.add_event(job_id, "launching", f"starting {self.plan.nnodes} node(s) on {self.plan.backend}")
@@ -188,8 +223,7 @@ class Supervisor:
             except Exception:  # noqa: BLE001 - noted above already
                 pass
 
-    def _attempts(self) -> Outcome:
-        attempt = 0
+    def _attempts(self, attempt: int = 0) -> Outcome:
         while True:
             outcome = self._run_attempt(attempt)
             self._sweep()
@@ -282,20 +316,27 @@ class Supervisor:
 
     def _run_attempt(self, attempt: int) -> Outcome:
         job_id = self.plan.job_id
-        started = self._start_nodes(attempt)
-        if isinstance(started, Failure) and self._cancel.is_set():
-            return Outcome(JobState.CANCELLED, self._cancel_reason)
-        if isinstance(started, Failure):
-            return Outcome(JobState.FAILED, started.describe(), started)
-        watchers = started
-        if not self.store.transition(job_id, JobState.RUNNING):
-            self._teardown(watchers)
-            return Outcome(JobState.CANCELLED, "cancelled while launching")
-        self.store.add_event(job_id, "running", "all nodes started")
-        self.live = Liveness(time.time())
         exits: dict[int, NodeExit] = {}
+        if self._resume_attempt == attempt:
+            self._resume_attempt = None
+            watchers = self._follow_nodes(attempt, exits)
+            self.live = Liveness(time.time())
+        else:
+            started = self._start_nodes(attempt)
+            if isinstance(started, Failure) and self._cancel.is_set():
+                return Outcome(JobState.CANCELLED, self._cancel_reason)
+            if isinstance(started, Failure):
+                return Outcome(JobState.FAILED, started.describe(), started)
+            watchers = started
+            if not self.store.transition(job_id, JobState.RUNNING):
+                self._teardown(watchers)
+                return Outcome(JobState.CANCELLED, "cancelled while launching")
+            self.store.add_event(job_id, "running", "all nodes started")
+            self.live = Liveness(time.time())
+        self._out_of_contact = {}
         while True:
             self._observe()
+            self._heartbeat()
             self._collect_exits(watchers, attempt, exits)
             if any(ended.code != 0 for ended in exits.values()):
                 failure = self._first_failure(watchers, attempt, exits)
@@ -303,7 +344,7 @@ class Supervisor:
                 self._teardown(watchers)
                 self._record_exits(watchers, attempt, exits)
                 return Outcome(JobState.FAILED, failure.describe(), failure)
-            if len(exits) == len(watchers):
+            if len(exits) == len(self.plan.nodes):
                 self._drain(watchers)
                 return Outcome(JobState.SUCCEEDED)
             if self._cancel.is_set():
@@ -356,19 +397,95 @@ class Supervisor:
             return Failure(kind=FailureKind.PREFLIGHT, reason=str(exc))
         except LaunchError as exc:
             return Failure(kind=FailureKind.START, reason=f"could not start: {exc}")
-        self._relay = relay = Relay(
-            store=self.store, job_id=job_id, attempt=attempt, world_size=self.plan.world_size, secrets=self.secrets,
-            echo=self.echo_line, rejected=self.rejected_record, note=self.internal_note, sequence=self._sequence)
+        relay = self._new_relay(attempt)
         watchers = []
         for handle in handles:
             node = self.plan.nodes[handle.index]
             log_path = self.run_dir / f"attempt{attempt}-node{node.index}.log"
             self.store.set_node(job_id, attempt, node.index, host=node.host, address=node.address,
                                 state=NodeState.RUNNING, pid=handle.pid, log_path=str(log_path))
-            watchers.append(NodeWatcher(handle, node.host, log_path, relay))
+            watchers.append(NodeWatcher(handle, node.host, log_path, relay, follow=self._follower()))
         return watchers
 
+    def _follower(self):
+        """How a watcher follows its node again (None where the backend cannot)."""
+        if not self.backend.follows:
+            return None
+        backend, plan = self.backend, self.plan
+        return lambda index, after, agent: backend.follow(plan, index, after, agent)
+
+    def _new_relay(self, attempt: int) -> Relay:
+        self._relay = Relay(
+            store=self.store, job_id=self.plan.job_id, attempt=attempt, world_size=self.plan.world_size,
+            secrets=self.secrets, echo=self.echo_line, rejected=self.rejected_record, note=self.internal_note,
+            sequence=self._sequence)
+        return self._relay
+
+    def _follow_nodes(self, attempt: int, exits: dict[int, NodeExit]) -> list[NodeWatcher]:
+        """`launch attach`: a watcher on every node of ``attempt`` still running, each from the lines the store has
+        (``nodes.seen``); a node that cannot be reached now starts out of contact. Exits already recorded stand."""
+        job_id = self.plan.job_id
+        relay = self._new_relay(attempt)
+        rows = {row["node"]: row for row in self.store.nodes(job_id, attempt)}
+        follow = self._follower()
+        watchers = []
+        for node in self.plan.nodes:
+            row = rows.get(node.index, {})
+            if row.get("state") in (NodeState.EXITED, NodeState.STOPPED) and isinstance(row.get("exit_code"), int):
+                exits[node.index] = NodeExit(row["exit_code"], self._sequence())
+                continue
+            pid, ticks = row.get("pid"), row.get("start_ticks")
+            agent = (pid, ticks if isinstance(ticks, int) else None) if isinstance(pid, int) else None
+            seen: int = row["seen"] if isinstance(row.get("seen"), int) else 0
+            resume = Resume(seen, row.get("log_bytes") if isinstance(row.get("log_bytes"), int) else None, agent)
+            handle: NodeHandle
+            try:
+                handle = self.backend.follow(self.plan, node.index, seen, agent)
+            except Exception as exc:  # noqa: BLE001 - unreachable now: its watcher tries again, the loop decides
+                handle = _Unreached(node.index, agent, f"{exc}"[:300])
+            log_path = Path(row.get("log_path") or self.run_dir / f"attempt{attempt}-node{node.index}.log")
+            watchers.append(NodeWatcher(handle, node.host, log_path, relay, follow=follow, resume=resume))
+        self.store.add_event(job_id, "attached", f"supervisor attached (pid {os.getpid()}): following "
+                             f"{len(watchers)} node(s) from the lines the store has",
+                             {"pid": os.getpid(), "seen": {w.handle.index: w.count for w in watchers}})
+        return watchers
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        if now - self._heartbeat_at >= HEARTBEAT_S:
+            self._heartbeat_at = now
+            self.store.update_job(self.plan.job_id, supervisor_at=now)
+
+    def _contact(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, NodeExit]) -> None:
+        """Out-of-contact nodes: file when contact is lost and back; declare a node lost on evidence only."""
+        job_id, now = self.plan.job_id, time.time()
+        failed = any(ended.code != 0 for ended in exits.values())
+        for watcher in watchers:
+            index = watcher.handle.index
+            if index in exits:
+                continue
+            out = watcher.contact()
+            before = self._out_of_contact.get(index)
+            if out is None:
+                if before is not None:
+                    del self._out_of_contact[index]
+                    self.store.add_event(job_id, "contact_back", f"node {index} ({watcher.host}): back in contact "
+                                         f"after {now - before.since:.1f} s, followed from line {watcher.count}")
+                continue
+            if before is None or before.since != out.since:
+                self._out_of_contact[index] = out
+                self.store.add_event(job_id, "contact_lost", f"node {index} ({watcher.host}): out of contact "
+                                     f"({out.error}); following it again")
+            why = contact.verdict(out, contact.pulse(self.live, index, failed), now, self.plan.unattended_s)
+            if why is not None:
+                watcher.give_up(why)
+                self.backend.node_unreachable(index)
+                exits[index] = NodeExit(LOST_NODE_EXIT, self._sequence())
+                self.store.set_node(job_id, attempt, index, state=NodeState.EXITED, exit_code=LOST_NODE_EXIT,
+                                    ended_at=now)
+
     def _collect_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, NodeExit]) -> None:
+        self._contact(watchers, attempt, exits)
         for watcher in watchers:
             index = watcher.handle.index
             if index in exits:

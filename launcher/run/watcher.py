@@ -5,6 +5,15 @@ and describes what it saw for the supervisor's loop (``liveness`` observations, 
 node). It never stops reading on its own errors or the store's: a line it cannot handle, a record
 the store refuses, a log file on a full disk are counted in ``Losses`` and skipped, so the pipe is
 always drained and the ranks never block on a full one.
+
+It counts the whole lines it received (``seen``: line k of the node's journal is the k-th, see
+docs/JOURNALS.md) and stores the count with the records and samples those lines carried, in one
+transaction, and with the log file's size (``store.records.Seen``). When the stream breaks without
+the agent's ``@exit`` and the backend can follow a node again, the watcher is *out of contact*: it
+follows the journal again from ``seen`` (``launcher.run.contact`` paces the tries; the supervisor's
+loop decides, on evidence, when the node is lost and calls ``give_up``). A watcher that resumes a
+node (``Resume``, `launch attach`) skips the output lines its log file already has past the stored
+size: nothing is lost, nothing written twice.
 """
 
 from __future__ import annotations
@@ -16,20 +25,47 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launcher.backends import failures
 from launcher.backends.base import NodeHandle
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
 from launcher.plan.shell import mask
+from launcher.run.contact import OutOfContact, retry_delay
 from launcher.run.liveness import Observation, Output, Progress, Sample
 from launcher.store.db import Store
 from launcher.store.logcap import CappedLog
+from launcher.store.records import Seen
 from launcher.views.terminal import safe_text
 
 _RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
 TAIL_LINES = 200
+MARK_S = 1.0  # how often the count of lines received is stored when only output lines come
+Follow = Callable[[int, int, "tuple[int, int | None] | None"], NodeHandle]  # (node, after, agent) -> a handle
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a watcher takes a node up (`launch attach`): the lines already received, the log file's size
+    then, and the agent's (pid, start ticks) as recorded."""
+
+    seen: int
+    log_bytes: int | None
+    agent: tuple[int, int | None] | None = None
+
+
+def logged_after(path: Path, offset: int | None) -> list[str]:
+    """The lines (without their time) the log file has past ``offset``: written, but not yet counted as seen."""
+    if offset is None:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return []
+    return [line.decode("utf-8", "replace").partition(" ")[2] for line in data.split(b"\n")[:-1]]
 
 
 @dataclass(frozen=True)
@@ -99,11 +135,22 @@ class NodeSeen:
 class NodeWatcher:
     """Reads one node agent's framed lines: log file, console echo, metric records, samples, last lines."""
 
-    def __init__(self, handle: NodeHandle, host: str, log_path: Path, relay: Relay) -> None:
+    def __init__(self, handle: NodeHandle, host: str, log_path: Path, relay: Relay, *, follow: Follow | None = None,
+                 resume: Resume | None = None) -> None:
         self.handle = handle
         self.host = host
         self.log_path = log_path
         self._relay = relay
+        self._follow = follow
+        self.count = resume.seen if resume else 0  # whole lines of the node's journal received
+        self.agent = resume.agent if resume else None
+        self._logged = collections.deque(logged_after(log_path, resume.log_bytes) if resume else [])
+        self._marked_at = time.monotonic()
+        self._marked = self.count
+        self._log: CappedLog | None = None
+        self._contact: OutOfContact | None = None
+        self._after_try: OutOfContact | None = None
+        self._stop = threading.Event()
         self._lock = threading.Lock()
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._pids: set[int] = set()
@@ -121,25 +168,95 @@ class NodeWatcher:
             return NodeSeen(list(self._tail), frozenset(self._pids), dict(self._samples), self._agent_exit,
                             self._reported)
 
+    def contact(self) -> OutOfContact | None:
+        """None while the node's stream flows; else since when it is out of contact and how the tries went."""
+        with self._lock:
+            return self._contact
+
+    def give_up(self, reason: str) -> None:
+        """The supervisor found the node lost (``reason``): stop following it."""
+        self.handle.lost_reason = reason
+        self._stop.set()
+
     def _run(self) -> None:
-        log = self._open_log()
+        self._log = log = self._open_log()
+        handle = self.handle
         try:
-            for raw in self.handle.lines():
-                try:
-                    self._line(raw, log)
-                except Exception as exc:  # noqa: BLE001 - one bad line must not stop the relay
-                    self.errors += 1
-                    self._relay.losses.add("lines", 1, exc)
-                    if self.errors == 1:
-                        self._relay.note(f"node {self.handle.index}: a line could not be handled: {exc!r}")
-        except Exception as exc:  # noqa: BLE001 - the node's channel broke: its exit code says the rest
-            self._relay.note(f"node {self.handle.index}: reading its output failed: {exc!r}")
+            while True:
+                got = self._read(handle, log)
+                self._mark()
+                if self._follow is None or self._stop.is_set() or handle.poll() is not None:
+                    return
+                prior = self._after_try
+                error = getattr(handle, "error", None) or "the stream ended without the agent's exit"
+                with self._lock:  # a try that connected but brought nothing counts as a failed one
+                    self._contact = (replace(prior, tries=prior.tries + 1, error=error, trying_since=None)
+                                     if prior is not None and not got else
+                                     OutOfContact(self.handle.index, self.host, time.time(), error=error))
+                followed = self._again()
+                if followed is None:
+                    return
+                self.handle = handle = followed
         finally:
             if log is not None:
                 try:
                     log.close()
                 except OSError:
                     pass  # its lost lines are counted already
+
+    def _read(self, handle: NodeHandle, log: CappedLog | None) -> int:
+        """Handle the lines of ``handle`` until it ends; how many came."""
+        got = 0
+        try:
+            for raw in handle.lines():
+                got += 1
+                if got == 1:
+                    with self._lock:
+                        self._contact = self._after_try = None
+                try:
+                    self._line(raw, log)
+                except Exception as exc:  # noqa: BLE001 - one bad line must not stop the relay (counted in _line)
+                    self.errors += 1
+                    self._relay.losses.add("lines", 1, exc)
+                    if self.errors == 1:
+                        self._relay.note(f"node {self.handle.index}: a line could not be handled: {exc!r}")
+        except Exception as exc:  # noqa: BLE001 - the node's channel broke: its exit code says the rest
+            self._relay.note(f"node {self.handle.index}: reading its output failed: {exc!r}")
+        return got
+
+    def _again(self) -> NodeHandle | None:
+        """Follow the node's journal again from ``count``, pacing the tries; None once given up."""
+        assert self._follow is not None
+        while True:
+            contact = self.contact()
+            assert contact is not None
+            if self._stop.wait(retry_delay(contact.tries)):
+                return None
+            with self._lock:
+                self._contact = contact = replace(contact, trying_since=time.time())
+            try:
+                handle = self._follow(self.handle.index, self.count, self.agent)
+            except Exception as exc:  # noqa: BLE001 - unreachable (or refused) this time: the loop decides when it is lost
+                with self._lock:
+                    self._contact = replace(contact, tries=contact.tries + 1, error=f"{exc}"[:300], trying_since=None)
+                continue
+            if self._stop.is_set():
+                return None
+            self._after_try = contact
+            return handle
+
+    def _seen(self, log: CappedLog | None) -> Seen:
+        return Seen(self.handle.index, self.count, log.size if log is not None else None)
+
+    def _mark(self) -> None:
+        """Store how far the journal was received, if it moved (output lines only are marked now and then)."""
+        if self._marked == self.count:
+            return
+        try:
+            self._relay.store.mark_seen(self._relay.job_id, self._relay.attempt, self._seen(self._log))
+            self._marked, self._marked_at = self.count, time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - the store failing must not stop the relay (marked again later)
+            self._relay.note(f"node {self.handle.index}: the count of lines received could not be stored: {exc!r}")
 
     def _open_log(self) -> CappedLog | None:
         try:
@@ -153,8 +270,10 @@ class NodeWatcher:
         node, now = self.handle.index, time.time()
         if raw.startswith("@"):
             kind, _, data = raw[1:].partition(" ")
-            self._event(kind, json.loads(data) if data else {}, now)
+            self.count += 1
+            self._event(kind, json.loads(data) if data else {}, now, log)
             return
+        self.count += 1
         relay = self._relay
         text = raw[1:] if raw.startswith("|") else raw
         if relay.secrets:
@@ -167,21 +286,32 @@ class NodeWatcher:
         if record is not None:
             relay.observed.put(Progress(node, record.rank, record.step, now))
             try:
-                relay.store.add_metrics(relay.job_id, relay.attempt, [record])
+                relay.store.add_metrics(relay.job_id, relay.attempt, [record], seen=self._seen(log))
+                self._marked = self.count
             except Exception as exc:  # noqa: BLE001 - the store (its disk) failing must not stop the relay
                 relay.losses.add("records", 1, exc)
             return
         match = _RANK_PREFIX.match(text)
-        shown = f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}"
+        self._show(f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}", text, log, now)
+
+    def _show(self, shown: str, text: str, log: CappedLog | None, now: float) -> None:
+        """A line of the node's output: its tail, its log file (unless the file has it already), the console."""
+        relay = self._relay
         with self._lock:
             self._tail.append(shown)
             if self._reported is None and failures.is_agent_failed_line(text):
                 self._reported = relay.sequence()
-        self._write(log, f"{now:.3f} {shown}\n")
+        if self._logged and self._logged[0] == shown:
+            self._logged.popleft()  # written before the supervisor that wrote it stopped: not again
+        else:
+            self._logged.clear()
+            self._write(log, f"{now:.3f} {shown}\n")
         try:
             relay.echo(safe_text(shown))
         except OSError:
             pass  # the console is gone (its terminal closed): the line is in the log, and the job goes on
+        if time.monotonic() - self._marked_at >= MARK_S:
+            self._mark()
 
     def _write(self, log: CappedLog | None, line: str) -> None:
         if log is None:
@@ -193,16 +323,30 @@ class NodeWatcher:
         except Exception as exc:  # noqa: BLE001 - a full disk or a store that refuses the cap's event
             self._relay.losses.add("lines", 1, exc)
 
-    def _event(self, kind: str, data: dict, now: float) -> None:
+    def _event(self, kind: str, data: dict, now: float, log: CappedLog | None) -> None:
+        node = self.handle.index
         if kind == "sample":
-            self._sample(data, now)
+            self._sample(data, now, log)
         elif kind == "started":
+            ticks = data.get("start_ticks")
             self.handle.pid = int(data["pid"])
+            self.agent = (self.handle.pid, ticks if isinstance(ticks, int) else None)
+            self._relay.store.set_node(self._relay.job_id, self._relay.attempt, node, pid=self.agent[0],
+                                       start_ticks=self.agent[1])
         elif kind == "exit":
             with self._lock:
                 self._agent_exit = int(data["code"])
+        elif kind == "unattended":
+            after = data.get("after_s")
+            self._show(f"[{node}] launch: node {node}: no supervisor in contact for "
+                       f"{after if isinstance(after, (int, float)) else '?'} s (watch.unattended_timeout): "
+                       "its agent ended the job there", "", log, now)
+        elif kind == "lost":
+            why = data.get("reason")
+            self._show(f"[{node}] launch: node {node}: its agent is gone without an exit "
+                       f"({why if isinstance(why, str) else 'no reason given'})", "", log, now)
 
-    def _sample(self, data: dict, now: float) -> None:
+    def _sample(self, data: dict, now: float, log: CappedLog | None) -> None:
         relay, node = self._relay, self.handle.index
         samples = [s for s in parse_samples(data, world_size=relay.world_size, node=node, host=self.host)
                    if not isinstance(s, Rejected)]
@@ -216,11 +360,11 @@ class NodeWatcher:
                 self._pids.add(sample.pid)
         for sample in samples:
             relay.observed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now))
-        if samples:
-            try:
-                relay.store.add_samples(relay.job_id, relay.attempt, samples)
-            except Exception as exc:  # noqa: BLE001 - the store (its disk) failing must not stop the relay
-                relay.losses.add("samples", len(samples), exc)
+        try:
+            relay.store.add_samples(relay.job_id, relay.attempt, samples, seen=self._seen(log))
+            self._marked = self.count
+        except Exception as exc:  # noqa: BLE001 - the store (its disk) failing must not stop the relay
+            relay.losses.add("samples", len(samples), exc)
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)

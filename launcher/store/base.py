@@ -88,11 +88,14 @@ class StoreBase:
         with self._lock, self._guard():
             return self._db.execute(sql, params).fetchall()
 
-    def _transaction(self, sql: str, rows: list[tuple]) -> None:
+    def _transaction(self, sql: str, rows: list[tuple], also: tuple[tuple[str, tuple], ...] = ()) -> None:
+        """``sql`` for every row, then each of ``also`` (a statement and its parameters), in one transaction."""
         with self._lock, self._guard():
             self._db.execute("BEGIN")
             try:
                 self._db.executemany(sql, rows)
+                for statement, params in also:
+                    self._db.execute(statement, params)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

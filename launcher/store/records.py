@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.metrics.record import MetricRecord, ProcessSample, RankUsage
@@ -18,6 +19,21 @@ from launcher.store.rows import finite_or_none, json_text, json_value, text_or_n
 
 MAX_METRIC_RECORDS = 50_000  # a job's records kept: 8 ranks reporting every 10 steps for 60,000 steps
 CAPPED = "metrics_capped"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """Where a node's journal may be resumed: its ``lines`` received in whole, and its log file's size (``log_bytes``)
+    once the output among them was written. Stored with the records and samples those lines carried, in one
+    transaction, so that a supervisor killed at any moment leaves a mark no record of it is beyond."""
+
+    node: int
+    lines: int
+    log_bytes: int | None
+
+    def statement(self, job_id: str, attempt: int) -> tuple[str, tuple]:
+        return ("UPDATE nodes SET seen = ?, log_bytes = ? WHERE job_id = ? AND attempt = ? AND node = ?",
+                (self.lines, self.log_bytes, job_id, attempt, self.node))
 
 
 class RecordsStore(StoreBase):
@@ -62,7 +78,12 @@ class RecordsStore(StoreBase):
             for r in rows
         ]
 
-    def add_metrics(self, job_id: str, attempt: int, records: Iterable[MetricRecord | Mapping[str, Any]]) -> None:
+    def mark_seen(self, job_id: str, attempt: int, seen: Seen) -> None:
+        """Record how far node ``seen.node``'s journal was received (see ``Seen``)."""
+        self._execute(*seen.statement(job_id, attempt))
+
+    def add_metrics(self, job_id: str, attempt: int, records: Iterable[MetricRecord | Mapping[str, Any]],
+                    seen: Seen | None = None) -> None:
         """Store metric records of an attempt (one transaction for the batch), each under this job and attempt.
 
         Records come from ``parse_line`` (validated, with the channel's node and host); a mapping is
@@ -77,8 +98,10 @@ class RecordsStore(StoreBase):
             wire = {**record.to_wire(), "job": job_id}
             rows.append((job_id, attempt, record.node, record.rank, record.step, json_text(wire)))
         rows = self._within_metric_cap(job_id, rows)
-        if rows:
-            self._transaction("INSERT INTO metrics (job_id, attempt, node, rank, step, record) VALUES (?,?,?,?,?,?)", rows)
+        also = (seen.statement(job_id, attempt),) if seen is not None else ()
+        if rows or also:
+            self._transaction("INSERT INTO metrics (job_id, attempt, node, rank, step, record) VALUES (?,?,?,?,?,?)", rows,
+                              also)
 
     def metrics(self, job_id: str) -> list[MetricRecord]:
         """A job's records, in arrival order, each with its attempt; rows that are not valid records are left out."""
@@ -91,7 +114,7 @@ class RecordsStore(StoreBase):
                 records.append(record)
         return records
 
-    def add_samples(self, job_id: str, attempt: int, samples: Iterable[ProcessSample]) -> None:
+    def add_samples(self, job_id: str, attempt: int, samples: Iterable[ProcessSample], seen: Seen | None = None) -> None:
         """Fold the node agent's process samples into one row per rank and attempt.
 
         Kept: the latest sample (time, pid, CPU seconds, RSS, GPU memory), the peaks of RSS
@@ -102,7 +125,8 @@ class RecordsStore(StoreBase):
              s.gpu_mem_bytes, s.gpu_mem_bytes, s.gpu_util or 0.0, int(s.gpu_util is not None))
             for s in samples
         ]
-        if rows:
+        also = (seen.statement(job_id, attempt),) if seen is not None else ()
+        if rows or also:
             self._transaction(
                 """INSERT INTO samples (job_id, attempt, rank, node, host, pid, t, cpu_s, rss_bytes, rss_peak_bytes,
                    gpu_mem_bytes, gpu_mem_peak_bytes, gpu_util_sum, gpu_util_samples, samples)
@@ -117,7 +141,7 @@ class RecordsStore(StoreBase):
                    gpu_util_sum = gpu_util_sum + excluded.gpu_util_sum,
                    gpu_util_samples = gpu_util_samples + excluded.gpu_util_samples,
                    samples = samples + 1""",
-                rows,
+                rows, also,
             )
 
     def samples(self, job_id: str) -> list[RankUsage]:

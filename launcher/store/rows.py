@@ -15,7 +15,7 @@ from typing import Any
 JSON_COLUMNS = ("first_failure", "plan", "spec", "summary")
 INT_COLUMNS = ("nnodes", "nproc_per_node", "world_size", "micro_batch", "grad_accum", "global_batch", "max_steps",
                "attempt", "supervisor_pid")
-TIME_COLUMNS = ("created_at", "started_at", "ended_at")
+TIME_COLUMNS = ("created_at", "started_at", "ended_at", "supervisor_at")
 TEXT_COLUMNS = ("id", "name", "state", "backend", "cluster", "launcher", "strategy", "precision", "run_dir", "reason",
                 "queue_reason", "scheduler_id")
 

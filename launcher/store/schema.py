@@ -106,11 +106,15 @@ CREATE TABLE IF NOT EXISTS samples (
 # Schema versions: 0 is the unversioned store of the first releases (no samples table), or a new
 # empty file; MIGRATIONS[v] takes a store from version v to v + 1, in place. SCHEMA is version 1:
 # a later version adds a migration (ALTER TABLE ...) instead of editing it. Version 2: a scheduler's
-# pending reason and its own job id (Slurm).
-SCHEMA_VERSION = 2
+# pending reason and its own job id (Slurm). Version 3: where a supervisor may resume a node's journal
+# (``nodes.seen``: the whole lines received; ``nodes.log_bytes``: the node's log file then; the agent's
+# ``start_ticks``, to signal it by PID safely) and when the job's supervisor was last alive (``jobs.supervisor_at``).
+SCHEMA_VERSION = 3
 MIGRATIONS: dict[int, str] = {
     0: SCHEMA,
     1: "ALTER TABLE jobs ADD COLUMN queue_reason TEXT; ALTER TABLE jobs ADD COLUMN scheduler_id TEXT",
+    2: "ALTER TABLE nodes ADD COLUMN seen INTEGER; ALTER TABLE nodes ADD COLUMN log_bytes INTEGER; "
+       "ALTER TABLE nodes ADD COLUMN start_ticks INTEGER; ALTER TABLE jobs ADD COLUMN supervisor_at REAL",
 }
 
 

@@ -139,7 +139,7 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     home = tmp_path / "home"
     path = _old_store(home)
     store = Store(home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     assert store.job("old-000001")["summary"]["loss"] is None, "NaN written by old code reads as unknown"
     assert (store.job("old-000002")["queue_reason"], store.job("old-000002")["scheduler_id"]) == (None, None)
     store.update_job("old-000002", queue_reason="Resources", scheduler_id="17")

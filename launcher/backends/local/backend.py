@@ -16,6 +16,7 @@ from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
     CommandResult,
+    FollowHandle,
     Preflight,
     Stage,
     StageState,
@@ -23,11 +24,14 @@ from launcher.backends.base import (
     agent_exit_code,
     agent_start,
     facts_request,
+    follow_request,
     node_problems,
     parse_facts,
+    whole_lines,
 )
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
+from launcher.node.ship import node_argv
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
@@ -60,6 +64,7 @@ class LocalNode:
         for raw in iter(self._proc.stdout.readline, b""):
             yield raw.decode("utf-8", "replace").rstrip("\n")
         self._proc.stdout.close()
+        self._proc.wait()  # its stdout closes as it exits: its code is known when the stream ends
 
     def poll(self) -> int | None:
         code = self._proc.poll()
@@ -168,6 +173,30 @@ class LocalBackend(Backend):
                 handle.terminate(context.grace)
             raise
         return plan, handles
+
+    follows: ClassVar[bool] = True
+
+    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None) -> FollowHandle:
+        """Node ``index``'s journal after line ``after``: a ``follow`` node command on this machine."""
+        argv = node_argv(plan.python, "follow", follow_request(plan, index, after))
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", index) from None
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout, stderr = proc.stdout, proc.stderr
+
+        def close() -> None:
+            stdout.close()
+            if proc.poll() is None:
+                stop_process(proc, 1.0)
+            handle.error = handle.error or (stderr.read(4096).decode("utf-8", "replace").strip()[-300:]
+                                            or f"`follow` exited {proc.wait()}")
+            stderr.close()
+
+        handle = FollowHandle(self, plan, index, whole_lines(iter(lambda: os.read(stdout.fileno(), 65536), b"")), close, agent)
+        return handle
 
     def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
         try:

@@ -24,6 +24,7 @@ from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
     CommandResult,
+    FollowHandle,
     Preflight,
     Stage,
     StageState,
@@ -31,9 +32,11 @@ from launcher.backends.base import (
     agent_exit_code,
     agent_start,
     facts_request,
+    follow_request,
     node_problems,
     parse_facts,
     unreachable,
+    whole_lines,
 )
 from launcher.backends.facts import NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
@@ -41,6 +44,7 @@ from launcher.backends.ssh import sync
 from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
 from launcher.backends.stopping import term_then_kill
 from launcher.errors import LaunchError, NodeStartError
+from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
 from launcher.plan.shell import render_command
@@ -64,7 +68,8 @@ class SSHNode:
         self._host = backend.targets[index].alias
         self._stream = _channel_lines(channel)
         self._early: list[str] = []
-        self._start_ticks: int | None = None
+        self.start_ticks: int | None = None
+        self.error: str | None = None
 
     def wait_started(self, timeout: float) -> None:
         """Read up to the agent's ``@started`` line; NodeStartError with the output if it did not start."""
@@ -74,7 +79,7 @@ class SSHNode:
                 self._early.append(line)
                 if line.startswith("@started "):
                     started = json.loads(line.partition(" ")[2])
-                    self.pid, self._start_ticks = int(started["pid"]), started.get("start_ticks")
+                    self.pid, self.start_ticks = int(started["pid"]), started.get("start_ticks")
                     self._channel.settimeout(None)
                     return
         except TimeoutError:
@@ -86,54 +91,40 @@ class SSHNode:
                              self.index)
 
     def lines(self) -> Iterator[str]:
+        """The agent's lines until its channel closes. A broken connection ends them without an exit status:
+        ``poll`` then says None (out of contact) and the supervisor follows the node again or, on evidence,
+        declares it lost (``launcher.run.contact``)."""
         yield from self._early
         try:
             yield from self._stream
         except CONNECTION_ERRORS as exc:
-            self.lost_reason = f"connection to {self._host} lost: {exc}"
-            self._backend.mark_unreachable(self.index)
+            self.error = f"connection to {self._host} lost: {exc}"
         if self._channel.get_transport().is_active():
             self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
-        if self._channel.exit_status == -1 and self.lost_reason is None:
-            self.lost_reason = f"connection to {self._host} lost: the node's exit status is unknown"
-        if self.lost_reason is not None:
-            self._backend.mark_unreachable(self.index)
+        if self.poll() is None:
+            self.error = self.error or f"connection to {self._host} lost: the node's exit status is unknown"
 
     def poll(self) -> int | None:
-        if self._channel.status_event.is_set():
-            status = self._channel.exit_status
-            return LOST_NODE_EXIT if status == -1 else agent_exit_code(status)
-        if self._channel.get_transport().is_active():
-            return None
-        self.lost_reason = self.lost_reason or f"connection to {self._host} lost"
-        self._backend.mark_unreachable(self.index)
-        return LOST_NODE_EXIT
+        if self._channel.status_event.is_set() and self._channel.exit_status != -1:
+            return agent_exit_code(self._channel.exit_status)
+        return LOST_NODE_EXIT if self.lost_reason is not None else None
 
     def terminate(self, grace: float) -> None:
         """TERM the agent (it ends its node's processes), then KILL it if it lingers; the sweep does the rest."""
-        if self._channel.status_event.is_set() or self.pid is None or self.poll() == LOST_NODE_EXIT:
-            return  # ended, never started, or out of reach: the agent ends its node itself when its reader is gone
+        if self.poll() is not None or self.pid is None or not self._channel.get_transport().is_active():
+            return  # ended, lost, never started, or out of contact: the sweep reaches what is left
         term_then_kill(self._signal, self._channel.status_event.wait, grace, kill_wait=EXIT_STATUS_WAIT_S)
 
     def _signal(self, sig: int) -> None:
         """Send ``sig`` to the agent, by PID and start time (a PID reused since is left alone)."""
         self._backend.node_command(self._plan, self.index, "signal",
-                                   {"pid": self.pid, "start_ticks": self._start_ticks, "signal": int(sig)}, timeout=30)
+                                   {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
 
 
 def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
-    """Decoded output lines of ``channel`` until it closes (linear in the output's size)."""
-    pending = bytearray()
-    while chunk := channel.recv(65536):
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            pending += chunk[start:end]
-            yield pending.decode("utf-8", "replace")
-            pending.clear()
-            start = end + 1
-        pending += chunk[start:]
-    if pending:
-        yield pending.decode("utf-8", "replace")
+    """Decoded whole output lines of ``channel`` until it closes (linear in the output's size); a last line cut
+    off by a broken connection is not one: following the journal again gives it whole."""
+    return whole_lines(iter(lambda: channel.recv(65536), b""))
 
 
 class SSHBackend(Backend):
@@ -264,6 +255,39 @@ class SSHBackend(Backend):
 
     def host(self, plan: Plan | None, index: int) -> str:
         return self.targets[index].alias
+
+    follows: ClassVar[bool] = True
+
+    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None) -> FollowHandle:
+        """Node ``index``'s journal after line ``after``: a channel running ``follow`` on its host (connecting
+        again if the connection is gone). LaunchError or a connection error when the host cannot be reached."""
+        conn = self._pool.get(self.targets[index])
+        argv = node_argv(plan.python, "follow", follow_request(plan, index, after))
+        channel = conn.exec(render_command(argv, replace_shell=False))
+        channel.shutdown_write()
+        host = self.targets[index].alias
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from iter(lambda: channel.recv(65536), b"")
+            except CONNECTION_ERRORS as exc:
+                handle.error = f"connection to {host} lost: {exc}"
+
+        def close() -> None:
+            if channel.get_transport().is_active():
+                channel.status_event.wait(EXIT_STATUS_WAIT_S)
+            if channel.recv_stderr_ready():
+                handle.error = handle.error or channel.recv_stderr(4096).decode("utf-8", "replace").strip()[-300:]
+            handle.error = handle.error or f"{host}: `follow` ended (exit {channel.exit_status})"
+            channel.close()
+
+        handle = FollowHandle(self, plan, index, whole_lines(chunks()), close, agent)
+        with self._guard:
+            self._unreachable.discard(index)
+        return handle
+
+    def node_unreachable(self, index: int) -> None:
+        self.mark_unreachable(index)
 
     def mark_unreachable(self, index: int) -> None:
         """Node ``index`` was lost: later commands to it try to connect for CLEANUP_CONNECT_S only."""
