@@ -2,12 +2,14 @@
 
 It makes the job's private run directory, writes the files the plan gives (a DeepSpeed config),
 starts the node's command (torchrun, the DeepSpeed launcher, or a container runtime running one)
-in a session of its own, and writes one framed line per event to its stdout, which the backend
-carries to the supervisor:
+in a session of its own, and reports one framed line per event: journaled in the run directory
+(``journal``: ``node<N>.journal``, bounded), then written to its stdout, which the backend carries
+to the supervisor:
 
     |TEXT            a line of the command's output (untrusted: ranks wrote it), cut at LINE_LIMIT
     @started JSON    the agent's and the command's PIDs, the host, the run directory
     @sample JSON     every SAMPLE_S: each rank's process tree (CPU seconds, RSS, GPU memory/util)
+    @unattended JSON no reader was in contact for ``unattended_s`` seconds: the agent ends the job
     @exit JSON       the command's exit code, once its output is drained
 
 Ranks cannot forge the agent's lines: everything they print starts with ``|``, and the agent
@@ -17,18 +19,24 @@ starts the ranks: torchrun tees each rank's output with the prefix the plan sets
 DeepSpeed's launcher (whose ranks would all share one pipe, unprefixed, lines merging) the agent
 runs that launcher with each rank's output on a pipe of its own (``rankstreams``).
 
+The job does not depend on the reader: when stdout breaks (the supervisor or its connection is
+gone) the agent stops writing there and carries on journaling; a reader comes back with the
+``follow`` command. A reader in contact touches ``node<N>.contact``; stdout taking the lines counts
+too. With ``unattended_s`` set and no contact for that long, the agent ends the job.
+
 The agent is its command's child subreaper: whatever a rank starts stays below the agent, even a
 daemon that dropped the job's tag from its environment (``env -i``) and left its parent. When
-the command has exited, or on SIGTERM, SIGINT or SIGHUP, or when its stdout breaks (the
-supervisor or its connection is gone), the agent ends the job: TERM to the command's process
-group, KILL after the grace period, the job's containers, every process still tagged with the
-job, then every process still below the agent; only then does it exit, with the command's status.
+the command has exited, or on SIGTERM, SIGINT or SIGHUP, or when it has been unattended too long,
+the agent ends the job: TERM to the command's process group, KILL after the grace period, the
+job's containers, every process still tagged with the job, then every process still below the
+agent; only then does it exit, with the command's status.
 Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -40,6 +48,7 @@ import threading
 import time
 
 from . import proctree
+from .journal import DEFAULT_LIMIT, Journal, Output, contact_path, pid_path, write_atomically
 from .rankstreams import with_rank_streams
 
 LINE_LIMIT = 64 * 1024
@@ -54,6 +63,7 @@ EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
 WARN_POLL_S = 1.0
 WARN_UNHANDLED_S = 30.0  # ranks that still do not handle SIGUSR1 this long after the warning are named
+CONTACT_POLL_S = 1.0  # the unattended watchdog looks this often (more often under a short ``unattended_s``)
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
@@ -101,31 +111,6 @@ def job_run_dir(job_id: str, root: str | None = None) -> str:
         raise RunDirError(f"bad job id {job_id!r}")
     root = private_dir(root or run_root())
     return private_dir(os.path.join(root, job_id))
-
-
-class Output:
-    """The agent's stdout: whole framed lines under a lock; ``broken`` once the reader is gone."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
-        self.broken = threading.Event()
-
-    def write(self, line: bytes) -> None:
-        with self._lock:
-            if self.broken.is_set():
-                return
-            try:
-                self._stream.write(line + b"\n")
-                self._stream.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                self.broken.set()
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    def event(self, kind: str, data: dict) -> None:
-        self.write(f"@{kind} ".encode() + json.dumps(data, separators=(",", ":")).encode())
 
 
 def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
@@ -231,6 +216,7 @@ class Agent:
         self.node = int(node_tag) if node_tag is not None else None  # this node's processes carry the tag
         self.grace = float(req.get("grace", 5.0))
         self.proc: subprocess.Popen[bytes] | None = None
+        self.run_dir: str | None = None
         self.subreaper = False
         self.left: list[int] = []  # PIDs still alive once the job was ended (none, unless a KILL failed)
         self._ending = threading.Lock()
@@ -239,7 +225,11 @@ class Agent:
         self._sweeping = threading.Lock()
 
     def start(self, secrets: dict[str, str]) -> None:
-        run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
+        self.run_dir = run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
+        # the pid file first: a reader that finds this attempt's journal finds this agent's pid
+        write_atomically(pid_path(run_dir, self.req["node"]), f"{os.getpid()} {proctree.start_ticks(os.getpid())}\n")
+        limit = self.req.get("journal_limit")
+        self.out.attach(Journal(run_dir, self.req["node"], DEFAULT_LIMIT if limit is None else int(limit)))
         planned = {key: value.replace(RUN_DIR_TOKEN, run_dir) for key, value in self.req.get("env", {}).items()}
         given = {**planned, **secrets, "LAUNCH_RUN_DIR": run_dir}
         for name, (filename, text) in self.req.get("files", {}).items():
@@ -261,8 +251,6 @@ class Agent:
                 preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)) if prctl else None,
             )
             _OWN.add(self.proc.pid)
-        with open(os.path.join(run_dir, f"node{self.req['node']}.pid"), "w") as handle:
-            handle.write(f"{os.getpid()} {self.proc.pid}\n")
         self.out.event("started", {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
                                    "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid())})
 
@@ -304,14 +292,38 @@ class Agent:
         return ended
 
     def watch_output(self) -> None:
-        """End the job if the supervisor stops reading (its process or its connection is gone): a write
-        failed, or the reading end of stdout was closed (POLLERR/POLLHUP on it)."""
+        """Give stdout up once its reading end is closed (POLLERR/POLLHUP on it), though nothing is being written:
+        it no longer counts as contact. The job carries on (its journal keeps the lines)."""
         poller = select.poll()
         poller.register(self.out.fileno(), select.POLLERR | select.POLLHUP)
         while not self.out.broken.is_set():
             if poller.poll(1000):
-                self.out.broken.set()
-        self.end("the supervisor stopped reading")
+                self.out.lose("the reader of stdout is gone")
+
+    def since_contact(self) -> float:
+        """Seconds since a reader was last in contact: stdout taking the lines, or the contact file touched."""
+        age = self.out.contact_age()
+        if self.run_dir is not None:
+            try:
+                age = min(age, max(0.0, time.time() - os.stat(contact_path(self.run_dir, self.req["node"])).st_mtime))
+            except OSError:
+                pass
+        return age
+
+    def watch_contact(self, relayed: threading.Event) -> None:
+        """With ``unattended_s`` set: once no reader has been in contact for that long, journal ``@unattended``
+        and end the job (the command exits, its output drains, ``run`` reports ``@exit`` as always)."""
+        limit = self.req.get("unattended_s")
+        if limit is None:
+            return
+        limit = float(limit)
+        started = time.monotonic()
+        while not relayed.wait(min(CONTACT_POLL_S, max(0.05, limit / 10))):
+            since = min(self.since_contact(), time.monotonic() - started)  # the agent's start counts as contact
+            if since >= limit and not self._ended:
+                self.out.event("unattended", {"after_s": round(since, 1) if math.isfinite(since) else limit})
+                self.end("unattended")
+                return
 
     def run(self) -> int:
         """Relay and sample until the command exits and its output is drained; the agent's exit status."""
@@ -319,7 +331,8 @@ class Agent:
         sampler = Sampler(self.job_id, self.node, self.out, int(self.req.get("gpus", 0)),
                           float(self.req.get("sample_s", SAMPLE_S)))
         relayed = threading.Event()
-        targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed)]
+        targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed),
+                   lambda: self.watch_contact(relayed)]
         if self.req.get("warn_file"):
             targets.append(lambda: self._forward_warning(self.req["warn_file"], relayed))
         for target in targets:
@@ -460,11 +473,19 @@ def main(argv: list[str]) -> int:
     """``agent REQUEST_JSON``; with ``secrets_on_stdin`` the first stdin line is a JSON object of secrets."""
     req = json.loads(argv[0])
     secrets = json.loads(sys.stdin.readline() or "{}") if req.get("secrets_on_stdin") else {}
-    return serve(req, Output(sys.stdout.buffer), secrets)
+    return serve(req, Output(sys.stdout.fileno()), secrets)
 
 
 def serve(req: dict, out: Output, secrets: dict[str, str]) -> int:
-    """Run one node's command as ``req`` says, framed lines to ``out``; the agent's exit status."""
+    """Run one node's command as ``req`` says, framed lines to ``out`` (closed once they are written there, or
+    given up); the agent's exit status."""
+    try:
+        return _serve(req, out, secrets)
+    finally:
+        out.close()
+
+
+def _serve(req: dict, out: Output, secrets: dict[str, str]) -> int:
     agent = Agent(req, out)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: threading.Thread(target=agent.end, args=("signalled",), daemon=True).start())

@@ -1,4 +1,5 @@
-"""The node side's commands: ``facts``, ``agent``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks`` (see ``launcher.node.ship``)."""
+"""The node side's commands: ``facts``, ``agent``, ``follow``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks``
+(see ``launcher.node.ship``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def main(argv: list[str]) -> int:
         from . import slurmnode
 
         return slurmnode.main(rest)
+    if command == "follow":
+        from . import follow
+
+        return follow.follow(json.loads(rest[0]))
     if command == "stacks":
         from . import stacks
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
 
-NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "agent", "stacks", "slurmnode", "main")  # in import order
+NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "agent", "follow", "stacks", "slurmnode",
+                "main")  # in import order
 
 PACKAGE = "launch_node"
 BOOT = """\
@@ -46,7 +47,7 @@ def payload() -> str:
 
 
 def node_argv(python: str, command: str, request: dict) -> list[str]:
-    """The argv that runs ``command`` (facts, agent, slurm, list, end, stacks) with ``request`` under ``python`` on a node."""
+    """The argv that runs ``command`` (facts, agent, follow, slurm, list, end, stacks) with ``request`` under ``python`` on a node."""
     return [python, "-c", BOOT, payload(), command, json.dumps(request, separators=(",", ":"))]
 
 

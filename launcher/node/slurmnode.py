@@ -75,4 +75,4 @@ def main(argv: list[str]) -> int:
         print(f"launch: node {index}: no run request (preflight failed, or the job was ended)", file=sys.stderr)
         return ABORTED_EXIT
     fd = os.open(os.path.join(folder, f"node{index}.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    return agent.serve(run["agent"], agent.Output(os.fdopen(fd, "wb")), run.get("secrets", {}))
+    return agent.serve(run["agent"], agent.Output(fd), run.get("secrets", {}))

@@ -196,17 +196,25 @@ def test_a_signal_is_refused_for_a_reused_pid() -> None:
         sleeper.wait()
 
 
-def test_a_broken_output_pipe_ends_the_job() -> None:
+def test_a_broken_output_pipe_leaves_the_job_running_and_journaling() -> None:
+    """The supervisor stops reading (docs/JOURNALS.md): the agent writes no more there, journals on, and the job
+    runs until something ends it (here a signal; see test_node_journal.py for the rest)."""
     job_id = _job_id()
-    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", "import time; time.sleep(60)"], {}, "/",
-                                                    sample_s=0.2)],
+    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", "import time; time.sleep(60)"],
+                                                    {"RANK": "0"}, "/", sample_s=0.2)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     proc.stdin.write("{}\n")
     proc.stdin.close()
-    proc.stdout.readline()
+    started = json.loads(proc.stdout.readline().partition(" ")[2])
     proc.stdout.close()
+    journal = Path(started["run_dir"]) / "node1.journal"
+    closed_at = journal.read_bytes().count(b"\n@sample ")
+    assert _eventually(lambda: journal.read_bytes().count(b"\n@sample ") >= closed_at + 3), "samples are journaled"
+    assert proc.poll() is None and proctree.job_pids(job_id), "the job runs on"
+    os.kill(started["pid"], signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
     assert _eventually(lambda: proctree.job_pids(job_id) == [])
+    assert journal.read_bytes().endswith(b'\n@exit {"code":-15}\n')
 
 
 def test_another_users_or_an_open_run_root_is_refused(tmp_path: Path) -> None:
@@ -355,13 +363,15 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("supervisor_end", ["hangup", "reader killed"])
+@pytest.mark.parametrize("supervisor_end", ["hangup", "unattended"])
 def test_ranks_that_ignore_sigterm_are_killed_before_the_agent_exits(tmp_path: Path, supervisor_end: str) -> None:
-    """The supervisor dies (its terminal hangs up, or kill -9 closes the agent's output): a launcher that dies of
-    TERM leaves a rank that ignores it; the agent must KILL that rank before it exits, not leave it running."""
+    """The job ends without a supervisor (its terminal hangs up, or it is gone and nobody follows the job for
+    ``unattended_s``): a launcher that dies of TERM leaves a rank that ignores it; the agent must KILL that rank
+    before it exits, not leave it running."""
     pidfile = tmp_path / "rank.pid"
     job_id = _job_id()
-    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", LAUNCHER_LIKE, str(pidfile)], {}, "/")],
+    proc = subprocess.Popen(["bash", "-c", _command(job_id, [sys.executable, "-c", LAUNCHER_LIKE, str(pidfile)], {}, "/",
+                                                    unattended_s=1)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     rank = None
     try:

@@ -1,0 +1,191 @@
+"""A node agent's journal and its stdout: every framed line it reports, kept on the node (docs/JOURNALS.md).
+
+``node<N>.journal`` in the job's run directory holds the agent's framed lines in order, one a line:
+line k has sequence number k. Each line is journaled, then sent to stdout by a thread of its own,
+so the lines on stdout are the journal's in the same order and a slow, stalled or vanished reader
+never slows the ranks. The journal is bounded (``limit`` bytes): past it, output (``|``) and
+``@sample`` lines are dropped (not sent either) and one line says so; the agent's other lines are
+always written. One ``os.write`` a line, no fsync: the file is in the page cache, and it is the
+agent's death, not the node's, that the journal outlives.
+
+Standard library only: it runs on nodes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+
+DEFAULT_LIMIT = 256 * 2**20
+BEHIND_LIMIT = 64 * 2**20  # stdout this far behind the journal (its reader stalled) is given up
+DRAIN_STALL_S = 10.0  # at exit, the agent waits for its stdout to take the last lines while it makes progress
+DROPPABLE = (b"|", b"@sample ")  # past the bound these are not kept; every other line always is
+
+
+def journal_path(run_dir: str, node: object) -> str:
+    return os.path.join(run_dir, f"node{node}.journal")
+
+
+def contact_path(run_dir: str, node: object) -> str:
+    """The file a reader in contact touches at least every second (``follow`` does)."""
+    return os.path.join(run_dir, f"node{node}.contact")
+
+
+def pid_path(run_dir: str, node: object) -> str:
+    """``PID START_TICKS`` of the node's agent."""
+    return os.path.join(run_dir, f"node{node}.pid")
+
+
+def write_atomically(path: str, text: str) -> None:
+    """``text`` as the file ``path`` (mode 0600), replaced in one rename: a reader sees the old file or the new."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+class Journal:
+    """``node<N>.journal`` in ``run_dir``, a fresh file (renamed over a previous attempt's), bounded at ``limit`` bytes."""
+
+    def __init__(self, run_dir: str, node: object, limit: int = DEFAULT_LIMIT) -> None:
+        self.path = journal_path(run_dir, node)
+        self.node, self.limit = node, limit
+        self.size = self.lines = 0
+        self.full = False
+        self.failed: str | None = None  # a write failed (the disk is full): nothing more is written
+        tmp = f"{self.path}.{os.getpid()}.new"
+        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        os.replace(tmp, self.path)
+
+    def append(self, data: bytes) -> bytes:
+        """Journal ``data`` (one framed line and its newline) unless the bound drops it; what to send in its place:
+        ``data``, nothing, or the line that says the journal is full. A line the agent must report (not output,
+        not a sample) is sent even if it could not be journaled."""
+        droppable = data.startswith(DROPPABLE)
+        if droppable and self.full:
+            return b""
+        if droppable and self.size + len(data) > self.limit:
+            self.full = True
+            note = f"|launch: node {self.node}: journal full at {self.limit} bytes; later output is not kept\n".encode()
+            return note if self._write(note) else b""
+        return data if self._write(data) or not droppable else b""
+
+    def _write(self, data: bytes) -> bool:
+        if self.failed is not None:
+            return False
+        try:
+            written = os.write(self._fd, data)
+            while written < len(data):  # a regular file takes it whole unless the disk is full
+                written += os.write(self._fd, data[written:])
+        except OSError as exc:
+            self.failed, self.full = str(exc), True
+            return False
+        self.size += len(data)
+        self.lines += 1
+        return True
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class Output:
+    """The agent's framed lines: each journaled (once ``attach`` gave a journal), then queued for the sender thread,
+    which writes them to ``fd`` (stdout) in order. ``broken`` once stdout is given up: its reader is gone, or it
+    fell ``behind_limit`` bytes behind; the journal carries on."""
+
+    def __init__(self, fd: int, behind_limit: int = BEHIND_LIMIT) -> None:
+        self._fd, self._behind_limit = fd, behind_limit
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._unsent = 0  # bytes queued or being written
+        self._waiting_since = time.monotonic()  # the oldest unsent byte's wait began here (or the last write ended)
+        self._closing = False
+        self.journal: Journal | None = None
+        self.broken = threading.Event()
+        self.why_broken = ""
+        self._sender = threading.Thread(target=self._send, daemon=True)
+        self._sender.start()
+
+    def attach(self, journal: Journal) -> None:
+        with self._lock:
+            self.journal = journal
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, line: bytes) -> None:
+        """Journal one framed line (no newline) and queue it for stdout."""
+        data = line + b"\n"
+        with self._lock:
+            if self.journal is not None and not (data := self.journal.append(data)):
+                return
+            if self.broken.is_set() or self._closing:
+                return
+            if not self._unsent:
+                self._waiting_since = time.monotonic()
+            self._queue.append(data)
+            self._unsent += len(data)
+            if self._unsent > self._behind_limit:
+                self._give_up(f"stdout fell more than {self._behind_limit} bytes behind")
+            else:
+                self._ready.notify()
+
+    def event(self, kind: str, data: dict) -> None:
+        self.write(f"@{kind} ".encode() + json.dumps(data, separators=(",", ":")).encode())
+
+    def lose(self, why: str) -> None:
+        """Give stdout up (its reader is gone): nothing more is written there."""
+        with self._lock:
+            self._give_up(why)
+
+    def _give_up(self, why: str) -> None:
+        if not self.broken.is_set():
+            self.why_broken = why
+            self.broken.set()
+        self._queue.clear()
+        self._ready.notify_all()
+
+    def contact_age(self) -> float:
+        """Seconds since stdout last showed a reader: 0 while it is caught up; inf once given up."""
+        with self._lock:
+            if self.broken.is_set():
+                return float("inf")
+            return time.monotonic() - self._waiting_since if self._unsent else 0.0
+
+    def close(self, stall_s: float = DRAIN_STALL_S) -> None:
+        """Let the sender write what is queued, while it makes progress (at most ``stall_s`` without), then stop."""
+        with self._lock:
+            self._closing = True
+            self._ready.notify_all()
+        while self._sender.is_alive():
+            with self._lock:
+                stalled = self._unsent and time.monotonic() - self._waiting_since > stall_s
+            if stalled:
+                self.lose(f"stdout took nothing for {stall_s} s at exit")
+                return
+            self._sender.join(0.1)
+
+    def _send(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing and not self.broken.is_set():
+                    self._ready.wait()
+                if self.broken.is_set() or not self._queue:
+                    return
+                data = b"".join(self._queue)
+                self._queue.clear()
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError as exc:
+                self.lose(f"stdout broke: {exc}")
+                return
+            with self._lock:
+                self._unsent -= len(data)
+                self._waiting_since = time.monotonic()

@@ -1,0 +1,188 @@
+"""The node agent's journal (docs/JOURNALS.md), with real processes: the agent run through bash as sshd would run
+it, its stdout broken mid-run, the job unattended, the journal full, the agent killed, and ``follow`` reading it all
+back. No sleep synchronises anything: the tests wait on a process, a file or a line, each with a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from launcher.node import agent, proctree
+from launcher.node.ship import node_argv, stdin_argv
+from launcher.plan.shell import render_command
+
+JOB_PREFIX = f"journal-{os.getpid()}-"
+NODE = 1
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_run_dirs():
+    yield
+    for path in Path(agent.run_root()).glob(JOB_PREFIX + "*"):
+        shutil.rmtree(path)
+
+
+def _eventually(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _start(argv: list[str], **extra) -> tuple[str, subprocess.Popen]:
+    """The agent of node NODE of a new job, started as backends start it (request and secrets on stdin); its stdout
+    a pipe the test reads (bytes)."""
+    job_id = JOB_PREFIX + uuid.uuid4().hex[:8]
+    request = {"job_id": job_id, "node": NODE, "argv": argv, "env": {"LAUNCH_JOB_ID": job_id}, "cwd": "/",
+               "secrets_on_stdin": True, "grace": 1.0, "sample_s": 0.3, **extra}
+    command = render_command(stdin_argv(sys.executable, "agent"), {"LAUNCH_JOB_ID": job_id}, "/")
+    proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(request).encode() + b"\n{}\n")
+    proc.stdin.close()
+    return job_id, proc
+
+
+def _run_dir(job_id: str) -> Path:
+    return Path(agent.run_root()) / job_id
+
+
+def _journal(job_id: str) -> list[bytes]:
+    return (_run_dir(job_id) / f"node{NODE}.journal").read_bytes().split(b"\n")[:-1]
+
+
+def _follow(job_id: str, after: int, node: int = NODE, timeout: float = 60) -> tuple[int, list[bytes]]:
+    done = subprocess.run(node_argv(sys.executable, "follow", {"job_id": job_id, "node": node, "after": after}),
+                          capture_output=True, timeout=timeout)
+    return done.returncode, done.stdout.split(b"\n")[:-1]
+
+
+def _read_until(proc: subprocess.Popen, wanted: bytes) -> list[bytes]:
+    """Lines from the agent's stdout, up to and including ``wanted``."""
+    assert proc.stdout is not None
+    lines: list[bytes] = []
+    while not lines or lines[-1] != wanted:
+        line = proc.stdout.readline()
+        assert line, f"stdout ended before {wanted!r}: {lines}"
+        lines.append(line.rstrip(b"\n"))
+    return lines
+
+
+GATED = """\
+import os, sys, time
+for i in range(1, 6):
+    print(f"line {i}", flush=True)
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]):
+    if time.monotonic() > deadline:
+        sys.exit("never released")
+    time.sleep(0.02)
+for i in range(6, 2001):
+    print(f"line {i}", flush=True)
+"""
+
+
+def test_a_job_outlives_its_broken_stdout_and_follow_resumes_where_the_reader_stopped(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    job_id, proc = _start([sys.executable, "-c", GATED, str(go)])
+    seen = _read_until(proc, b"|line 5")
+    assert proc.stdout is not None
+    proc.stdout.close()  # the supervisor is gone mid-run
+    go.touch()
+    assert proc.wait(60) == 0, "the job ran to its end without a reader"
+    journal = _journal(job_id)
+    assert journal[:len(seen)] == seen, "stdout delivered the journal's first lines, in order"
+    assert journal[-1] == b'@exit {"code":0}'
+    assert [line for line in journal if line.startswith(b"|")] == [f"|line {i}".encode() for i in range(1, 2001)]
+    for after in (len(seen), len(seen) - 2, 0):
+        code, lines = _follow(job_id, after)
+        assert code == 0 and lines == journal[after:], f"after={after}: exactly lines {after + 1}.. to @exit"
+    assert _follow(job_id, len(journal)) == (0, []), "a reader that has @exit gets nothing more"
+
+
+def test_an_unattended_job_is_ended_by_its_agent_and_the_journal_says_so() -> None:
+    job_id, proc = _start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                          unattended_s=2)
+    _read_until(proc, b"|up")
+    assert proc.stdout is not None
+    proc.stdout.close()  # nobody reads, nobody follows
+    assert proc.wait(60) == 128 + signal.SIGTERM
+    assert _eventually(lambda: proctree.job_pids(job_id) == []), "the ranks are gone"
+    journal = _journal(job_id)
+    assert journal[-2].startswith(b"@unattended ") and json.loads(journal[-2].partition(b" ")[2])["after_s"] >= 2
+    assert journal[-1] == b'@exit {"code":-15}'
+
+
+def test_a_follower_keeps_an_unattended_job_in_contact() -> None:
+    """The agent's stdout is gone; ``follow`` touching the contact file is the only contact, for longer than
+    ``unattended_s``: the job runs to its end, and the follower prints it to its ``@exit``."""
+    job_id, proc = _start([sys.executable, "-c", "import time; time.sleep(6); print('done', flush=True)"],
+                          unattended_s=2)
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b"@started ")
+    follower = subprocess.Popen(node_argv(sys.executable, "follow", {"job_id": job_id, "node": NODE, "after": 1}),
+                                stdout=subprocess.PIPE)
+    proc.stdout.close()
+    out, _ = follower.communicate(timeout=60)
+    assert proc.wait(60) == 0
+    journal = _journal(job_id)
+    assert not any(line.startswith(b"@unattended") for line in journal)
+    assert follower.returncode == 0 and out.split(b"\n")[:-1] == journal[1:]
+    assert b"|done" in journal and journal[-1] == b'@exit {"code":0}'
+
+
+def test_past_its_bound_the_journal_keeps_no_more_output_but_still_the_exit() -> None:
+    program = "import sys\nfor i in range(1000):\n    print(f'output line {i:04d} ' + 'x' * 30)\nsys.exit(3)"
+    job_id, proc = _start([sys.executable, "-c", program], journal_limit=2000)
+    assert proc.stdout is not None
+    sent = proc.stdout.read().split(b"\n")[:-1]
+    assert proc.wait(60) == 3
+    journal = _journal(job_id)
+    assert sent == journal, "stdout carries exactly the journal"
+    full = f"|launch: node {NODE}: journal full at 2000 bytes; later output is not kept".encode()
+    assert journal.count(full) == 1 and journal[-1] == b'@exit {"code":3}'
+    after_full = journal[journal.index(full) + 1:]
+    assert after_full == [b'@exit {"code":3}'], "no output nor sample after the line that says the journal is full"
+    kept = [line for line in journal[:journal.index(full)] if line.startswith(b"|")]
+    assert kept == [f"|output line {i:04d} ".encode() + b"x" * 30 for i in range(len(kept))] and 10 < len(kept) < 60
+    assert len(b"\n".join(journal[:journal.index(full)])) <= 2000
+
+
+def test_follow_says_lost_when_the_agent_died_without_its_exit_and_when_there_is_no_journal() -> None:
+    job_id, proc = _start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"])
+    lines = _read_until(proc, b"|up")
+    started = json.loads(lines[0].partition(b" ")[2])
+    os.kill(started["pid"], signal.SIGKILL)
+    assert proc.wait(30) == -signal.SIGKILL
+    code, followed = _follow(job_id, 1)
+    assert code == 0 and followed[:-1] == _journal(job_id)[1:] and followed[-1].startswith(b"@lost ")
+    assert "gone" in json.loads(followed[-1].partition(b" ")[2])["reason"]
+    assert _eventually(lambda: proctree.job_pids(job_id) == []), "the rank died with its agent (PDEATHSIG)"
+    code, followed = _follow(job_id, 0, node=7)
+    assert code == 0 and len(followed) == 1 and b"no journal for node 7" in followed[0]
+    code, followed = _follow(JOB_PREFIX + "none", 0)
+    assert code == 0 and len(followed) == 1 and b"no run directory" in followed[0]
+
+
+def test_a_followers_lost_reader_ends_the_follower_not_the_job() -> None:
+    job_id, proc = _start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"])
+    started = json.loads(_read_until(proc, b"|up")[0].partition(b" ")[2])
+    follower = subprocess.Popen(node_argv(sys.executable, "follow", {"job_id": job_id, "node": NODE, "after": 0}),
+                                stdout=subprocess.PIPE)
+    assert follower.stdout is not None
+    assert follower.stdout.readline().startswith(b"@started ")
+    follower.stdout.close()
+    assert follower.wait(30) == 0, "the follower stops quietly once nobody reads it"
+    assert proc.poll() is None and proctree.job_pids(job_id), "the job runs on"
+    os.kill(started["pid"], signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
