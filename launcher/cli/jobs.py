@@ -23,7 +23,8 @@ from launcher.views.terminal import safe_text
 @click.option("--last", is_flag=True, help="The newest job, in detail.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Jobs listed, newest first (0: all).")
 @click.option("--watch", "-w", is_flag=True,
-              help="Follow JOB live until it ends: stages, log lines, a progress bar; exit code as submit's.")
+              help="Follow JOB live until it ends (or its supervisor is found gone: `launch attach`): stages, log "
+                   "lines, a progress bar; exit code as submit's.")
 def status(job, as_json, last, limit, watch):
     """Show jobs, or one JOB in detail (nodes, exit codes, metrics, first failure).
 
@@ -57,7 +58,7 @@ def status(job, as_json, last, limit, watch):
 
         row = store.job(job)
         summary = render.job_summary(store, row)
-        obj = render.job_object(row, summary, store.nodes(row["id"]))
+        obj = render.job_object(row, summary, store.nodes(row["id"]), _supervision(store, row))
         events = store.events(row["id"])
         kept = stacks.latest(store.run_dir(row["id"]))
         if as_json:
@@ -73,12 +74,25 @@ def status(job, as_json, last, limit, watch):
                     out.print(Text(safe_text(line, colour=False)))
         return
     jobs = [(r, render.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
+    supervisors = {r["id"]: said for r, _ in jobs if (said := _supervision(store, r)) is not None}
     if as_json:
-        click.echo(render.json_text([render.job_object(r, summary) for r, summary in jobs]))
+        click.echo(render.json_text([render.job_object(r, summary, supervisor=supervisors.get(r["id"]))
+                                     for r, summary in jobs]))
     elif not jobs:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
-        console().print(render.jobs_table(jobs))
+        console().print(render.jobs_table(jobs, supervisors))
+
+
+def _supervision(store, row) -> dict | None:
+    """The ``supervisor`` of a job not ended (see ``identity.described``); None once it has ended."""
+    from launcher.run import identity
+    from launcher.store.states import is_terminal
+
+    if is_terminal(row["state"]):
+        return None
+    said = identity.described(store.runs / row["id"], row["id"], row.get("supervisor_pid"), row.get("supervisor_at"))
+    return said.as_json()
 
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
@@ -113,7 +127,8 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
 @click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Only the last N lines (after the other filters).")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax), across all nodes.")
 @click.option("--timestamps", "-t", is_flag=True, help="Show when each line was written (local time).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new lines until the job ends (or its supervisor is found gone: exit 1, `launch attach` resumes it).")
 @click.option("--raw", is_flag=True,
               help="Lines as the ranks wrote them: no colour, control sequences not made visible (for files and tools).")
 def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw):
@@ -136,6 +151,7 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw
     import re
 
     from launcher.store.db import Store
+    from launcher.store.states import is_terminal
     from launcher.views.logs import LogFormat, LogQuery, parse_since, print_logs
 
     try:
@@ -149,7 +165,14 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw
     query = LogQuery(node=node, rank=rank, attempt=attempt, since=since_t, pattern=compiled, tail=tail)
     fmt = LogFormat(colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not raw, timestamps=timestamps,
                     raw=raw)
-    print_logs(Store(), job, query, follow=follow, fmt=fmt, out=echo_line)
+    from launcher.run.orchestrate import supervisor_gone
+
+    store = Store()
+    print_logs(store, job, query, follow=follow, fmt=fmt, out=echo_line,
+               supervisor_gone=lambda job_id: supervisor_gone(store, job_id),
+               say=lambda text: click.echo(safe_text(text, colour=False), err=True))
+    if follow and not is_terminal(store.job(job)["state"]):
+        sys.exit(1)
 
 
 @click.command()

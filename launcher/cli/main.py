@@ -25,6 +25,7 @@ Examples:
   launch status                                        all jobs; `launch status JOB` for one
   launch status JOB --watch                            live progress of a detached job
   launch logs JOB --node 1 --rank 3 --follow
+  launch attach JOB                                    supervise a job whose supervisor is gone
   launch cancel JOB""",
 )
 @click.version_option(package_name="launch")
@@ -51,6 +52,9 @@ cli.add_command(plan_command)
 cli.add_command(logs)
 cli.add_command(cancel)
 cli.add_command(stacks_command)
+from launcher.cli.attach import attach  # noqa: E402
+
+cli.add_command(attach)
 from launcher.cli.specs import check, schema, validate  # noqa: E402
 
 cli.add_command(check)

@@ -5,13 +5,16 @@ in its job's run directory. `launch cancel` signals that PID only if the process
 started at that same tick of that same boot (a reused PID cannot), and its command line is a
 launch supervisor's: the detached one names the job id, the foreground one is `launch submit`.
 The same proof, turned round, says when a supervisor is gone (``presence``): `launch cancel` and
-`status --watch` act on that evidence only, never on a supervisor being slow.
+`status --watch` act on that evidence only, never on a supervisor being slow. `launch attach` takes
+a job whose supervisor is proven gone; ``described`` is what `launch status` says of a job's supervisor.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,8 @@ def _boot_id() -> str | None:
 
 def record(run_dir: Path, job_id: str) -> None:
     """Record this process as the supervisor of ``job_id``."""
-    identity = {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()), "boot_id": _boot_id(), "job_id": job_id}
+    identity = {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()), "boot_id": _boot_id(), "job_id": job_id,
+                "host": socket.gethostname(), "since": time.time()}
     (run_dir / IDENTITY_FILE).write_text(json.dumps(identity))
 
 
@@ -62,7 +66,8 @@ def _argv(pid: int) -> list[bytes] | None:
 
 def _is_supervisor(argv: list[bytes], job_id: str) -> bool:
     detached = b"launcher.run.detached" in argv and job_id.encode() in argv
-    foreground = b"submit" in argv and any(arg.endswith((b"launch", b"launcher")) for arg in argv[:3])
+    launch = any(arg.endswith((b"launch", b"launcher")) for arg in argv[:3])
+    foreground = launch and (b"submit" in argv or b"attach" in argv)
     return detached or foreground
 
 
@@ -88,3 +93,33 @@ def presence(run_dir: Path, job_id: str, spawned_pid: int | None) -> Presence:
     if identity.get("start_ticks") is None or start_ticks(pid) != identity["start_ticks"] or not _is_supervisor(argv, job_id):
         return Presence(gone=f"its process {pid} has exited (the PID is not launch's now)")
     return Presence(pid=pid)
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What `launch status` says of a job's supervisor: ``attached`` (alive: where, since when it took the job),
+    ``lost`` (proven gone: where it ran, when it was last alive) or ``unknown`` (nothing proven either way)."""
+
+    state: str
+    host: str | None = None
+    pid: int | None = None
+    since: float | None = None
+    why: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"state": self.state, "host": self.host, "pid": self.pid, "since": self.since}
+
+
+def described(run_dir: Path, job_id: str, spawned_pid: int | None, alive_at: float | None) -> Supervision:
+    """The supervision of a job that has not ended; ``alive_at``: when its supervisor last said it was alive."""
+    found = presence(run_dir, job_id, spawned_pid)
+    identity = _recorded(run_dir) or {}
+    mine = identity.get("job_id") == job_id
+    host = identity.get("host") if mine and isinstance(identity.get("host"), str) else None
+    pid = identity.get("pid") if mine and isinstance(identity.get("pid"), int) else spawned_pid
+    began = identity.get("since") if mine and isinstance(identity.get("since"), (int, float)) else None
+    if found.pid is not None:
+        return Supervision("attached", host or socket.gethostname(), found.pid, began)
+    if found.gone is not None:
+        return Supervision("lost", host, pid, alive_at if alive_at is not None else began, found.gone)
+    return Supervision("unknown", host, pid, None)

@@ -370,6 +370,73 @@ def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
     return store.job(job.id)
 
 
+def attach(
+    store: Store, job_ref: str, *, echo: Callable[[str], None] | None, warn: Callable[[str], None] | None = None,
+    on_attached: Callable[[str, int], None] | None = None,
+) -> tuple[str, JobState]:
+    """Supervise a running job whose supervisor is gone, here, to its end (`launch attach`); (job id, final state).
+
+    Refused (LaunchError, saying where it runs) while its supervisor is alive, while one is starting, for a job
+    that is not RUNNING, and on a backend that cannot follow its nodes' journals. Every node is resumed from the
+    journal lines the store has (``nodes.seen``); then it goes on as the job's own supervisor would have.
+    """
+    import fcntl
+
+    from launcher.run.secrets import read_secrets
+
+    job = RecordedJob.read(store, job_ref)
+    if job.state.terminal:
+        raise LaunchError(f"job {job.id} already ended {job.state}; nothing to attach to",
+                          hint=f"`launch status {job.id}` shows how it ended; `launch logs {job.id}` its logs")
+    run_dir = store.run_dir(job.id)
+    found = _presence(store, job.id)
+    deadline = time.monotonic() + RECORDS_ITSELF_S
+    while found.pid is None and found.gone is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
+        found = _presence(store, job.id)
+    if found.gone is None:
+        where = identity.described(run_dir, job.id, job.supervisor_pid, None)
+        at = f"process {where.pid or found.pid} on {where.host or 'this machine'}"
+        raise LaunchError(f"job {job.id} has a supervisor: {at} follows it; only one supervisor decides",
+                          hint=f"`launch status --watch {job.id}` follows it from here; `launch cancel {job.id}` ends it")
+    row = store.job(job.id)
+    if row["state"] != JobState.RUNNING:
+        raise LaunchError(f"job {job.id} is {row['state']} and its supervisor is gone ({found.gone}): only a RUNNING "
+                          "job's nodes can be followed again",
+                          hint=f"`launch cancel {job.id}` ends whatever it started")
+    backend = get_backend(job.cluster)
+    if not backend.follows:
+        backend.close()
+        raise LaunchError(f"job {job.id} runs on the {job.plan.backend} backend, whose nodes `launch attach` cannot "
+                          "follow again yet (local and SSH can)", hint=f"`launch cancel {job.id}` ends it")
+    lock = open(run_dir / "attach.lock", "a")  # noqa: SIM115 - held until this process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        backend.close()
+        raise LaunchError(f"job {job.id}: another `launch attach` is taking it now") from None
+    try:
+        again = _presence(store, job.id)
+        if again.gone is None:  # taken between the check and the lock
+            raise LaunchError(f"job {job.id} has a supervisor again (process {again.pid})")
+        supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend,
+                                     read_secrets(job.plan.secrets), echo=echo, warn=warn)
+        supervisor.install_signal_handlers()
+        store.add_event(job.id, "attach", f"`launch attach` took the job (pid {os.getpid()}); its supervisor was gone: "
+                        f"{found.gone}")
+    except BaseException:
+        backend.close()
+        lock.close()
+        raise
+    if on_attached is not None:
+        on_attached(job.id, row["attempt"] or 0)
+    try:
+        return job.id, supervisor.attach(row["attempt"] or 0)
+    finally:
+        lock.close()
+
+
 def _presence(store: Store, job_id: str) -> identity.Presence:
     return identity.presence(store.run_dir(job_id), job_id, store.job(job_id).get("supervisor_pid"))
 

@@ -109,7 +109,8 @@ class Store(RecordsStore):
         sql = (
             "SELECT id, name, state, created_at, started_at, ended_at, backend, cluster, launcher, strategy,"
             " precision, nnodes, nproc_per_node, world_size, micro_batch, grad_accum, global_batch, max_steps,"
-            " attempt, reason, queue_reason, scheduler_id, first_failure, summary FROM jobs ORDER BY created_at DESC"
+            " attempt, reason, queue_reason, scheduler_id, first_failure, summary, supervisor_pid, supervisor_at"
+            " FROM jobs ORDER BY created_at DESC"
         )
         if limit:
             sql += f" LIMIT {int(limit)}"

@@ -13,7 +13,7 @@ import heapq
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -272,6 +272,13 @@ class LogReader:
         return self.job["state"] in TERMINAL
 
 
+def gone_text(job: Mapping[str, Any], gone: str) -> str:
+    """What `status --watch` and `logs --follow` say when a job's supervisor is proven gone."""
+    return (f"launch: job {job['id']} is {job['state']} but its supervisor is gone ({gone}): nothing relays its nodes' "
+            f"lines or records its end now; `launch attach {job['id']}` supervises it again, "
+            f"`launch cancel {job['id']}` ends it")
+
+
 def print_logs(
     store: Store,
     job_ref: str,
@@ -281,8 +288,11 @@ def print_logs(
     fmt: LogFormat = LogFormat(),
     out: Callable[[str], None] = print,
     poll_s: float = 0.25,
+    supervisor_gone: Callable[[str], str | None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> None:
-    """Print the logs; with ``follow``, keep printing new lines until the job has ended."""
+    """Print the logs; with ``follow``, keep printing new lines until the job has ended, or until its supervisor
+    is proven gone (``supervisor_gone(job_id)``: why; nothing writes its logs then): ``say`` tells it."""
     reader = LogReader(store, job_ref, query)
     for line in reader.existing():
         out(fmt.render(line))
@@ -292,4 +302,9 @@ def print_logs(
             out(fmt.render(line))
         if ended:
             return
-        time.sleep(poll_s)
+        gone = supervisor_gone(reader.job["id"]) if supervisor_gone is not None else None
+        if gone is not None and store.job(reader.job["id"])["state"] not in TERMINAL:
+            (say or out)(gone_text(reader.job, gone))
+            return
+        if gone is None:
+            time.sleep(poll_s)

@@ -159,8 +159,19 @@ def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The ``status --json`` object of one job."""
+def unattended(job: dict[str, Any], supervisor: dict[str, Any] | None) -> str | None:
+    """``RUNNING, unattended since HH:MM (no supervisor): launch attach JOB`` for a job whose supervisor is gone."""
+    if not supervisor or supervisor.get("state") != "lost":
+        return None
+    since = supervisor.get("since")
+    when = time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    return f"{job['state']}, unattended since {when} (no supervisor): launch attach {job['id']}"
+
+
+def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, Any]] | None = None,
+               supervisor: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``status --json`` object of one job; ``supervisor`` (a job not ended): {"state": "attached" | "lost" |
+    "unknown", "host", "pid", "since"} (since: when it took the job, or when it was last alive once lost)."""
     obj = {
         "id": job["id"],
         "name": job["name"],
@@ -186,6 +197,7 @@ def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, A
         "scheduler_id": job.get("scheduler_id"),
         "first_failure": job["first_failure"],
         "metrics": summary.as_json(records=False),
+        "supervisor": supervisor,
     }
     if nodes is not None:
         obj["nodes"] = nodes
@@ -210,8 +222,9 @@ def _age(t: float | None) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]]):
-    """A rich table of (job row, summary) pairs (stored text shown through ``safe_text``)."""
+def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]], supervisors: dict[str, dict[str, Any]] | None = None):
+    """A rich table of (job row, summary) pairs (stored text shown through ``safe_text``); a job whose supervisor
+    is gone (``supervisors``, by job id) says so in its state."""
     from rich.table import Table
 
     Text = _safe_text_class()
@@ -222,7 +235,8 @@ def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]]):
         table.add_column(column, no_wrap=True)
     for job, m in jobs:
         table.add_row(
-            Text(_fmt(job["id"], "")), _state(job["state"]), Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
+            Text(_fmt(job["id"], "")), _state(job["state"], unattended(job, (supervisors or {}).get(job["id"]))),
+            Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
             Text(f"{m.steps}/{_fmt(job['max_steps'], 'd')}"), _fmt(m.samples_per_sec),
             _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job["created_at"]),
         )
@@ -242,11 +256,11 @@ def _safe_text_class() -> Any:
     return SafeText
 
 
-def _state(state: Any):
+def _state(state: Any, said: str | None = None):
     Text = _safe_text_class()
 
     color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
-    return Text(_fmt(state, ""), style=color)
+    return Text(said or _fmt(state, ""), style="magenta" if said else color)
 
 
 def _failure(failure: dict[str, Any]):
@@ -272,7 +286,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     m = summary
     waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == "QUEUED" and obj.get("queue_reason") else ""
     scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
-    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"]),
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], unattended(obj, obj.get("supervisor"))),
                            Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))
     out: list[Any] = [
         header,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from launcher.store.db import RUNNING, TERMINAL, Store
-from launcher.views.logs import LogQuery, LogReader
+from launcher.views.logs import LogQuery, LogReader, gone_text
 from launcher.views.progress import STAGE_STATES, STAGES, open_progress
 
 STAGE_EVENT = "stage"
@@ -97,8 +97,7 @@ def watch(
                 break
             gone = supervisor_gone(job["id"]) if supervisor_gone is not None else None
             if gone is not None and store.job(job["id"])["state"] not in TERMINAL:  # (ended meanwhile: shown next round)
-                progress.log(f"launch: job {job['id']} is {job['state']} but its supervisor is gone ({gone}): "
-                             f"it will not end on its own; `launch cancel {job['id']}` ends its processes")
+                progress.log(gone_text(job, gone))
                 break
             if gone is None:
                 time.sleep(poll_s)
