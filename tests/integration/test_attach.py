@@ -1,0 +1,93 @@
+"""A job outlives its supervisor (issue 20): real torchrun ranks on the local backend, a detached supervisor
+SIGKILLed mid-run, then `launch attach` follows the job to its end from the node journals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.node import proctree
+from launcher.store.db import Store
+from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, wait_for_state, write_yaml
+
+pytestmark = pytest.mark.slow
+
+STEP_LINES = ROOT / "tests" / "programs" / "step_lines.py"
+STEPS = 60
+
+
+def _job(path: Path) -> Path:
+    return write_yaml(path, {
+        "name": "attach", "entrypoint": ["python", str(STEP_LINES)], "batch": {"micro_batch": 8},
+        "resources": {"nodes": 1, "nproc_per_node": 2}, "max_steps": STEPS,
+        "env": {"STEPS": str(STEPS), "STEP_S": "0.15"},
+    })
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and proctree._stat(pid) is not None and proctree._stat(pid)[1] != "Z"
+
+
+def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(tmp_path, home):
+    job_id = run_cli(home, "submit", str(_job(tmp_path / "job.yaml")), "--detach").stdout.strip()
+    try:
+        assert wait_for_state(home, job_id, ("RUNNING",))["state"] == "RUNNING"
+        assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 3, timeout=180)
+        supervisor = status_json(home, job_id)["supervisor"]
+        assert supervisor["state"] == "attached" and supervisor["host"] and isinstance(supervisor["pid"], int)
+
+        refused = run_cli(home, "attach", job_id)
+        assert refused.returncode == 1
+        assert f"process {supervisor['pid']} on {supervisor['host']}" in refused.stderr, refused.stderr
+
+        os.kill(supervisor["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert wait_for(lambda: not _alive(supervisor["pid"]), timeout=10)
+        ranks = proctree.job_pids(job_id)
+        assert ranks, "the job's processes ended with their supervisor"
+
+        lost = status_json(home, job_id)
+        assert lost["state"] == "RUNNING" and lost["supervisor"]["state"] == "lost"
+        wide = cli_env(home, COLUMNS="300")
+        said = rf"RUNNING, unattended since \d\d:\d\d \(no supervisor\): launch attach {job_id}"
+        assert re.search(said, run_cli(home, "status", env=wide).stdout)
+        assert re.search(said, run_cli(home, "status", job_id, env=wide).stdout)
+        follow = run_cli(home, "logs", job_id, "--follow", timeout=30)
+        assert follow.returncode == 1 and f"launch attach {job_id}" in follow.stderr
+        time.sleep(2.0)  # the ranks train on, unattended: their lines go to the journal only
+        assert all(_alive(pid) for pid in ranks), "the ranks stopped without a supervisor"
+
+        began = time.monotonic()
+        proc = subprocess.Popen(launch_argv("attach", job_id), env=cli_env(home), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        caught_up = time.monotonic() - began
+        out, err = proc.communicate(timeout=180)
+        took = time.monotonic() - began
+        assert proc.returncode == 0, err + out[-2000:]
+        assert f"job {job_id}: SUCCEEDED" in err and first
+        print(f"attach: first relayed line after {caught_up:.2f} s, the end after {took:.1f} s "
+              f"({time.monotonic() - killed_at:.1f} s after the kill)")
+    finally:
+        run_cli(home, "cancel", job_id)
+
+    done = status_json(home, job_id)
+    assert done["state"] == "SUCCEEDED" and done["supervisor"] is None
+    logs = run_cli(home, "logs", job_id, "--rank", "0").stdout
+    steps = [int(m) for m in re.findall(r"step (\d+) of rank 0", logs)]
+    assert steps == list(range(STEPS)), f"rank 0's step lines, each once and in order: {steps}"
+    assert done["metrics"]["steps"] == STEPS
+    by_rank: dict[int, list[int]] = {}
+    for record in Store(home).metrics(job_id):
+        by_rank.setdefault(record.rank, []).append(record.step)
+    assert sorted(by_rank) == [0, 1]
+    assert all(sorted(steps) == by_rank[0] == sorted(set(by_rank[0])) and len(steps) == STEPS
+               for steps in by_rank.values()), by_rank
+    assert proctree.job_pids(job_id) == []
