@@ -30,6 +30,7 @@ class NodeScript:
     fail_start: str | None = None
     wait_for: threading.Event | None = None  # printed only once this is set (another node's lines were read)
     then: threading.Event | None = None  # set once the supervisor has read all of ``lines``
+    broken: bool = False  # the stream breaks after ``lines``: no exit known (out of contact)
 
 
 def output(text: str) -> str:
@@ -51,6 +52,7 @@ class FakeNode:
         self.index = index
         self.pid: int | None = 1000 + index
         self.lost_reason: str | None = None
+        self.error: str | None = None
         self._script = script
         self._code: int | None = None
         self._done = threading.Event()
@@ -63,6 +65,9 @@ class FakeNode:
         yield from self._script.lines
         if self._script.then is not None:
             self._script.then.set()  # the reader asked for the line after the last: it has handled them all
+        if self._script.broken:
+            self.error = "connection lost"
+            return
         if self._script.code is None and self._script.lost is None:
             self._stopped.wait()
         if self._script.lost is not None:
@@ -74,10 +79,14 @@ class FakeNode:
         self._done.set()
 
     def poll(self) -> int | None:
+        if self.lost_reason is not None:
+            return 255
         return self._code if self._done.is_set() else None
 
     def terminate(self, grace: float) -> None:
         self.terminated = True
+        if self._script.broken:
+            return
         self._stopped.set()
         self._done.wait(5)
 
@@ -96,6 +105,19 @@ class FakeBackend(Backend):
         self.stack_answers = stacks or {}
         self.swept_nodes = 0
         self.closed = False
+        self.followed: list[tuple[int, int]] = []
+        self.unreachable: list[int] = []
+
+    @property
+    def follows(self) -> bool:  # type: ignore[override]
+        return any(script.broken for attempt in self.attempts for script in attempt)
+
+    def follow(self, plan, index, after, agent=None):
+        self.followed.append((index, after))
+        raise OSError(f"h{index + 1}: cannot connect: connection refused")
+
+    def node_unreachable(self, index: int) -> None:
+        self.unreachable.append(index)
 
     def preflight(self, plan: Plan) -> Preflight:
         return Preflight()
