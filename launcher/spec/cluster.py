@@ -48,6 +48,8 @@ class SSHSpec(Strict):
     config_file: Line = "~/.ssh/config"
     jump_host: Line | None = Field(None, description="ProxyJump: [user@]host[:port], comma-separated hops, or 'none'.")
     connect_timeout: FiniteFloat = Field(10.0, gt=0, le=3600)
+    fanout: int = Field(32, ge=1, le=1024, description="Hosts contacted at once (connect, preflight, start, check, "
+                        "cancel), as pdsh's -f; 32 like pdsh's default.")
 
     @field_validator("jump_host")
     @classmethod
