@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from launcher.run.liveness import Liveness
 
 RETRY_S = (0.5, 1.0, 2.0, 4.0)  # then every RETRY_S[-1] seconds
-PENDING_EVIDENCE_S = 5.0  # a try that has neither connected nor failed by then counts as a failed one
+PENDING_EVIDENCE_S = 3.0  # a try that has neither connected nor failed by then counts as a failed one
 MIN_STALL_S = 5.0
 MAX_STALL_S = 15.0  # with SSH keepalives (4 s) and one try, a dead host is lost within about 20 s
 UNATTENDED_MARGIN_S = 30.0  # past the agents' own unattended clock: they have ended the job by themselves

@@ -58,7 +58,8 @@ def test_unreachable_while_another_node_failed_is_lost_at_once():
 
 def test_a_try_that_hangs_counts_as_evidence_after_a_while():
     out = OutOfContact(1, "h2", since=100.0, trying_since=101.0)
-    assert not out.unreachable(105.9) and out.unreachable(106.0)
+    hung = 101.0 + contact.PENDING_EVIDENCE_S
+    assert not out.unreachable(hung - 0.1) and out.unreachable(hung)
     assert verdict(out, Pulse(last=None), 106.0, 1800) is not None
 
 

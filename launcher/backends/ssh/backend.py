@@ -4,9 +4,10 @@ On every host the command is ``cd WORKDIR && exec env LAUNCH_JOB_ID=... PYTHON -
 (``launcher.node.ship``), every part quoted by ``shell.render_command``. The job's secrets
 travel on the channel's stdin, never on a command line. The agent starts the node's torchrun
 (or DeepSpeed launcher) in a session of its own and streams framed lines back over the channel
-(no pty: a pty mangles output). If the connection dies, the agent's writes fail and it ends its
-node's processes itself; ``terminate`` signals the agent by PID and start time; the sweep ends
-whatever is still tagged with the job. One connection per host serves the whole submit:
+(no pty: a pty mangles output). If the connection dies, the agent carries on and journals its
+lines; ``follow`` reads them again over a new channel from the line the supervisor had (the
+supervisor decides, on evidence, when a node out of contact is lost: ``launcher.run.contact``);
+``terminate`` signals the agent by PID and start time; the sweep ends whatever is still tagged. One connection per host serves the whole submit:
 preflight, the version comparison, sync, setup, start and watch.
 """
 
