@@ -2,7 +2,8 @@
 # Idempotent set-up for the quick start and the tests.
 #   scripts/setup.sh          a venv in .venv with launch and the training extras (torch, deepspeed, transformers)
 #   scripts/setup.sh --test   also the test tools, Ray, and (as root) Debian's openssh-server, iproute2, chromium,
-#                             podman and runc (made podman's default runtime by a drop-in file), slurm-wlm and munge
+#                             podman and runc (made podman's default runtime by a drop-in file), slurm-wlm and munge,
+#                             pdsh (the OpenSSH baseline of scripts/bench_fanout.py)
 # Torch comes from pip's configured index: on the dev/CI machines that is a local CPU build (torch 2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,8 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   # A real Slurm for the Slurm tests (tools/slurm.py starts and stops the daemons itself).
   [[ -x /usr/sbin/slurmctld && -x /usr/sbin/slurmd && -x /usr/bin/sbatch ]] || missing+=(slurm-wlm)
   [[ -x /usr/sbin/munged && -f /etc/munge/munge.key ]] || missing+=(munge)
+  # The OpenSSH fan-out tool that scripts/bench_fanout.py measures launch against, on the same hosts.
+  command -v pdsh >/dev/null || missing+=(pdsh)
   if (( ${#missing[@]} )); then
     echo "setup: apt-get install ${missing[*]}"
     apt-get update -qq >/dev/null

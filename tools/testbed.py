@@ -7,8 +7,9 @@ under ``unshare --uts --mount``: own hostname, ``/etc/hosts`` (every host),
 unreachable there and every miss would wait for it), and empty ``/root/.bashrc`` and
 ``/root/.profile`` (root's run pyenv on every SSH command): call interpreters by
 absolute path; cgroup v1 hierarchies on ``/sys/fs/cgroup`` (slurmd and runc need them).
-Everything written lives under ``base_dir``. One testbed a machine: the names are fixed
-and ``up`` tears down whatever is there. ``tools/enter_host.py`` is the step that enters
+Everything written lives under ``base_dir``. One testbed a set of names: ``up`` tears down
+whatever has its names. ``Names`` moves a second testbed (a benchmark's) to another prefix,
+bridge and subnet, so it never touches the default one (the suite's, CI's). ``tools/enter_host.py`` is the step that enters
 a host. See docs/TESTBED.md.
 
 Needs root, ``iproute2``, ``util-linux`` and ``openssh-server``; stdlib only.
@@ -52,9 +53,38 @@ ENTER_HOST = Path(__file__).resolve().with_name("enter_host.py")
 READY_TIMEOUT_S = 10.0
 KILL_TIMEOUT_S = 5.0
 _PLAIN = re.compile(r"[A-Za-z0-9_./+-]+")
-_HOST_DIR = re.compile(r"lt-h[0-9]+")
+_PREFIX_SHAPE = re.compile(r"[a-z]{1,4}-")
+_SUBNET_SHAPE = re.compile(r"10\.([0-9]{1,3})\.([0-9]{1,3})")
 _GENERATED_FILES = ("testbed.json", "id_ed25519", "id_ed25519.pub", "authorized_keys",
                     "known_hosts", "ssh_config")
+
+
+@dataclass(frozen=True)
+class Names:
+    """What a testbed's names and addresses are made of: hosts ``{prefix}hI`` at ``{subnet}.(10+I)``,
+    veths ``{prefix}vI``, bridge ``{prefix}br0`` at ``{subnet}.1``. The default is the suite's."""
+
+    prefix: str = PREFIX
+    subnet: str = SUBNET
+
+    def __post_init__(self) -> None:
+        if not _PREFIX_SHAPE.fullmatch(self.prefix):
+            raise TestbedError(f"prefix {self.prefix!r}: 1-4 lowercase letters and a dash (interface names are short)")
+        shape = _SUBNET_SHAPE.fullmatch(self.subnet)
+        if not shape or not all(0 <= int(octet) <= 255 for octet in shape.groups()):
+            raise TestbedError(f"subnet {self.subnet!r}: three octets of 10.0.0.0/8, e.g. 10.78.0")
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br0"
+
+    @property
+    def bridge_address(self) -> str:
+        return f"{self.subnet}.1"
+
+    def host_dir(self) -> re.Pattern[str]:
+        """The name of a host's directory under base_dir."""
+        return re.compile(re.escape(self.prefix) + r"h[0-9]+")
 
 
 class TestbedError(RuntimeError):
@@ -106,6 +136,7 @@ class Testbed:
     key_file: Path
     known_hosts: Path
     ssh_config: Path
+    names: Names = Names()
 
     def host(self, name: str) -> Host:
         """The host called ``name``; TestbedError lists the valid names otherwise."""
@@ -148,15 +179,16 @@ def _yaml_string(value: str) -> str:
     return value if _PLAIN.fullmatch(value) else json.dumps(value)
 
 
-def _layout(n: int, base_dir: Path) -> Testbed:
+def _layout(n: int, base_dir: Path, names: Names = Names()) -> Testbed:
     """Names, addresses and paths of an ``n``-host testbed under ``base_dir`` (no I/O)."""
+    prefix = names.prefix
     hosts = tuple(
-        Host(name=f"{PREFIX}h{i}", address=f"{SUBNET}.{10 + i}", namespace=f"{PREFIX}h{i}",
-             veth=f"{PREFIX}v{i}", base_dir=base_dir)
+        Host(name=f"{prefix}h{i}", address=f"{names.subnet}.{10 + i}", namespace=f"{prefix}h{i}",
+             veth=f"{prefix}v{i}", base_dir=base_dir)
         for i in range(1, n + 1)
     )
     return Testbed(hosts=hosts, base_dir=base_dir, key_file=base_dir / "id_ed25519",
-                   known_hosts=base_dir / "known_hosts", ssh_config=base_dir / "ssh_config")
+                   known_hosts=base_dir / "known_hosts", ssh_config=base_dir / "ssh_config", names=names)
 
 
 def _etc_dir(base_dir: Path) -> Path:
@@ -299,11 +331,12 @@ def _write_files(testbed: Testbed) -> None:
         host.sshd_config.write_text(_sshd_config(host))
     testbed.ssh_config.write_text(_ssh_config(testbed))
     write_known_hosts(testbed)
-    (testbed.base_dir / "testbed.json").write_text(
-        json.dumps({"hosts": [h.name for h in testbed.hosts]}, indent=2) + "\n")
+    (testbed.base_dir / "testbed.json").write_text(json.dumps(
+        {"hosts": [h.name for h in testbed.hosts], "prefix": testbed.names.prefix, "subnet": testbed.names.subnet},
+        indent=2) + "\n")
 
 
-def _remove_files(base_dir: Path) -> None:
+def _remove_files(base_dir: Path, names: Names = Names()) -> None:
     """Remove what ``_write_files`` and the sshds created in base_dir, nothing else."""
     if not base_dir.is_dir():
         return
@@ -311,7 +344,7 @@ def _remove_files(base_dir: Path) -> None:
         (base_dir / name).unlink(missing_ok=True)
     shutil.rmtree(_etc_dir(base_dir), ignore_errors=True)
     for entry in base_dir.iterdir():
-        if entry.is_dir() and _HOST_DIR.fullmatch(entry.name):
+        if entry.is_dir() and names.host_dir().fullmatch(entry.name):
             shutil.rmtree(entry)
 
 
@@ -319,28 +352,29 @@ def _remove_files(base_dir: Path) -> None:
 
 def _create_network(testbed: Testbed) -> None:
     """Namespaces, bridge and veths (one ``ip -batch``), then each namespace's addresses."""
+    bridge = testbed.names.bridge
     root = [f"netns add {h.namespace}" for h in testbed.hosts]
-    root += [f"link add {BRIDGE} type bridge", f"addr add {BRIDGE_ADDRESS}/24 dev {BRIDGE}",
-             f"link set {BRIDGE} up"]
+    root += [f"link add {bridge} type bridge", f"addr add {testbed.names.bridge_address}/24 dev {bridge}",
+             f"link set {bridge} up"]
     for h in testbed.hosts:
         root += [f"link add {h.veth} type veth peer name eth0 netns {h.namespace}",
-                 f"link set {h.veth} master {BRIDGE} up"]
+                 f"link set {h.veth} master {bridge} up"]
     _ip_batch(root)
     for h in testbed.hosts:
         _ip_batch(["link set lo up", f"addr add {h.address}/24 dev eth0", "link set eth0 up"],
                   namespace=h.namespace)
 
 
-def _testbed_namespaces() -> list[str]:
+def _testbed_namespaces(prefix: str = PREFIX) -> list[str]:
     """Every network namespace whose name starts with the testbed prefix."""
     listing = _run(["ip", "-j", "netns", "list"]).strip()
-    return [ns["name"] for ns in json.loads(listing or "[]") if ns["name"].startswith(PREFIX)]
+    return [ns["name"] for ns in json.loads(listing or "[]") if ns["name"].startswith(prefix)]
 
 
-def _testbed_links() -> list[str]:
+def _testbed_links(prefix: str = PREFIX) -> list[str]:
     """Every root-namespace link whose name starts with the testbed prefix."""
     return [link["ifname"] for link in json.loads(_run(["ip", "-j", "link", "show"]))
-            if link["ifname"].startswith(PREFIX)]
+            if link["ifname"].startswith(prefix)]
 
 
 def _namespace_pids(namespace: str) -> list[int]:
@@ -566,8 +600,8 @@ def _checked_base_dir(base_dir: str | os.PathLike[str]) -> Path:
     return path
 
 
-def up(n: int, base_dir: str | os.PathLike[str]) -> Testbed:
-    """Bring up ``n`` hosts, tearing down any testbed first; return once every sshd listens.
+def up(n: int, base_dir: str | os.PathLike[str], names: Names = Names()) -> Testbed:
+    """Bring up ``n`` hosts, tearing down any testbed of the same ``names`` first; return once every sshd listens.
 
     On failure everything created is torn down again before TestbedError propagates.
     """
@@ -575,40 +609,52 @@ def up(n: int, base_dir: str | os.PathLike[str]) -> Testbed:
     if not 1 <= n <= MAX_HOSTS:
         raise TestbedError(f"n must be between 1 and {MAX_HOSTS}, got {n}")
     path = _checked_base_dir(base_dir)
-    down(path)
+    down(path, names)
     path.mkdir(parents=True, exist_ok=True)
-    testbed = _layout(n, path)
+    testbed = _layout(n, path, names)
     try:
         log.info("writing keys and configs for %d hosts under %s", n, path)
         _write_files(testbed)
         log.info("creating namespaces %s..%s on bridge %s", testbed.hosts[0].name,
-                 testbed.hosts[-1].name, BRIDGE)
+                 testbed.hosts[-1].name, names.bridge)
         _create_network(testbed)
         log.info("starting %d sshd", n)
         _start_sshds(testbed.hosts)
     except BaseException:
-        down(path)
+        down(path, names)
         raise
     return testbed
 
 
-def down(base_dir: str | os.PathLike[str]) -> None:
-    """Tear down any testbed (idempotent): processes, links, namespaces, base_dir's files.
+def down(base_dir: str | os.PathLike[str], names: Names | None = None) -> None:
+    """Tear down any testbed of ``names`` (idempotent): processes, links, namespaces, base_dir's files.
 
-    Kills every process in every ``lt-`` namespace by PID, deletes every ``lt-``
-    link and namespace, and removes the generated files in ``base_dir`` only.
+    Kills every process in every namespace of the prefix (``lt-`` by default) by PID, deletes
+    every link and namespace of the prefix, and removes the generated files in ``base_dir`` only.
+    Without ``names``, those recorded by the ``up`` under ``base_dir`` (the default when none).
     """
     _require_root()
-    namespaces = _testbed_namespaces()
+    path = Path(base_dir).resolve()
+    names = names or _recorded_names(path)
+    namespaces = _testbed_namespaces(names.prefix)
     if namespaces:
         log.info("killing processes in %s", ", ".join(namespaces))
         _kill_namespace_processes(namespaces)
-    links = _testbed_links()
+    links = _testbed_links(names.prefix)
     if links or namespaces:
         log.info("deleting links %s and namespaces", ", ".join(links) or "(none)")
         _ip_batch([f"link delete {link}" for link in links]
                   + [f"netns delete {ns}" for ns in namespaces])
-    _remove_files(Path(base_dir).resolve())
+    _remove_files(path, names)
+
+
+def _recorded_names(path: Path) -> Names:
+    """The names the testbed under ``path`` was made with (the default when it records none)."""
+    try:
+        recorded = json.loads((path / "testbed.json").read_text())
+    except (OSError, ValueError):
+        return Names()
+    return Names(recorded.get("prefix", PREFIX), recorded.get("subnet", SUBNET))
 
 
 def load(base_dir: str | os.PathLike[str]) -> Testbed:
@@ -618,12 +664,29 @@ def load(base_dir: str | os.PathLike[str]) -> Testbed:
         names = json.loads((path / "testbed.json").read_text())["hosts"]
     except (OSError, ValueError, KeyError) as exc:
         raise TestbedError(f"no testbed under {path} ({exc})") from exc
-    return _layout(len(names), path)
+    return _layout(len(names), path, _recorded_names(path))
 
 
 def status(testbed: Testbed) -> list[HostStatus]:
     """Namespace, sshd and link state of every host."""
-    namespaces = set(_testbed_namespaces())
+    namespaces = set(_testbed_namespaces(testbed.names.prefix))
     return [HostStatus(host=h, namespace_exists=h.namespace in namespaces, sshd_pid=sshd_pid(h),
                        link_up=_link_is_up(h.veth))
             for h in testbed.hosts]
+
+
+def set_delay(hosts: Sequence[Host], delay_ms: float | None) -> None:
+    """Add ``delay_ms`` of latency each way between every one of ``hosts`` and the bridge (``tc netem``
+    on the host's ``eth0``, its outgoing side, and on its veth, its incoming side: a round trip to it from
+    the root namespace then takes 2 x ``delay_ms`` more); None removes it."""
+    root = []
+    for host in hosts:
+        if delay_ms is None:
+            _run(["tc", "-n", host.namespace, "qdisc", "del", "dev", "eth0", "root"])
+            root.append(f"qdisc del dev {host.veth} root")
+        else:
+            _run(["tc", "-n", host.namespace, "qdisc", "replace", "dev", "eth0", "root", "netem",
+                  "delay", f"{delay_ms:g}ms"])
+            root.append(f"qdisc replace dev {host.veth} root netem delay {delay_ms:g}ms")
+    if root:
+        _run(["tc", "-batch", "-"], stdin="\n".join(root) + "\n")
