@@ -44,11 +44,24 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(home: Path, *args: str, timeout: float = 120, env: dict | None = None, cwd: Path | None = None):
-    """Run `launch ARGS` to completion with LAUNCH_HOME=home."""
-    return subprocess.run(
-        launch_argv(*args), capture_output=True, text=True, timeout=timeout,
-        env=env or cli_env(home), cwd=cwd or ROOT,
-    )
+    """Run `launch ARGS` to completion with LAUNCH_HOME=home. Past ``timeout`` it is cancelled as a user would
+    (SIGTERM: the supervisor ends its job), then killed, and TimeoutExpired raised: a supervisor killed outright
+    would leave its job to the node agents' unattended timeout, running on after the test."""
+    proc = subprocess.Popen(launch_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or cli_env(home), cwd=cwd or ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as exc:  # the timeout, or pytest-timeout's Failed raised in the middle of the wait
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def write_yaml(path: Path, data: dict) -> Path:
