@@ -114,7 +114,8 @@ def job_run_dir(job_id: str, root: str | None = None) -> str:
 
 
 def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
-    """Copy the command's output to ``out`` as ``|`` lines, each cut at ``limit`` bytes (linear time)."""
+    """Copy the command's output to ``out`` as ``|`` lines, each cut at ``limit`` bytes (linear time); the whole
+    lines of each read go to ``out`` together."""
     pending = bytearray()
     dropped = 0
 
@@ -127,10 +128,11 @@ def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
     def emit() -> None:
         nonlocal dropped
         note = f" [launch: line cut at {limit} bytes; {dropped} more dropped]".encode() if dropped else b""
-        out.write(b"|" + bytes(pending) + note)
+        batch.append(b"|" + bytes(pending) + note)
         pending.clear()
         dropped = 0
 
+    batch: list[bytes] = []
     while chunk := os.read(fd, READ_CHUNK):
         start = 0
         while (end := chunk.find(b"\n", start)) >= 0:
@@ -138,8 +140,12 @@ def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
             emit()
             start = end + 1
         add(chunk[start:])
+        if batch:  # the whole lines of one read, journaled in one write
+            out.write_lines(batch)
+            batch.clear()
     if pending or dropped:
         emit()
+        out.write_lines(batch)
 
 
 class Sampler:

@@ -61,31 +61,41 @@ class Journal:
         self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         os.replace(tmp, self.path)
 
-    def append(self, data: bytes) -> bytes:
-        """Journal ``data`` (one framed line and its newline) unless the bound drops it; what to send in its place:
-        ``data``, nothing, or the line that says the journal is full. A line the agent must report (not output,
-        not a sample) is sent even if it could not be journaled."""
-        droppable = data.startswith(DROPPABLE)
-        if droppable and self.full:
-            return b""
-        if droppable and self.size + len(data) > self.limit:
-            self.full = True
-            note = f"|launch: node {self.node}: journal full at {self.limit} bytes; later output is not kept\n".encode()
-            return note if self._write(note) else b""
-        return data if self._write(data) or not droppable else b""
+    def append(self, lines: list[bytes]) -> bytes:
+        """Journal ``lines`` (framed lines, no newlines) in one write, those the bound leaves; what to send in their
+        place (newline-ended): the lines kept, and the one that says the journal is full where it filled. A line
+        the agent must report (not output, not a sample) is sent even if it could not be journaled."""
+        block = b"\n".join(lines) + b"\n"
+        if self.full or self.size + len(block) > self.limit:  # else all of them fit: kept as they are
+            block = b"".join(self._bounded(lines))
+        if block and not self._write(block):
+            return b"".join(line + b"\n" for line in lines if not line.startswith(DROPPABLE))
+        self.size += len(block)
+        self.lines += block.count(b"\n")
+        return block
 
-    def _write(self, data: bytes) -> bool:
+    def _bounded(self, lines: list[bytes]):
+        size = self.size
+        for line in lines:
+            droppable = line.startswith(DROPPABLE)
+            if droppable and self.full:
+                continue
+            if droppable and size + len(line) + 1 > self.limit:
+                self.full = True
+                line = f"|launch: node {self.node}: journal full at {self.limit} bytes; later output is not kept".encode()
+            size += len(line) + 1
+            yield line + b"\n"
+
+    def _write(self, block: bytes) -> bool:
         if self.failed is not None:
             return False
         try:
-            written = os.write(self._fd, data)
-            while written < len(data):  # a regular file takes it whole unless the disk is full
-                written += os.write(self._fd, data[written:])
+            written = os.write(self._fd, block)
+            while written < len(block):  # a regular file takes it whole unless the disk is full
+                written += os.write(self._fd, block[written:])
         except OSError as exc:
             self.failed, self.full = str(exc), True
             return False
-        self.size += len(data)
-        self.lines += 1
         return True
 
     def close(self) -> None:
@@ -120,9 +130,13 @@ class Output:
 
     def write(self, line: bytes) -> None:
         """Journal one framed line (no newline) and queue it for stdout."""
-        data = line + b"\n"
+        self.write_lines([line])
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        """Journal framed lines (no newlines) in one write and queue them for stdout (the relay's hot path)."""
         with self._lock:
-            if self.journal is not None and not (data := self.journal.append(data)):
+            data = self.journal.append(lines) if self.journal is not None else b"\n".join(lines) + b"\n"
+            if not data:
                 return
             if self.broken.is_set() or self._closing:
                 return
