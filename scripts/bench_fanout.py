@@ -164,6 +164,20 @@ def cluster_yaml(bed: testbed.Testbed, n: int, work: Path, delayed: tuple[Path, 
     return path
 
 
+def node_cpu(bed: testbed.Testbed) -> float:
+    """CPU seconds the hosts spent in what their sshd listeners reaped: every SSH session's processes (the
+    per-connection sshd, the node's Python, the agent and what it started), once they have exited."""
+    total = 0
+    for host in bed.hosts:
+        pid = testbed.sshd_pid(host)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            continue
+        total += int(fields[13]) + int(fields[14])  # cutime, cstime: reaped children, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -329,8 +343,13 @@ def main() -> int:
             for n in sizes:
                 cluster = cluster_yaml(bed, n, work, files, args.fanout)
                 for _ in range(args.rounds_64 if n >= 64 else args.rounds):
+                    before = node_cpu(bed)
                     a = run_launch(n, cluster, work, light=args.light)
+                    time.sleep(1.0)  # the sessions' sshd processes exit and are reaped
+                    middle = node_cpu(bed)
                     b = run_pdsh(bed, n, config, args.fanout)
+                    time.sleep(1.0)
+                    a["node_cpu_s"], b["node_cpu_s"] = middle - before, node_cpu(bed) - middle
                     row = {"delay": label, "n": n, "launch": a, "pdsh": b, "load": load_avg()}
                     results["rows"].append(row)
                     print(json.dumps(row), flush=True)
@@ -364,7 +383,7 @@ def summarise(results: dict) -> None:
     print(f"\nload {results['load_before']} -> {results['load_after']} on {results['cores']} cores; "
           f"bed up {results['up_s']:.2f} s, down {results['down_s']:.2f} s")
     print(f"{'delay':>16} {'hosts':>5} {'launch to started':>18} {'pdsh':>7} {'ratio':>6} {'launch end':>10} "
-          f"{'launch cpu/host':>15} {'pdsh cpu/host':>13}")
+          f"{'launch cpu/host':>15} {'pdsh cpu/host':>13} {'node cpu/host launch, pdsh':>27}")
     groups: dict[tuple[str, int], list[dict]] = {}
     for row in results["rows"]:
         groups.setdefault((row["delay"], row["n"]), []).append(row)
@@ -377,8 +396,10 @@ def summarise(results: dict) -> None:
         end = median(r["launch"]["total_s"] for r in rows)
         lcpu = median(r["launch"]["cpu_s"] for r in rows) / n
         pcpu = median(r["pdsh"]["cpu_s"] for r in rows) / n
+        lnode = median(r["launch"].get("node_cpu_s", float("nan")) for r in rows) / n
+        pnode = median(r["pdsh"].get("node_cpu_s", float("nan")) for r in rows) / n
         print(f"{delay:>16} {n:>5} {started:>16.2f} s {pdsh:>5.2f} s {started / pdsh:>5.2f}x {end:>8.2f} s "
-              f"{lcpu:>13.3f} s {pcpu:>11.3f} s")
+              f"{lcpu:>13.3f} s {pcpu:>11.3f} s {lnode:>14.3f} s, {pnode:.3f} s")
 
 
 if __name__ == "__main__":
