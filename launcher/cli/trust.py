@@ -47,7 +47,7 @@ def trust(hosts, cluster_file, yes, replace):
     settings, targets = _targets(hosts, cluster_file)
     pool = Pool(settings, settings.spec.connect_timeout)
     try:
-        results = fan_out(lambda target: fetch_host_key(target, pool), targets)
+        results = fan_out(lambda target: fetch_host_key(target, pool), targets, settings.fanout)
     finally:
         pool.close()
     failed = [error_text(result.error) if not result.ok else _trust_key(settings, result.key, result.value, yes, replace)

@@ -107,7 +107,7 @@ class Supervisor:
         self.replan = replan
         self.place = place
         self.first_failures: collections.Counter[str] = collections.Counter()
-        self.hangs = HangDetector(stall_timeout, plan.max_steps) if stall_timeout else None
+        self.hangs = HangDetector(stall_timeout, plan.max_steps, [n.host for n in plan.nodes]) if stall_timeout else None
         self.live = Liveness(time.time())
         self.run_dir = store.run_dir(plan.job_id)
         self._cancel = threading.Event()

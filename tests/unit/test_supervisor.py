@@ -126,7 +126,11 @@ def test_a_silent_idle_job_is_hung_with_every_ranks_stack_and_the_odd_one_named(
     stacks = {0: {"ranks": [{"rank": r, "pid": 10 + r, "stack": "Thread 0x1 (idle)\n    barrier (t.py:9)"} for r in (0, 1)]},
               1: {"ranks": [{"rank": 2, "pid": 12, "stack": "Thread 0x2 (idle)\n    barrier (t.py:9)"},
                             {"rank": 3, "pid": 13, "stack": "Thread 0x3 (idle)\n    sleep (t.py:4)"}]}}
-    state, row, store, backend, _ = _run(tmp_path, [[NodeScript(code=None), NodeScript(code=None)]],
+    def ranks(*numbers: int) -> str:  # every rank process exists on its node, alive and idle (no CPU time)
+        return sample(time.time(), *({"rank": r, "pid": 10 + r, "pids": [10 + r], "cpu_s": 1.0, "rss_bytes": 1,
+                                      "rss_peak_bytes": 1} for r in numbers))
+
+    state, row, store, backend, _ = _run(tmp_path, [[NodeScript([ranks(0, 1)], code=None), NodeScript([ranks(2, 3)], code=None)]],
                                          {"watch": {"stall_timeout": 0.5}}, stacks=stacks)
     assert state == JobState.FAILED
     assert row["first_failure"]["kind"] == "hang" and "hung before the first step" in row["reason"]

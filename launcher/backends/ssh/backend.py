@@ -156,7 +156,8 @@ class SSHBackend(Backend):
         master: Future[str | None] = Future()
         if specs[0].address and specs[0].address != AUTO:
             master.set_result(specs[0].address)
-        results = fan_out(lambda index: self._check(plan, index, specs[index], master), list(range(plan.nnodes)))
+        results = fan_out(lambda index: self._check(plan, index, specs[index], master), list(range(plan.nnodes)),
+                          self.pool.settings.fanout)
         problems = [p for r in results for p in (r.got[2] if r.ok else [error_text(r.failure)])]
         if problems:
             return Preflight(problems=problems)
@@ -225,7 +226,7 @@ class SSHBackend(Backend):
             context.stage(Stage.START, node.index, node.host, StageState.DONE)
             return handle
 
-        results = fan_out(start_one, list(plan.nodes))
+        results = fan_out(start_one, list(plan.nodes), self.pool.settings.fanout)
         failed = [r for r in results if not r.ok]
         if failed:
             for r in results:
@@ -252,7 +253,7 @@ class SSHBackend(Backend):
                 raise
             context.stage(stage, node.index, node.host, StageState.DONE)
 
-        return [(r.key.index, error_text(r.failure)) for r in fan_out(step, list(plan.nodes)) if not r.ok]
+        return [(r.key.index, error_text(r.failure)) for r in fan_out(step, list(plan.nodes), self.pool.settings.fanout) if not r.ok]
 
     def host(self, plan: Plan | None, index: int) -> str:
         return self.targets[index].alias

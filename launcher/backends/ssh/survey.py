@@ -183,7 +183,7 @@ def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callab
 
     settings = backend.pool.settings
     problems: dict[str, str] = {}
-    for result in fan_out(lambda target: fetch_host_key(target, backend.pool), backend.targets):
+    for result in fan_out(lambda target: fetch_host_key(target, backend.pool), backend.targets, settings.fanout):
         target = result.key
         if not result.ok:
             problems[target.alias] = error_text(result.failure)
@@ -215,7 +215,7 @@ def probe(backend: SSHBackend, python: str | None,
     from launcher.backends.ssh.connection import error_text, fan_out
 
     indexes = [i for i, target in enumerate(backend.targets) if target.alias not in skip]
-    connected = fan_out(lambda i: backend.pool.get(backend.targets[i]).peer_address(), indexes)
+    connected = fan_out(lambda i: backend.pool.get(backend.targets[i]).peer_address(), indexes, backend.pool.settings.fanout)
     problems = {backend.targets[i].alias: error_text(r.failure) for i, r in zip(indexes, connected) if not r.ok}
     addresses = {i: r.got for i, r in zip(indexes, connected) if r.ok}
     if not addresses:
@@ -225,7 +225,7 @@ def probe(backend: SSHBackend, python: str | None,
         "pythons": {"paths": [python], "search": False} if python else {"paths": [sys.executable], "search": True},
     }
     answers = fan_out(lambda i: backend.node_command(None, i, "facts", request, timeout=PROBE_TIMEOUT_S),
-                      list(addresses))
+                      list(addresses), backend.pool.settings.fanout)
     reports = []
     for index, result in zip(addresses, answers):
         host = backend.targets[index].alias
