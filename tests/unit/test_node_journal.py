@@ -186,3 +186,34 @@ def test_a_followers_lost_reader_ends_the_follower_not_the_job() -> None:
     assert proc.poll() is None and proctree.job_pids(job_id), "the job runs on"
     os.kill(started["pid"], signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
+
+
+def test_a_stalled_reader_never_blocks_the_writer_and_is_given_up_past_the_lag_bound(tmp_path: Path) -> None:
+    """A reader that neither reads nor closes (a sleeping laptop's SSH channel): the relay's writes go on at once,
+    into the journal; once stdout is ``behind_limit`` bytes behind it is given up and stops counting as contact."""
+    from launcher.node.journal import Journal, Output
+
+    read_end, write_end = os.pipe()
+    try:
+        out = Output(write_end, behind_limit=1_000_000)
+        out.attach(Journal(str(tmp_path), 0))
+        line = b"|" + b"y" * 99
+        deadline = time.monotonic() + 30
+        for _ in range(200):  # 2 MB: thirty times what the pipe holds
+            out.write_lines([line] * 100)
+            assert time.monotonic() < deadline, "a write waited for the reader"
+        assert out.broken.is_set() and "behind" in out.why_broken
+        assert out.contact_age() == float("inf")
+        out.write(b'@exit {"code":0}')
+        out.close(stall_s=1.0)
+        journal = (tmp_path / "node0.journal").read_bytes().split(b"\n")[:-1]
+        assert journal == [line] * 20000 + [b'@exit {"code":0}']
+        os.set_blocking(read_end, False)
+        try:
+            sent = os.read(read_end, 1 << 20)
+        except BlockingIOError:
+            sent = b""  # the sender had not written yet when stdout was given up
+        assert sent == ((line + b"\n") * 20000)[:len(sent)], "stdout had the journal's first bytes (a pipe's worth)"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
