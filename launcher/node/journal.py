@@ -5,8 +5,9 @@ line k has sequence number k. Each line is journaled, then sent to stdout by a t
 so the lines on stdout are the journal's in the same order and a slow, stalled or vanished reader
 never slows the ranks. The journal is bounded (``limit`` bytes): past it, output (``|``) and
 ``@sample`` lines are dropped (not sent either) and one line says so; the agent's other lines are
-always written. One ``os.write`` a line, no fsync: the file is in the page cache, and it is the
-agent's death, not the node's, that the journal outlives.
+always written. One ``os.write`` for the lines of each read of the command's output (so at most one
+a line), no fsync: the file is in the page cache, and it is the agent's death (or its reader's), not
+the node's, that the journal outlives.
 
 Standard library only: it runs on nodes.
 """
