@@ -95,13 +95,13 @@ def _cluster(tmp_path: Path, bed: tb.Testbed, hosts: int = 2, ssh: dict | None =
 
 
 def _job(tmp_path: Path, *, args: list[str] = (), env: dict | None = None, secrets: list[str] = (),
-         steps: int = 3, step_s: float = 0.05, nproc: int = 2) -> Path:
+         steps: int = 3, step_s: float = 0.05, nproc: int = 2, watch: dict | None = None) -> Path:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     spec = {
         "name": "ssh-test", "entrypoint": [PYTHON, str(script), *args],
         "batch": {"global_batch": 2 * nproc, "micro_batch": 1}, "resources": {"nodes": 2, "nproc_per_node": nproc},
-        "max_steps": steps, "metrics": {"every": 1}, "watch": {"grace_period": 2},
+        "max_steps": steps, "metrics": {"every": 1}, "watch": {"grace_period": 2, **(watch or {})},
         "env": {"TEST_STEPS": str(steps), "TEST_STEP_S": str(step_s), **(env or {})}, "secrets": list(secrets),
     }
     path = tmp_path / "job.yaml"
@@ -163,9 +163,9 @@ def _wait_running(home: Path, steps: int = 1) -> dict:
     return _wait_for(running, 45, "a RUNNING job with metrics")
 
 
-def _running_detached(tmp_path: Path, bed: tb.Testbed, home: Path) -> str:
+def _running_detached(tmp_path: Path, bed: tb.Testbed, home: Path, watch: dict | None = None) -> str:
     """A long job submitted with --detach, once it runs and reports metrics; its id."""
-    job = _job(tmp_path, steps=400, step_s=0.1)
+    job = _job(tmp_path, steps=400, step_s=0.1, watch=watch)
     done = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, bed)), "--detach")
     assert done.returncode == 0, done.stderr
     _wait_running(home)
@@ -231,12 +231,14 @@ def test_cancel_a_detached_job(testbed: tb.Testbed, tmp_path: Path, home: Path) 
     _assert_clean(testbed, job_id)
 
 
-def test_a_dead_supervisor_leaves_no_remote_process_and_cancel_records_it(testbed: tb.Testbed, tmp_path: Path,
-                                                                          home: Path) -> None:
-    job_id = _running_detached(tmp_path, testbed, home)
+def test_a_dead_supervisor_leaves_the_job_to_the_unattended_timeout_and_cancel_records_it(
+        testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    """docs/JOURNALS.md: with its supervisor dead the job trains on, and the agents end it themselves once nobody
+    has been in contact for watch.unattended_timeout."""
+    job_id = _running_detached(tmp_path, testbed, home, watch={"unattended_timeout": 5})
     agent = _agent_pid(job_id, 1)
     os.kill(Store(home).job(job_id)["supervisor_pid"], signal.SIGKILL)
-    _wait_for(lambda: not tb.pid_alive(agent), 20, "the agent to notice its reader is gone and end its node")
+    _wait_for(lambda: not tb.pid_alive(agent), 40, "the agent to end its node once unattended for 5 s")
     cancelled = _launch("cancel", job_id)
     assert cancelled.returncode == 0, cancelled.stderr + cancelled.stdout
     assert _status(job_id)["state"] == "CANCELLED"
