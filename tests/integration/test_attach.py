@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import proctree
+from launcher.node import agent, proctree
 from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, wait_for_state, write_yaml
 
@@ -28,6 +28,14 @@ def _job(path: Path) -> Path:
         "resources": {"nodes": 1, "nproc_per_node": 2}, "max_steps": STEPS,
         "env": {"STEPS": str(STEPS), "STEP_S": "0.15"},
     })
+
+
+def _step_lines(journal: Path) -> int:
+    """How many 'step K of rank R' lines node 0's journal holds (0 before it exists)."""
+    try:
+        return sum(1 for line in journal.read_bytes().splitlines() if line.startswith(b"|[") and b"]:step " in line)
+    except FileNotFoundError:
+        return 0
 
 
 def _alive(pid: int) -> bool:
@@ -60,8 +68,11 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
         assert re.search(said, run_cli(home, "status", job_id, env=wide).stdout)
         follow = run_cli(home, "logs", job_id, "--follow", timeout=30)
         assert follow.returncode == 1 and f"launch attach {job_id}" in follow.stderr
-        time.sleep(2.0)  # the ranks train on, unattended: their lines go to the journal only
-        assert all(_alive(pid) for pid in ranks), "the ranks stopped without a supervisor"
+        journal = Path(agent.run_root()) / job_id / "node0.journal"
+        steps_at_kill = _step_lines(journal)
+        assert wait_for(lambda: _step_lines(journal) >= steps_at_kill + 3, timeout=120), \
+            "the ranks stopped training without a supervisor"  # unattended, their lines go to the journal only
+        assert all(_alive(pid) for pid in ranks)
 
         began = time.monotonic()
         proc = subprocess.Popen(launch_argv("attach", job_id), env=cli_env(home), stdout=subprocess.PIPE,

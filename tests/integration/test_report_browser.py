@@ -77,7 +77,7 @@ def _hex(color: str) -> tuple[int, int, int]:
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_report_renders_its_plots_in_headless_chromium(tmp_path) -> None:
     cluster = write_cluster(tmp_path)
-    job = submit(tmp_path, write_job(tmp_path, "strag", {"SLOW_RANK": "1", "SLOW_SLEEP": "0.02"}), cluster)
+    job = submit(tmp_path, write_job(tmp_path, "strag", {"SLOW_RANK": "1", "SLOW_SLEEP": "0.02", "PEAK_MB": "150"}), cluster)
     done = run_launch(tmp_path, "report", job, "--out", "report.html")
     assert done.returncode == 0, done.stderr
     shot = tmp_path / "report.png"
