@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from launcher.views.terminal import safe_text
+from launcher.views.terminal import safe_lines, safe_text
 
 EXIT_CANCELLED = 130
 
@@ -29,7 +29,7 @@ def echo_safe_line(line: str) -> None:
 def echo_reason(reason: str | None) -> None:
     """Say on stderr why a job did not succeed, so nobody has to ask ``launch status``."""
     if reason:
-        click.echo(f"  reason: {safe_text(reason, colour=False)}", err=True)
+        click.echo(f"  reason: {safe_lines(reason, colour=False)}", err=True)
 
 
 def exit_for(state: str) -> None:

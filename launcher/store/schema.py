@@ -159,6 +159,10 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
                         db.execute(statement)
                 db.execute(f"PRAGMA user_version = {version + 1}")
             db.execute("COMMIT")
+        except sqlite3.OperationalError:
+            db.execute("ROLLBACK")
+            check_columns(db, path)  # a table the migration alters is missing: say what the file lacks
+            raise
         except BaseException:
             db.execute("ROLLBACK")
             raise

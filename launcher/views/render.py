@@ -12,7 +12,7 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
-from launcher.views.terminal import safe_text
+from launcher.views.terminal import safe_lines
 
 if TYPE_CHECKING:
     from launcher.metrics.summary import JobSummary
@@ -251,7 +251,7 @@ def _safe_text_class() -> Any:
 
     class SafeText(Text):
         def __init__(self, text: str = "", *args: Any, **kwargs: Any) -> None:
-            super().__init__(safe_text(text, colour=False), *args, **kwargs)
+            super().__init__(safe_lines(text, colour=False), *args, **kwargs)
 
     return SafeText
 

@@ -26,6 +26,11 @@ def _visible(char: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+def safe_lines(text: str, *, colour: bool = True) -> str:
+    """``safe_text`` line by line: the newlines of a multi-line text launch wrote (a failure reason) stay."""
+    return "\n".join(safe_text(line, colour=colour) for line in text.split("\n"))
+
+
 def safe_text(text: str, *, colour: bool = True) -> str:
     """``text`` with every control sequence but plain SGR colour made visible (with ``colour=False``, SGR too)."""
     if not _UNSAFE.search(text):
