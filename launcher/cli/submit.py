@@ -147,6 +147,8 @@ def plan_command(job_file, cluster_file, overrides, as_json):
     out = console()
     out.print(f"{job.name}: {job.recipe} on {plan.nnodes} node(s) x {plan.nproc_per_node}, {job.precision}, "
                   f"micro batch {plan.batch.micro_batch} (global {plan.batch.global_batch})")
+    if plan.elastic:
+        out.print(f"  elastic: min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}")
     out.print(render.fit_table(rows, job.strategy, gpu_gb))
     out.print("  " + render.memory_line(chosen))
     if chosen.reason:

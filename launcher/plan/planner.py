@@ -20,6 +20,7 @@ from launcher.plan.netenv import AUTO, NodeNetwork, network_env
 from launcher.plan.policy import PlanPolicy, capacity_problems
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.container import ContainerSpec, Runtime, effective_container
+from launcher.spec.elastic import describe_counts, node_counts
 from launcher.spec.job import JobSpec
 
 LOG_PREFIX_TEMPLATE = "[${rank}]:"
@@ -44,6 +45,29 @@ class Rendezvous(Frozen):
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+class ElasticCount(Frozen):
+    """A node count an elastic job may go on with: its world size and grad_accum (None: the program's own batch)."""
+
+    nodes: int
+    world_size: int
+    grad_accum: int | None
+
+
+class Elastic(Frozen):
+    """An elastic job's legal node counts, largest first (the plan's own first), and what it resumes from."""
+
+    min_nodes: int
+    counts: tuple[ElasticCount, ...]
+    #: the attempt this plan is for (an elastic job is re-planned at every restart)
+    attempt: int = 0
+    #: the world size of the attempt before (a re-plan), else None
+    previous_world_size: int | None = None
+
+    def describe(self) -> str:
+        """``4 nodes: GA 2, 2 nodes: GA 4``."""
+        return describe_counts(self.counts)
 
 
 class NodePlan(Frozen):
@@ -86,6 +110,7 @@ class Plan(Frozen):
     container: ContainerSpec | None = None
     ds_config: dict | None = None
     memory: MemoryFit | None = None
+    elastic: Elastic | None = None
     #: seconds the node agents run on with no supervisor in contact (None: to the end); docs/JOURNALS.md
     unattended_s: float | None = 1800.0
 
@@ -106,20 +131,23 @@ def make_plan(
     python: str | None = None,
     ds_config: dict | None = None,
     check_fit: bool = True,
+    resumed: tuple[int, int] | None = None,
 ) -> Plan:
     """Plan ``job`` on ``cluster`` under a backend's ``policy``. Every job/cluster mismatch is reported at once.
 
     ``nodes`` overrides the backend's choice of nodes (a placement), ``probes`` resolves auto
     network values per node index, ``python`` is the interpreter the nodes run (found by
     preflight), ``ds_config`` the DeepSpeed config. With ``check_fit`` a recipe whose strategy
-    does not fit the cluster's GPU memory is a planning problem.
+    does not fit the cluster's GPU memory is a planning problem. ``resumed``: (attempt, previous world
+    size) of an elastic job's re-plan for a restart (told to the ranks).
 
     The steps: choose the nodes, check that the job fits them (batch and memory included),
     settle what every node shares (rendezvous, program, container, files), then plan each node.
     """
     chosen = _choose_nodes(job, policy, nodes)
     batch, memory = _check_fit(job, cluster, policy, chosen, placed=nodes is not None, check_fit=check_fit)
-    shared = _shared(job, cluster, policy, job_id, chosen, probes or {}, rdzv_port, python, ds_config, batch)
+    elastic = _elastic(job, chosen, batch, resumed)
+    shared = _shared(job, cluster, policy, job_id, chosen, probes or {}, rdzv_port, python, ds_config, batch, elastic)
     return Plan(
         job_id=job_id,
         job_name=job.name,
@@ -141,6 +169,7 @@ def make_plan(
         container=shared.container,
         ds_config=ds_config,
         memory=memory,
+        elastic=elastic,
         unattended_s=job.watch.unattended_timeout,
     )
 
@@ -174,6 +203,19 @@ def _check_fit(
     return batch, memory
 
 
+def _elastic(job: JobSpec, chosen: list[NodeSpec], batch: BatchPlan | None, resumed: tuple[int, int] | None,
+             ) -> Elastic | None:
+    """The legal node counts of an elastic job (a plan on fewer nodes lists its own count first)."""
+    if job.elastic is None:
+        return None
+    whole = (batch.global_batch, batch.micro_batch) if batch is not None else None
+    counts = node_counts([job.resources.nproc_per_node] * len(chosen), min(job.elastic.min_nodes, len(chosen)), whole)
+    attempt, previous = resumed or (0, None)
+    return Elastic(min_nodes=job.elastic.min_nodes, attempt=attempt, previous_world_size=previous,
+                   counts=tuple(ElasticCount(nodes=c.nodes, world_size=c.world_size, grad_accum=c.grad_accum)
+                                for c in counts))
+
+
 @dataclass(frozen=True)
 class _Shared:
     """What every node of the job has in common, settled once before the nodes are planned."""
@@ -192,11 +234,13 @@ class _Shared:
     program: tuple[bool, list[str]]
     cwd: str
     files: dict[str, tuple[str, str]]
+    elastic: Elastic | None
 
 
 def _shared(
     job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, job_id: str, chosen: list[NodeSpec],
     probes: dict[int, NodeNetwork], rdzv_port: int, python: str | None, ds_config: dict | None, batch: BatchPlan | None,
+    elastic: Elastic | None,
 ) -> _Shared:
     """The rendezvous on node 0, the interpreter, the container, the working directory and the program."""
     python = python or policy.python
@@ -215,6 +259,7 @@ def _shared(
         program=commands.program_args(job, batch, ds_config),
         cwd=cwd,
         files={"LAUNCH_DS_CONFIG": (DS_CONFIG_FILE, _json(ds_config))} if ds_config and job.entrypoint else {},
+        elastic=elastic,
     )
 
 
@@ -235,6 +280,7 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
     argv = _launcher_argv(shared, index, address)
     env = _node_env(job, shared.cluster, shared.policy, shared.job_id, index, node, shared.probes.get(index),
                     shared.rendezvous.host, shared.batch)
+    env.update(elastic_env(shared.elastic))
     in_container = None
     if shared.container:
         names = [*env, *job.secrets, *shared.files, "LAUNCH_RUN_DIR"]
@@ -317,6 +363,18 @@ def _fit_problems(job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen
     if (policy.places_nodes and not placed) or not policy.checks_capacity:
         return problems
     return problems + capacity_problems(job.resources.nproc_per_node, chosen)
+
+
+def elastic_env(elastic: Elastic | None) -> dict[str, tuple[str, str]]:
+    """What an elastic job's ranks are told beyond the batch (docs/RELIABILITY.md, the contract)."""
+    if elastic is None:
+        return {}
+    env = {"LAUNCH_ELASTIC_MIN_NODES": (str(elastic.min_nodes), "launch: elastic.min_nodes"),
+           "LAUNCH_ATTEMPT": (str(elastic.attempt), "launch: the attempt (0 first; an elastic job is re-planned at each restart)")}
+    if elastic.previous_world_size is not None:
+        env["LAUNCH_PREVIOUS_WORLD_SIZE"] = (str(elastic.previous_world_size),
+                                             "launch: the world size of the attempt before this re-plan")
+    return env
 
 
 def _address(node: NodeSpec, probe: NodeNetwork | None) -> str:

@@ -11,6 +11,7 @@ from launcher.catalog.recipes import RecipeName, model_problem
 from launcher.catalog.strategies import DEFAULT_STRATEGY, LauncherName, PrecisionName, get_strategy
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
+from launcher.spec.elastic import ElasticSpec, min_nodes_problem
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -51,6 +52,18 @@ class BatchSpec(Strict):
         if len(given) < 2 and self.micro_batch is None:
             raise ValueError("give at least two of global_batch, micro_batch, grad_accum (or micro_batch alone)")
         return self
+
+
+def full_batch(batch: BatchSpec | None, world_size: int) -> tuple[int, int] | None:
+    """(global, micro) at ``world_size`` when the batch resolves to whole numbers there, else None."""
+    if batch is None:
+        return None
+    micro, accum, total = batch.micro_batch, batch.grad_accum, batch.global_batch
+    if total is None and micro is not None:
+        return micro * (accum or 1) * world_size, micro
+    if micro is None and total is not None and accum is not None and total % (accum * world_size) == 0:
+        return total, total // (accum * world_size)
+    return (total, micro) if total is not None and micro is not None else None
 
 
 class ResourcesSpec(Strict):
@@ -133,6 +146,10 @@ class JobSpec(Strict):
     leave_out_failed_nodes: bool = Field(
         False, description="On a restart, replace a node that failed first in two attempts with a spare node (ssh).",
     )
+    elastic: ElasticSpec | None = Field(
+        None, description="Go on with fewer nodes when one is lost (docs/RELIABILITY.md): re-planned on the nodes left, "
+        "grad_accum recomputed so the global batch stays exact, resumed from the last checkpoint; needs restarts: 1 or more.",
+    )
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     watch: WatchSpec = WatchSpec()
     metrics: MetricsSpec = MetricsSpec()
@@ -183,6 +200,21 @@ class JobSpec(Strict):
                 f"in env: ({INTERPRETER_ENV}; -u is fine: output is unbuffered already)")
         return v
 
+
+    @field_validator("elastic")
+    @classmethod
+    def _elastic(cls, v: ElasticSpec | None, info: ValidationInfo) -> ElasticSpec | None:
+        """At least one smaller node count keeps the global batch exact, and a restart is allowed."""
+        resources, restarts = info.data.get("resources"), info.data.get("restarts")
+        if v is None or resources is None or restarts is None:
+            return v
+        if restarts < 1:
+            raise ValueError("an elastic job restarts on fewer nodes: set restarts: 1 or more (each node loss takes one)")
+        problem = min_nodes_problem(v, [resources.nproc_per_node] * resources.nodes,
+                                    full_batch(info.data.get("batch"), resources.nodes * resources.nproc_per_node))
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _leave_out(self) -> JobSpec:

@@ -71,6 +71,7 @@ def plan_text(plan: Any) -> str:
         f"  world       {plan.nnodes} node(s) x {plan.nproc_per_node} process(es) = {plan.world_size} ranks",
         f"  batch       {batch}",
         f"  steps       {plan.max_steps}",
+        *([f"  elastic     min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}"] if plan.elastic else []),
         f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",
     ]
     if plan.memory:

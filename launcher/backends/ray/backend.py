@@ -49,6 +49,7 @@ from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.job import JobSpec
 
 NAMESPACE = "launch"
 CONNECT_TIMEOUT_S = 10.0
@@ -183,6 +184,14 @@ class RayBackend(Backend):
     @classmethod
     def default_python(cls, cluster: ClusterSpec) -> str:
         return cluster.python or "(the Python of the Ray workers)"
+
+    @classmethod
+    def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
+        if job.elastic is None:
+            return []
+        return ["elastic: not on Ray: the Ray backend places a job's nodes once (a STRICT_SPREAD placement group "
+                "of resources.nodes bundles, held for the job's life), so a restart cannot go on with fewer nodes; "
+                "drop elastic, or run on ssh, slurm or local"]
 
     @classmethod
     def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
