@@ -372,6 +372,15 @@ class Backend(ABC):
     def host(self, plan: Plan | None, index: int) -> str:
         return plan.nodes[index].host if plan is not None else self.cluster.nodes[index].host
 
+    def lease_devices(self, plan: Plan, index: int) -> tuple[str, int] | None:
+        """What node ``index``'s agent leases (docs/LEASES.md): ("gpu" or "slot", how many the host has); None
+        where the cluster allocates (Ray, Slurm)."""
+        return None
+
+    def stream_command(self, plan: Plan, index: int, command: str, request: dict):
+        """A long-running node-side command on node ``index`` (``launcher.backends.leasing.NodeStream``)."""
+        raise LaunchError(f"the {self.name} backend runs no long node commands")
+
     def close(self) -> None:  # noqa: B027 (optional hook: backends without connections have nothing to release)
         """Release connections."""
 
@@ -428,9 +437,10 @@ class Backend(ABC):
             plan, index, "stacks", {"job_id": plan.job_id, "node": index}, timeout=60)))
 
 
-def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bool) -> dict:
-    """What the node agent needs to run ``node`` of ``plan`` (see ``launcher.node.agent``)."""
-    return {
+def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bool, lease: dict | None = None) -> dict:
+    """What the node agent needs to run ``node`` of ``plan`` (see ``launcher.node.agent``); ``lease``: what it
+    leases first (``launcher.backends.leasing.agent_lease``)."""
+    return {**({"lease": lease} if lease else {}),
         "job_id": plan.job_id, "node": node.index, "argv": list(node.argv), "env": dict(node.env), "cwd": node.cwd,
         "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
         "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
@@ -447,9 +457,10 @@ class AgentStart:
     stdin: bytes
 
 
-def agent_start(plan: Plan, node: NodePlan, grace: float, secrets: Mapping[str, str]) -> AgentStart:
+def agent_start(plan: Plan, node: NodePlan, grace: float, secrets: Mapping[str, str],
+                lease: dict | None = None) -> AgentStart:
     """The ``AgentStart`` of ``node`` of ``plan`` under ``plan.python``."""
-    request = agent_request(plan, node, grace, secrets_on_stdin=True)
+    request = agent_request(plan, node, grace, secrets_on_stdin=True, lease=lease)
     return AgentStart(stdin_argv(plan.python, "agent"), stdin_request(request) + json.dumps(dict(secrets)).encode() + b"\n")
 
 

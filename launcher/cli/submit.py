@@ -21,10 +21,12 @@ from launcher.views.render import console
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job spec value; repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop; contacts nothing.")
 @click.option("--detach", is_flag=True, help="Print the job id and return; a supervisor runs the job to its end.")
+@click.option("--wait", "wait", is_flag=True,
+              help="When another job holds the GPUs or slots, wait for them (QUEUED) instead of exiting 3 (queue: wait).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the plan with --dry-run).")
 @click.option("--skip-check", is_flag=True,
               help="Skip the checks beyond preflight: the nodes' versions compared (SSH) and the DeepSpeed config validated by DeepSpeed.")
-def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_check):
+def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, skip_check):
     """Validate, plan, preflight and run JOB_FILE.
 
     In the foreground, logs stream with [node/rank] prefixes and the exit code
@@ -32,6 +34,10 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_che
     terminal a live view shows each node's stages (preflight, sync, setup, start)
     and then a progress bar (step, samples/s, slowest rank, peak memory, ETA) under
     the scrolling logs; on a pipe or in CI the output is plain lines.
+
+    On local and SSH clusters every GPU (or CPU slot) is leased to one job at a
+    time: if another job holds them, submit exits 3 naming the holder, or with
+    --wait the job is QUEUED until they are free (docs/LEASES.md; `launch queue`).
 
     \b
     Examples:
@@ -41,7 +47,7 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, as_json, skip_che
     """
     from launcher.run import orchestrate
 
-    prepared = orchestrate.prepare(job_file, cluster_file, tuple(overrides))
+    prepared = orchestrate.prepare(job_file, cluster_file, (*overrides, *(["queue=wait"] if wait else [])))
     if dry_run:
         _print_plan(prepared.plan, as_json)
         return

@@ -12,6 +12,12 @@ to the supervisor:
     @unattended JSON no reader was in contact for ``unattended_s`` seconds: the agent ends the job
     @exit JSON       the command's exit code, once its output is drained
 
+With a ``lease`` in the request (local and SSH clusters), the agent first takes its node's leases
+(``leases``: one GPU or CPU slot each, all or none, held until the agent exits) and says ``@leased``
+(the devices) or ``@busy`` (who holds them; it then exits ``BUSY_EXIT``, having started nothing).
+With ``go_on_stdin`` it starts the command only once the backend writes ``go`` on its stdin: every
+node of the job holds its leases by then, or none starts a rank.
+
 Ranks cannot forge the agent's lines: everything they print starts with ``|``, and the agent
 makes itself undumpable before it starts them, so a rank cannot open ``/proc/<agent>/fd/1`` to
 write there. Every rank's line comes whole and behind its ``[rank]:`` prefix, whichever launcher
@@ -46,8 +52,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
-from . import proctree
+from . import leases, proctree
 from .journal import DEFAULT_LIMIT, Journal, Output, contact_path, pid_path, write_atomically
 from .rankstreams import with_rank_streams
 
@@ -65,6 +72,7 @@ WARN_POLL_S = 1.0
 WARN_UNHANDLED_S = 30.0  # ranks that still do not handle SIGUSR1 this long after the warning are named
 CONTACT_POLL_S = 1.0  # the unattended watchdog looks this often (more often under a short ``unattended_s``)
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
+BUSY_EXIT = 75  # EX_TEMPFAIL: the leases were not free (or another node's were not): nothing was started
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
 
@@ -229,6 +237,26 @@ class Agent:
         self._ended = False
         self._end_done = threading.Event()
         self._sweeping = threading.Lock()
+        self.lease: leases.Lease | None = None
+
+    def take_leases(self, go: Callable[[], bool] | None) -> bool:
+        """Take the request's leases (all or none) and wait for ``go`` when given; False (said in ``@busy`` or
+        ``@exit``) when they are not free or the backend did not say go: then nothing has started."""
+        spec = self.req["lease"]
+        allow_shared = bool(spec.get("allow_shared"))
+        got = leases.acquire(spec["kind"], int(spec["count"]), int(spec["capacity"]),
+                             {"job": self.job_id, "from": spec.get("from")}, float(spec["order"]),
+                             allow_shared=allow_shared, directory=spec.get("dir"))
+        if isinstance(got, leases.Busy):
+            self.out.event("busy", got.as_json(allow_shared))
+            return False
+        self.lease = got
+        self.out.event("leased", {"kind": got.kind, "devices": got.devices, "host": leases.host_name()})
+        if go is not None and not go():
+            self.out.write(f"|launch: node {self.req.get('node')}: not started: another node of the job could not "
+                           "take its leases".encode())
+            return False
+        return True
 
     def start(self, secrets: dict[str, str]) -> None:
         self.run_dir = run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
@@ -237,6 +265,8 @@ class Agent:
         limit = self.req.get("journal_limit")
         self.out.attach(Journal(run_dir, self.req["node"], DEFAULT_LIMIT if limit is None else int(limit)))
         planned = {key: value.replace(RUN_DIR_TOKEN, run_dir) for key, value in self.req.get("env", {}).items()}
+        if self.lease is not None and self.lease.kind == "gpu":  # the GPUs leased, in nvidia-smi's (PCI) order
+            planned.update(CUDA_VISIBLE_DEVICES=",".join(map(str, self.lease.devices)), CUDA_DEVICE_ORDER="PCI_BUS_ID")
         given = {**planned, **secrets, "LAUNCH_RUN_DIR": run_dir}
         for name, (filename, text) in self.req.get("files", {}).items():
             path = os.path.join(run_dir, os.path.basename(filename))
@@ -258,7 +288,8 @@ class Agent:
             )
             _OWN.add(self.proc.pid)
         self.out.event("started", {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
-                                   "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid())})
+                                   "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid()),
+                                   **({"devices": self.lease.devices} if self.lease else {})})
 
     def end(self, why: str) -> None:
         """End the command and everything of the job on this node, from any thread; a second call waits for
@@ -479,22 +510,34 @@ def main(argv: list[str]) -> int:
     """``agent REQUEST_JSON``; with ``secrets_on_stdin`` the first stdin line is a JSON object of secrets."""
     req = json.loads(argv[0])
     secrets = json.loads(sys.stdin.readline() or "{}") if req.get("secrets_on_stdin") else {}
-    return serve(req, Output(sys.stdout.fileno()), secrets)
+    go = (lambda: sys.stdin.readline().strip() == "go") if (req.get("lease") or {}).get("go_on_stdin") else None
+    return serve(req, Output(sys.stdout.fileno()), secrets, go)
 
 
-def serve(req: dict, out: Output, secrets: dict[str, str]) -> int:
+def serve(req: dict, out: Output, secrets: dict[str, str], go: Callable[[], bool] | None = None) -> int:
     """Run one node's command as ``req`` says, framed lines to ``out`` (closed once they are written there, or
-    given up); the agent's exit status."""
+    given up); the agent's exit status. ``go``: with a lease, wait for it before starting (False: do not start)."""
+    agent = Agent(req, out)
     try:
-        return _serve(req, out, secrets)
+        return _serve(agent, go, secrets)
     finally:
+        if agent.lease is not None:
+            agent.lease.release()
         out.close()
 
 
-def _serve(req: dict, out: Output, secrets: dict[str, str]) -> int:
-    agent = Agent(req, out)
+def _serve(agent: Agent, go: Callable[[], bool] | None, secrets: dict[str, str]) -> int:
+    req, out = agent.req, agent.out
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: threading.Thread(target=agent.end, args=("signalled",), daemon=True).start())
+    try:
+        if req.get("lease") and not agent.take_leases(go):
+            out.event("exit", {"code": BUSY_EXIT})
+            return BUSY_EXIT
+    except (leases.LeaseError, OSError) as exc:
+        out.write(f"|launch: node {req.get('node')}: cannot take its leases: {exc}".encode())
+        out.event("exit", {"code": 126, "error": str(exc)})
+        return 126
     try:
         agent.start(secrets)
     except (RunDirError, OSError) as exc:

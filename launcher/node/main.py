@@ -1,4 +1,5 @@
-"""The node side's commands: ``facts``, ``agent``, ``follow``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks``
+"""The node side's commands: ``facts``, ``agent``, ``follow``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks``,
+``leases``, ``wait``
 (see ``launcher.node.ship``)."""
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def main(argv: list[str]) -> int:
         from . import follow
 
         return follow.follow(json.loads(rest[0]))
+    if command in ("leases", "wait"):
+        from . import waiting
+
+        request = json.loads(rest[0])
+        return waiting.probe(request) if command == "leases" else waiting.wait(request)
     if command == "stacks":
         from . import stacks
 

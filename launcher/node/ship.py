@@ -19,7 +19,7 @@ from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
 
-NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "agent", "follow", "stacks", "slurmnode",
+NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "leases", "waiting", "agent", "follow", "stacks", "slurmnode",
                 "main")  # in import order
 
 PACKAGE = "launch_node"

@@ -113,6 +113,10 @@ class Plan(Frozen):
     elastic: Elastic | None = None
     #: seconds the node agents run on with no supervisor in contact (None: to the end); docs/JOURNALS.md
     unattended_s: float | None = 1800.0
+    #: when another job holds the devices (local, ssh: docs/LEASES.md): 'fail' (exit 3) or 'wait' (QUEUED)
+    queue: str = "fail"
+    #: GPUs used by processes launch did not start may be leased
+    allow_shared_gpus: bool = False
 
     def unresolved(self) -> list[str]:
         """Values still waiting for a probe (``auto``), as ``node N: NAME``."""
@@ -171,6 +175,8 @@ def make_plan(
         memory=memory,
         elastic=elastic,
         unattended_s=job.watch.unattended_timeout,
+        queue=job.queue,
+        allow_shared_gpus=job.resources.allow_shared_gpus,
     )
 
 

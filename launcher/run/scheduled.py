@@ -24,13 +24,15 @@ class SchedulerEvents:
         """The scheduler holds the job: QUEUED with its reason and job id, said once per reason."""
         if not self.store.transition(self.job_id, JobState.QUEUED, queue_reason=reason, scheduler_id=scheduler_id):
             self.store.update_job(self.job_id, queue_reason=reason, scheduler_id=scheduler_id)
-        text = f"queued by the scheduler (its job {scheduler_id}): {reason}"
+        text = f"queued by the scheduler (its job {scheduler_id}): {reason}" if scheduler_id else f"waiting: {reason}"
         self.store.add_event(self.job_id, "queued", text, {"reason": reason, "scheduler_id": scheduler_id})
         if self._warn is not None:
             self._warn(f"job {self.job_id}: {text}; Ctrl-C cancels it")
 
     def allocated(self, scheduler_id: str) -> None:
-        """The scheduler gave the job its nodes: LAUNCHING again (from QUEUED), its job id kept."""
-        self.store.update_job(self.job_id, scheduler_id=scheduler_id, queue_reason=None)
+        """The scheduler gave the job its nodes (``""``: its leases came free): LAUNCHING again (from QUEUED), its job
+        id kept."""
+        self.store.update_job(self.job_id, scheduler_id=scheduler_id or None, queue_reason=None)
         if self.store.transition(self.job_id, JobState.LAUNCHING):
-            self.store.add_event(self.job_id, "allocated", f"the scheduler allocated the nodes (its job {scheduler_id})")
+            self.store.add_event(self.job_id, "allocated", f"the scheduler allocated the nodes (its job {scheduler_id})"
+                                 if scheduler_id else "the leases came free: starting")

@@ -71,6 +71,10 @@ class ResourcesSpec(Strict):
     nproc_per_node: int = Field(
         1, ge=1, le=MAX_PROCS_PER_NODE, description="Processes per node: GPUs, or CPU slots without GPUs.",
     )
+    allow_shared_gpus: bool = Field(
+        False, description="Start on GPUs that processes launch did not start are using (nvidia-smi's compute apps); "
+        "by default such a GPU counts as busy (docs/LEASES.md).",
+    )
 
 
 def _not_an_option(value: str) -> str:
@@ -139,6 +143,10 @@ class JobSpec(Strict):
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     restarts: int = Field(0, ge=0, le=100, description="Relaunch the whole job this many times after a failure, resuming.")
+    queue: Literal["fail", "wait"] = Field(
+        "fail", description="When another job holds the GPUs or slots (docs/LEASES.md): 'fail' exits 3 naming the holder; "
+        "'wait' queues the job (QUEUED) until they are free, in submission order (as `launch submit --wait`).",
+    )
     restart_on: Literal["transient", "any"] = Field(
         "transient", description="Which failures a restart follows: 'transient' (a lost node, a network or NCCL error, "
         "a signal from outside, a hang after progress) or 'any' (also the OOM killer and errors raised before the first step).",

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
+from launcher.backends import leasing
 from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
@@ -46,6 +47,22 @@ class LocalNode:
         self._proc = proc
         self._first: list[str] = []
 
+    def wait_leased(self) -> None:
+        """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
+        assert self._proc.stdout is not None
+        lines = (raw.decode("utf-8", "replace").rstrip("\n") for raw in iter(self._proc.stdout.readline, b""))
+        leasing.read_until_leased(lines, [], "localhost", self.index)
+
+    def answer(self, go: bool) -> None:
+        """Tell an agent holding its leases to start (``go``), or, closing its stdin without, to exit."""
+        assert self._proc.stdin is not None
+        try:
+            if go:
+                self._proc.stdin.write(b"go\n")
+            self._proc.stdin.close()
+        except OSError:
+            pass  # the agent exited: wait_started reports it
+
     def wait_started(self) -> None:
         """Read up to the agent's ``@started`` line; NodeStartError with its output if it exits first."""
         assert self._proc.stdout is not None
@@ -73,6 +90,28 @@ class LocalNode:
     def terminate(self, grace: float) -> None:
         """TERM the agent (it ends its command's group and the job's tagged processes); KILL it if it lingers."""
         stop_process(self._proc, grace)
+
+
+class LocalStream:
+    """A long node command on this machine (``leasing.NodeStream``): its stdout lines; ``close`` closes its stdin."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self._proc = proc
+
+    def lines(self) -> Iterator[str]:
+        assert self._proc.stdout is not None
+        for raw in iter(self._proc.stdout.readline, b""):
+            yield raw.decode("utf-8", "replace").rstrip("\n")
+
+    def close(self) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        stop_process(self._proc, 2.0)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 class LocalBackend(Backend):
@@ -134,7 +173,7 @@ class LocalBackend(Backend):
     def host(self, plan: Plan | None, index: int) -> str:
         return "localhost"
 
-    def preflight(self, plan: Plan) -> Preflight:
+    def _facts(self, plan: Plan) -> Preflight:
         answer, error = self.node_command(plan, 0, "facts", facts_request(plan, 0), timeout=FACTS_TIMEOUT_S)
         if answer is None:
             return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
@@ -144,12 +183,21 @@ class LocalBackend(Backend):
             return Preflight(problems=[problem or "localhost: no facts"])
         return Preflight(problems=node_problems("localhost", plan, facts), facts={0: facts})
 
-    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[LocalNode]]:
+    def lease_devices(self, plan: Plan, index: int) -> tuple[str, int]:
+        local = self.cluster.local
+        return ("gpu", local.gpus) if local.gpus else ("slot", local.slots or 1)
+
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, Sequence[LocalNode]]:
+        """Every node's agent, once they all hold their leases (waiting for them under ``queue: wait``)."""
+        return leasing.start_leased(self, plan, context, lambda order: self._start_agents(plan, context, order))
+
+    def _start_agents(self, plan: Plan, context: StartContext, order: float) -> tuple[Plan, list[LocalNode]]:
         handles: list[LocalNode] = []
         try:
             for node in plan.nodes:
                 context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
-                start = agent_start(plan, node, context.grace, context.secrets)
+                lease = leasing.agent_lease(self, plan, node, order)
+                start = agent_start(plan, node, context.grace, context.secrets, lease)
                 try:
                     proc = subprocess.Popen(
                         start.argv, cwd=node.cwd,
@@ -163,16 +211,39 @@ class LocalBackend(Backend):
                 assert proc.stdin is not None
                 try:
                     proc.stdin.write(start.stdin)
-                    proc.stdin.close()
+                    proc.stdin.flush()
                 except BrokenPipeError:
                     pass  # the agent exited at once: wait_started reports its output
+            for handle in handles:
+                handle.wait_leased()
+            for handle in handles:
+                handle.answer(go=True)
+            for handle in handles:
                 handle.wait_started()
-                context.stage(Stage.START, node.index, node.host, StageState.DONE)
+                context.stage(Stage.START, handle.index, "localhost", StageState.DONE)
         except BaseException:
+            for handle in handles:
+                handle.answer(go=False)
             for handle in handles:
                 handle.terminate(context.grace)
             raise
         return plan, handles
+
+    def preflight(self, plan: Plan) -> Preflight:
+        """The facts of this machine, and (unless the job waits for them) who holds the slots or GPUs it needs."""
+        found = self._facts(plan)
+        if not found.problems and plan.queue != "wait":
+            found.problems.extend(leasing.probe(self, plan))
+        return found
+
+    def stream_command(self, plan: Plan, index: int, command: str, request: dict) -> LocalStream:
+        argv = node_argv(plan.python, command, request)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", index) from None
+        return LocalStream(proc)
 
     follows: ClassVar[bool] = True
 

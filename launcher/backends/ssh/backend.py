@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import ClassVar
 
 import paramiko
 
+from launcher.backends import leasing
 from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
@@ -71,6 +72,25 @@ class SSHNode:
         self._early: list[str] = []
         self.start_ticks: int | None = None
         self.error: str | None = None
+
+    def wait_leased(self, timeout: float) -> None:
+        """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
+        self._channel.settimeout(timeout)
+        try:
+            leasing.read_until_leased(self._stream, [], self._host, self.index)
+        except TimeoutError:
+            self._channel.close()
+            raise NodeStartError(f"{self._host}: the node agent did not take its leases within {timeout:.0f} s",
+                                 self.index) from None
+
+    def answer(self, go: bool) -> None:
+        """Tell an agent holding its leases to start (``go``), or, closing its stdin without, to exit."""
+        try:
+            if go:
+                self._channel.sendall(b"go\n")
+            self._channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the agent or its connection is gone: wait_started reports it
 
     def wait_started(self, timeout: float) -> None:
         """Read up to the agent's ``@started`` line; NodeStartError with the output if it did not start."""
@@ -126,6 +146,22 @@ def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
     """Decoded whole output lines of ``channel`` until it closes (linear in the output's size); a last line cut
     off by a broken connection is not one: following the journal again gives it whole."""
     return whole_lines(iter(lambda: channel.recv(65536), b""))
+
+
+class SSHStream:
+    """A long node command over its own channel (``leasing.NodeStream``); ``close`` closes the channel."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+
+    def lines(self) -> Iterator[str]:
+        try:
+            yield from _channel_lines(self._channel)
+        except CONNECTION_ERRORS:
+            return
+
+    def close(self) -> None:
+        self._channel.close()
 
 
 class SSHBackend(Backend):
@@ -202,40 +238,68 @@ class SSHBackend(Backend):
         if facts is None:
             return address, NodeNetwork("", address), [problem or f"{host}: no facts"], NodeFacts()
         network = NodeNetwork(facts.dev or "", address, facts.hcas)
-        return address, network, node_problems(host, plan, facts, node, spec.gpus), facts
+        problems = node_problems(host, plan, facts, node, spec.gpus)
+        if not problems and plan.queue != "wait":
+            problems = leasing.probe(self, plan, [lease for lease in leasing.host_leases(self, plan) if lease.index == index])
+        return address, network, problems, facts
 
-    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SSHNode]]:
-        """Sync and set up every node (once, all in parallel), then start every agent in parallel."""
+    def start(self, plan: Plan, context: StartContext) -> tuple[Plan, Sequence[SSHNode]]:
+        """Sync and set up every node (once, all in parallel), then start every agent in parallel once they all
+        hold their leases (waiting for them under ``queue: wait``)."""
         problems = self._prepare(plan, context)
         if problems:
             raise NodeStartError(
                 "preparing the nodes failed; no agent was started:\n" + "\n".join(f"  {p}" for _, p in problems),
                 node=problems[0][0],
             )
+        return leasing.start_leased(self, plan, context, lambda order: self._start_agents(plan, context, order))
 
-        def start_one(node: NodePlan) -> SSHNode:
+    def _start_agents(self, plan: Plan, context: StartContext, order: float) -> tuple[Plan, list[SSHNode]]:
+        """Every agent takes its leases; then all are told to go, or, if one could not, all to exit."""
+
+        def lease_one(node: NodePlan) -> SSHNode:
             context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
             conn = self._pool.get(self.targets[node.index])
             tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
-            start = agent_start(plan, node, context.grace, context.secrets)
+            start = agent_start(plan, node, context.grace, context.secrets, leasing.agent_lease(self, plan, node, order))
             channel = conn.exec(render_command(start.argv, tag, node.cwd, replace_shell=False), combine=True)
             channel.sendall(start.stdin)
-            channel.shutdown_write()
             handle = SSHNode(node.index, self, plan, channel)
-            handle.wait_started(START_TIMEOUT_S)
-            context.stage(Stage.START, node.index, node.host, StageState.DONE)
+            handle.wait_leased(START_TIMEOUT_S)
             return handle
 
-        results = fan_out(start_one, list(plan.nodes), self.pool.settings.fanout)
-        failed = [r for r in results if not r.ok]
-        if failed:
-            for r in results:
-                if r.ok:
-                    r.got.terminate(context.grace)
-            error = failed[0].failure
-            node = error.node if isinstance(error, NodeStartError) else failed[0].key.index
-            raise NodeStartError(error_text(error), node)
-        return plan, [r.got for r in results]
+        def start_one(handle: SSHNode) -> SSHNode:
+            handle.answer(go=True)
+            handle.wait_started(START_TIMEOUT_S)
+            context.stage(Stage.START, handle.index, plan.nodes[handle.index].host, StageState.DONE)
+            return handle
+
+        leased = fan_out(lease_one, list(plan.nodes), self.pool.settings.fanout)
+        handles = [r.got for r in leased if r.ok]
+        failures = [(r.key.index, r.failure) for r in leased if not r.ok]
+        if not failures:
+            started = fan_out(start_one, handles, self.pool.settings.fanout)
+            failures = [(r.key.index, r.failure) for r in started if not r.ok]
+        if failures:
+            for handle in handles:
+                handle.answer(go=False)
+            for handle in handles:
+                handle.terminate(context.grace)
+            busy = [error for _, error in failures if isinstance(error, leasing.LeasesBusy)]
+            if busy:
+                raise leasing.LeasesBusy("; ".join(str(error) for error in busy), busy[0].node)
+            index, error = failures[0]
+            raise NodeStartError(error_text(error), error.node if isinstance(error, NodeStartError) else index)
+        return plan, handles
+
+    def lease_devices(self, plan: Plan, index: int) -> tuple[str, int]:
+        host = plan.nodes[index].host
+        spec = next((n for n in self.cluster.nodes if n.host == host), self.cluster.nodes[index])
+        return ("gpu", spec.gpus) if spec.gpus else ("slot", spec.capacity)
+
+    def stream_command(self, plan: Plan, index: int, command: str, request: dict) -> SSHStream:
+        conn = self._pool.get(self.targets[index])
+        return SSHStream(conn.exec(render_command(node_argv(plan.python, command, request), replace_shell=False)))
 
     def _prepare(self, plan: Plan, context: StartContext) -> list[tuple[int, str]]:
         """(node index, problem) for every node whose sync or setup failed, in node order."""

@@ -1,0 +1,251 @@
+"""Leases from the submitting side (local and SSH clusters; docs/LEASES.md).
+
+Each node agent takes its node's leases itself (``launcher.node.leases``) and says ``@leased`` or
+``@busy``; a backend starts the ranks only once every agent of the job holds its leases (``go`` on
+their stdin), so a job holds every lease it needs or none. Before that, ``probe`` answers quickly who
+holds what (preflight's exit 3), and under ``queue: wait`` ``start_leased`` keeps the job's ticket in
+each host's queue (a ``wait`` command per host) and QUEUED until every host says its turn has come.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from launcher.backends.base import Stage, StageState, StartContext
+from launcher.errors import LaunchError, NodeStartError
+from launcher.plan.planner import NodePlan, Plan
+
+if TYPE_CHECKING:
+    from launcher.backends.base import Backend, NodeHandle
+
+LEASE_DIR_ENV = "LAUNCH_LEASE_DIR"  # another lease directory than the nodes' default (tests: one per test)
+BUSY_EVENT, LEASED_EVENT = "@busy ", "@leased "
+RECHECK_S = 1.0  # after a lost race for the leases: look again this soon even if no host's state changed
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+H = TypeVar("H", bound="NodeHandle")
+
+
+class LeasesBusy(NodeStartError):
+    """A node agent found its leases held: nothing was started on any node."""
+
+
+class NodeStream(Protocol):
+    """A long-running node command's output lines (``Backend.stream_command``); ``close`` ends it."""
+
+    def lines(self) -> Iterator[str]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class HostLease:
+    """What a job leases on one host: the host's first node of the plan, and the devices its nodes take together."""
+
+    host: str
+    index: int
+    kind: str
+    count: int
+    capacity: int
+
+
+def host_leases(backend: Backend, plan: Plan) -> list[HostLease]:
+    """One entry a host of the plan (several local nodes share this machine); [] on backends without leases."""
+    found: dict[str, HostLease] = {}
+    for node in plan.nodes:
+        device = backend.lease_devices(plan, node.index)
+        if device is None:
+            return []
+        host = backend.host(plan, node.index)
+        known = found.get(host)
+        count = node.nproc + (known.count if known else 0)
+        found[host] = HostLease(host, known.index if known else node.index, device[0], count, device[1])
+    return list(found.values())
+
+
+def _request(plan: Plan, kind: str, count: int, capacity: int, order: float) -> dict:
+    request = {"job": plan.job_id, "from": socket.gethostname(), "kind": kind, "count": count, "capacity": capacity,
+               "order": order, "allow_shared": plan.allow_shared_gpus}
+    if os.environ.get(LEASE_DIR_ENV):
+        request["dir"] = os.environ[LEASE_DIR_ENV]
+    return request
+
+
+def agent_lease(backend: Backend, plan: Plan, node: NodePlan, order: float) -> dict | None:
+    """The ``lease`` of node ``node``'s agent request (None without leases): it waits for ``go`` on its stdin."""
+    device = backend.lease_devices(plan, node.index)
+    if device is None:
+        return None
+    return {**_request(plan, device[0], node.nproc, device[1], order), "go_on_stdin": True}
+
+
+def _clean(value: object) -> str:
+    return _UNPRINTABLE.sub("?", str(value))[:120]
+
+
+def _ranges(indices: list[int]) -> str:
+    parts: list[str] = []
+    for index in sorted(indices):
+        if parts and parts[-1].split("-")[-1] == str(index - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{index}"
+        else:
+            parts.append(str(index))
+    return ",".join(parts)
+
+
+def _at(since: object) -> str:
+    return time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+
+
+def _who(entry: dict) -> str:
+    """``job X (user U, from H, since 10:02)``, or the process without a believable record."""
+    if entry.get("job"):
+        return (f"job {_clean(entry['job'])} (user {_clean(entry.get('user', '?'))}, from "
+                f"{_clean(entry.get('from') or entry.get('origin') or '?')}, since {_at(entry.get('since'))})")
+    return f"process {_clean(entry.get('pid', '?'))} (user {_clean(entry.get('user', '?'))}, no launch record)"
+
+
+def describe(host: str, state: dict, allow_shared: bool) -> list[str]:
+    """Why a host's devices are not the job's now: holders (grouped by job), foreign processes, jobs ahead."""
+    noun = "GPU" if state.get("kind") == "gpu" else "slot"
+    groups: dict[str, list[int]] = {}
+    foreign: list[str] = []
+    for device in state.get("devices", []):
+        if device.get("holder"):
+            groups.setdefault(_who(device["holder"]), []).append(int(device["index"]))
+        elif device.get("foreign") and not allow_shared:
+            for proc in device["foreign"][:4]:
+                foreign.append(f"{host} GPU {device['index']}: process {_clean(proc.get('pid'))} (user "
+                               f"{_clean(proc.get('user', '?'))}: {_clean(proc.get('command', '?'))}), not started by "
+                               "launch (resources.allow_shared_gpus: true shares it)")
+    lines = [f"{host} {noun}{'s' if len(held) > 1 else ''} {_ranges(held)}: {who}" for who, held in groups.items()]
+    lines += foreign
+    lines += [f"{host}: {_who({**t, 'from': t.get('origin')})} waits for it first" for t in state.get("ahead", [])]
+    if not lines:
+        lines.append(f"{host}: {state.get('wanted')} {noun}(s) wanted, {state.get('free')} free")
+    return lines
+
+
+def _answer_problems(host: str, answer: dict | None, error: str | None, allow_shared: bool) -> list[str]:
+    if answer is None or answer.get("error"):
+        return [f"{host}: cannot read its leases: {_clean(error or (answer or {}).get('error'))}"]
+    return [] if answer.get("ready") else describe(host, answer, allow_shared)
+
+
+def probe(backend: Backend, plan: Plan, hosts: Sequence[HostLease] | None = None) -> list[str]:
+    """Who holds the devices the plan needs, one line a holder ([] when every host has them free now)."""
+    order = time.time()
+
+    def one(lease: HostLease) -> list[str]:
+        answer, error = backend.node_command(plan, lease.index, "leases",
+                                             _request(plan, lease.kind, lease.count, lease.capacity, order), timeout=60)
+        return _answer_problems(lease.host, answer, error, plan.allow_shared_gpus)
+
+    return [line for lines in map(one, host_leases(backend, plan) if hosts is None else hosts) for line in lines]
+
+
+def read_until_leased(lines: Iterator[str], seen: list[str], host: str, index: int) -> None:
+    """Read an agent's first lines (kept in ``seen``) up to ``@leased``; LeasesBusy on ``@busy``, NodeStartError if
+    it ended first."""
+    import json
+
+    for line in lines:
+        seen.append(line)
+        if line.startswith(LEASED_EVENT):
+            return
+        if line.startswith(BUSY_EVENT):
+            state = json.loads(line[len(BUSY_EVENT):])
+            raise LeasesBusy("; ".join(describe(host, state, bool(state.get("allow_shared")))), index)
+    shown = " | ".join(line.lstrip("|") for line in seen[-5:] if not line.startswith("@")) or "no output"
+    raise NodeStartError(f"{host}: the node agent exited before taking its leases: {shown}", index)
+
+
+class _Turn:
+    """The job's tickets on every host (``wait`` commands), and the latest state each host reported."""
+
+    def __init__(self, backend: Backend, plan: Plan, hosts: list[HostLease], order: float) -> None:
+        self.hosts, self.allow_shared = hosts, plan.allow_shared_gpus
+        self.events: queue.Queue[tuple[int, dict | None]] = queue.Queue()
+        self.states: dict[int, dict] = {}
+        self.streams: list[NodeStream] = []
+        self.shown: str | None = None  # the reason the job is QUEUED with (None: not queued)
+        for number, lease in enumerate(hosts):
+            stream = backend.stream_command(plan, lease.index, "wait",
+                                            _request(plan, lease.kind, lease.count, lease.capacity, order))
+            self.streams.append(stream)
+            threading.Thread(target=self._read, args=(number, stream), daemon=True).start()
+
+    def _read(self, number: int, stream: NodeStream) -> None:
+        import json
+
+        for line in stream.lines():
+            if line.startswith("{"):
+                self.events.put((number, json.loads(line)))
+        self.events.put((number, None))
+
+    def wait_ready(self, context: StartContext, plan: Plan, fresh: bool) -> None:
+        """Until every host says the job's turn has come (QUEUED with who holds what meanwhile); LaunchError when
+        cancelled or a host's ``wait`` ended. ``fresh``: a race was just lost, so wait for news (or RECHECK_S)."""
+        deadline = time.monotonic() + RECHECK_S if fresh else 0.0
+        while True:
+            if context.cancelled.is_set():
+                raise LaunchError("cancelled while waiting for the leases")
+            if len(self.states) == len(self.hosts) and time.monotonic() >= deadline:
+                busy = [line for n, state in sorted(self.states.items())
+                        for line in _answer_problems(self.hosts[n].host, state, None, self.allow_shared)]
+                if not busy:
+                    if self.shown is not None:
+                        context.stage(Stage.QUEUED, None, "", StageState.DONE)
+                        context.allocated("")
+                        self.shown = None
+                    return
+                self.say(context, "; ".join(busy))
+            try:
+                number, state = self.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if state is None:
+                raise LaunchError(f"{self.hosts[number].host}: waiting for the leases ended: the connection or the "
+                                  f"`wait` command there ended ({plan.job_id} did not start)")
+            self.states[number] = state
+
+    def say(self, context: StartContext, reason: str) -> None:
+        """QUEUED with ``reason`` (said once per reason)."""
+        if reason != self.shown:
+            context.queued(reason, None)
+            context.stage(Stage.QUEUED, None, "", StageState.RUNNING)
+            self.shown = reason
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
+
+
+def start_leased(backend: Backend, plan: Plan, context: StartContext,
+                 start: Callable[[float], tuple[Plan, Sequence[H]]]) -> tuple[Plan, Sequence[H]]:
+    """``start(order)`` once the leases may be had: at once (``queue: fail``: a lost race is LeasesBusy), or, under
+    ``queue: wait``, when every host says the job's turn has come (again after a lost race)."""
+    order = time.time()
+    hosts = host_leases(backend, plan)
+    if not hosts or plan.queue != "wait":
+        return start(order)
+    turn = _Turn(backend, plan, hosts, order)
+    try:
+        fresh = False
+        while True:
+            turn.wait_ready(context, plan, fresh)
+            try:
+                return start(order)
+            except LeasesBusy as exc:
+                turn.say(context, f"another job took the leases first: {exc}")
+                fresh = True
+    finally:
+        turn.close()

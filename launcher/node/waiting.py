@@ -1,0 +1,57 @@
+"""The node side of waiting for leases: ``leases`` (who holds what here, and could a job have its devices now)
+and ``wait`` (hold the job's ticket in this host's queue and say, line by line, whether its turn has come).
+
+``wait`` prints a JSON line ``{"ready": bool, ...the survey...}`` at once and whenever that changes, and
+keeps its ticket until its stdin closes (the supervisor closes it once the job's agents hold their leases,
+or gives up). Standard library only: it runs on nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import time
+
+from . import leases
+
+POLL_S = 0.25
+
+
+def state(req: dict) -> dict:
+    """This host's devices of the request's kind, and whether ``count`` of them are the job's to take now."""
+    found = leases.survey(req["kind"], int(req["capacity"]), req.get("dir"))
+    order = float(req.get("order") or time.time())
+    before = leases.ahead(found.waiting, str(req.get("job")), order)
+    free = found.free(bool(req.get("allow_shared")))
+    return {**found.as_json(), "ready": len(free) >= int(req.get("count", 0)) and not before,
+            "free": len(free), "wanted": int(req.get("count", 0)), "ahead": [t.as_json() for t in before]}
+
+
+def probe(req: dict) -> int:
+    try:
+        print(json.dumps(state(req)), flush=True)
+    except (leases.LeaseError, OSError) as exc:
+        print(json.dumps({"error": str(exc)}), flush=True)
+    return 0
+
+
+def wait(req: dict) -> int:
+    """Hold a ticket and report this host's state when it changes, until stdin closes."""
+    record = {"job": req.get("job"), "from": req.get("from")}
+    try:
+        with leases.ticket(record, float(req["order"]), int(req["count"]), req.get("dir")):
+            shown = None
+            while True:
+                now = state(req)
+                key = json.dumps(now, sort_keys=True)
+                if key != shown:
+                    print(json.dumps(now), flush=True)
+                    shown = key
+                readable, _, _ = select.select([sys.stdin], [], [], POLL_S)
+                if readable and not os.read(sys.stdin.fileno(), 4096):
+                    return 0
+    except (leases.LeaseError, OSError) as exc:
+        print(json.dumps({"error": str(exc)}), flush=True)
+        return 1
