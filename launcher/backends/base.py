@@ -372,9 +372,9 @@ class Backend(ABC):
     def host(self, plan: Plan | None, index: int) -> str:
         return plan.nodes[index].host if plan is not None else self.cluster.nodes[index].host
 
-    def lease_devices(self, plan: Plan, index: int) -> tuple[str, int] | None:
-        """What node ``index``'s agent leases (docs/LEASES.md): ("gpu" or "slot", how many the host has); None
-        where the cluster allocates (Ray, Slurm)."""
+    def lease_devices(self, plan: Plan | None, index: int) -> tuple[str, int] | None:
+        """What node ``index`` (of ``plan``, or of the cluster) leases (docs/LEASES.md): ("gpu" or "slot", how many
+        the host has); None where the cluster allocates (Ray, Slurm)."""
         return None
 
     def stream_command(self, plan: Plan, index: int, command: str, request: dict):

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 LEASE_DIR_ENV = "LAUNCH_LEASE_DIR"  # another lease directory than the nodes' default (tests: one per test)
 BUSY_EVENT, LEASED_EVENT = "@busy ", "@leased "
+TAKEN_FIRST = "another job took the leases first"  # a failed job's reason with this was busy: `launch submit` exits 3
 RECHECK_S = 1.0  # after a lost race for the leases: look again this soon even if no host's state changed
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
@@ -71,9 +72,10 @@ def host_leases(backend: Backend, plan: Plan) -> list[HostLease]:
     return list(found.values())
 
 
-def _request(plan: Plan, kind: str, count: int, capacity: int, order: float) -> dict:
-    request = {"job": plan.job_id, "from": socket.gethostname(), "kind": kind, "count": count, "capacity": capacity,
-               "order": order, "allow_shared": plan.allow_shared_gpus}
+def _request(plan: Plan | None, kind: str, count: int, capacity: int, order: float) -> dict:
+    """A ``leases``/``wait`` node request (``plan`` None: `launch queue`'s, for no job)."""
+    request = {"job": plan.job_id if plan else "", "from": socket.gethostname(), "kind": kind, "count": count,
+               "capacity": capacity, "order": order, "allow_shared": plan.allow_shared_gpus if plan else False}
     if os.environ.get(LEASE_DIR_ENV):
         request["dir"] = os.environ[LEASE_DIR_ENV]
     return request
@@ -87,7 +89,13 @@ def agent_lease(backend: Backend, plan: Plan, node: NodePlan, order: float) -> d
     return {**_request(plan, device[0], node.nproc, device[1], order), "go_on_stdin": True}
 
 
-def _clean(value: object) -> str:
+def survey_request(kind: str, capacity: int) -> dict:
+    """The ``leases`` request of `launch queue`: who holds each device, and who waits."""
+    return _request(None, kind, 0, capacity, time.time())
+
+
+def clean(value: object) -> str:
+    """A value another user wrote on a node (a job id, a host, a command), printable and bounded."""
     return _UNPRINTABLE.sub("?", str(value))[:120]
 
 
@@ -101,16 +109,17 @@ def _ranges(indices: list[int]) -> str:
     return ",".join(parts)
 
 
-def _at(since: object) -> str:
+def at(since: object) -> str:
+    """``10:02``: when a lease or a ticket was taken, in this machine's time zone."""
     return time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
 
 
-def _who(entry: dict) -> str:
+def who(entry: dict) -> str:
     """``job X (user U, from H, since 10:02)``, or the process without a believable record."""
     if entry.get("job"):
-        return (f"job {_clean(entry['job'])} (user {_clean(entry.get('user', '?'))}, from "
-                f"{_clean(entry.get('from') or entry.get('origin') or '?')}, since {_at(entry.get('since'))})")
-    return f"process {_clean(entry.get('pid', '?'))} (user {_clean(entry.get('user', '?'))}, no launch record)"
+        return (f"job {clean(entry['job'])} (user {clean(entry.get('user', '?'))}, from "
+                f"{clean(entry.get('from') or '?')}, since {at(entry.get('since'))})")
+    return f"process {clean(entry.get('pid', '?'))} (user {clean(entry.get('user', '?'))}, no launch record)"
 
 
 def describe(host: str, state: dict, allow_shared: bool) -> list[str]:
@@ -120,15 +129,15 @@ def describe(host: str, state: dict, allow_shared: bool) -> list[str]:
     foreign: list[str] = []
     for device in state.get("devices", []):
         if device.get("holder"):
-            groups.setdefault(_who(device["holder"]), []).append(int(device["index"]))
+            groups.setdefault(who(device["holder"]), []).append(int(device["index"]))
         elif device.get("foreign") and not allow_shared:
             for proc in device["foreign"][:4]:
-                foreign.append(f"{host} GPU {device['index']}: process {_clean(proc.get('pid'))} (user "
-                               f"{_clean(proc.get('user', '?'))}: {_clean(proc.get('command', '?'))}), not started by "
+                foreign.append(f"{host} GPU {device['index']}: process {clean(proc.get('pid'))} (user "
+                               f"{clean(proc.get('user', '?'))}: {clean(proc.get('command', '?'))}), not started by "
                                "launch (resources.allow_shared_gpus: true shares it)")
-    lines = [f"{host} {noun}{'s' if len(held) > 1 else ''} {_ranges(held)}: {who}" for who, held in groups.items()]
+    lines = [f"{host} {noun}{'s' if len(held) > 1 else ''} {_ranges(held)}: {name}" for name, held in groups.items()]
     lines += foreign
-    lines += [f"{host}: {_who({**t, 'from': t.get('origin')})} waits for it first" for t in state.get("ahead", [])]
+    lines += [f"{host}: {who(t)} waits for it first" for t in state.get("ahead", [])]
     if not lines:
         lines.append(f"{host}: {state.get('wanted')} {noun}(s) wanted, {state.get('free')} free")
     return lines
@@ -136,7 +145,7 @@ def describe(host: str, state: dict, allow_shared: bool) -> list[str]:
 
 def _answer_problems(host: str, answer: dict | None, error: str | None, allow_shared: bool) -> list[str]:
     if answer is None or answer.get("error"):
-        return [f"{host}: cannot read its leases: {_clean(error or (answer or {}).get('error'))}"]
+        return [f"{host}: cannot read its leases: {clean(error or (answer or {}).get('error'))}"]
     return [] if answer.get("ready") else describe(host, answer, allow_shared)
 
 
@@ -236,7 +245,10 @@ def start_leased(backend: Backend, plan: Plan, context: StartContext,
     order = time.time()
     hosts = host_leases(backend, plan)
     if not hosts or plan.queue != "wait":
-        return start(order)
+        try:
+            return start(order)
+        except LeasesBusy as exc:
+            raise LeasesBusy(f"{TAKEN_FIRST} (nothing was started): {exc}", exc.node) from None
     turn = _Turn(backend, plan, hosts, order)
     try:
         fresh = False
@@ -245,7 +257,7 @@ def start_leased(backend: Backend, plan: Plan, context: StartContext,
             try:
                 return start(order)
             except LeasesBusy as exc:
-                turn.say(context, f"another job took the leases first: {exc}")
+                turn.say(context, f"{TAKEN_FIRST}: {exc}")
                 fresh = True
     finally:
         turn.close()

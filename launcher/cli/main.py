@@ -60,6 +60,9 @@ from launcher.cli.specs import check, schema, validate  # noqa: E402
 cli.add_command(check)
 cli.add_command(validate)
 cli.add_command(schema)
+from launcher.cli.queue import queue_command  # noqa: E402
+
+cli.add_command(queue_command)
 from launcher.cli.trust import trust  # noqa: E402
 
 cli.add_command(trust)

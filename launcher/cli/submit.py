@@ -11,7 +11,7 @@ import sys
 import click
 
 from launcher.cli.output import echo_reason, echo_safe_line, exit_for
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, PreflightError
 from launcher.views.render import console
 
 
@@ -63,11 +63,21 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
         if view is not None:
             view.close()
     _tell_outcome(job_id, state, as_json=as_json, detach=detach)
+    if state == "FAILED" and _lost_the_leases(job_id):
+        sys.exit(PreflightError.exit_code)  # as when preflight finds them held: another job was quicker
     if detach:
         if state in ("FAILED", "CANCELLED"):  # a scheduler refused the job before --detach returned
             exit_for(state)
     else:
         exit_for(state)
+
+
+def _lost_the_leases(job_id: str) -> bool:
+    """Whether the job found its GPUs or slots taken by another job between preflight and start."""
+    from launcher.backends.leasing import TAKEN_FIRST
+    from launcher.store.db import Store
+
+    return TAKEN_FIRST in (Store().job(job_id).get("reason") or "")
 
 
 def _print_plan(plan, as_json: bool) -> None:

@@ -27,14 +27,14 @@ import os
 import pwd
 import socket
 import stat
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from . import gpuapps
+
 DEFAULT_DIR = "/var/tmp/launch-leases"
 RECORD_LIMIT = 4096  # bytes of a holder record or ticket read (others' files: bounded)
-NVIDIA_SMI_S = 10.0
 
 
 class LeaseError(Exception):
@@ -60,10 +60,6 @@ def lease_dir(path: str | None = None) -> str:
         raise LeaseError(f"{path} may be changed by every user without the sticky bit (mode "
                          f"{oct(info.st_mode & 0o7777)}): `chmod 1777 {path}`")
     return path
-
-
-def _name(kind: str, index: int) -> str:
-    return f"{host_name()}.{kind}{index}.lock"
 
 
 def _open_lock(path: str) -> int:
@@ -177,8 +173,8 @@ def _record_of(directory: str, pid: int, kind: str, suffix: str) -> dict | None:
     return record
 
 
-def _text(value: object, limit: int = 120) -> str | None:
-    return value[:limit] if isinstance(value, str) else None
+def _text(value: object) -> str | None:
+    return value[:120] if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -193,7 +189,7 @@ class Holder:
     command: str | None = None  # a foreign process's command (nvidia-smi)
 
     def as_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {("from" if k == "origin" else k): v for k, v in self.__dict__.items() if v is not None}
 
 
 def holder(directory: str, pid: int, index: int, kind: str) -> Holder:
@@ -220,7 +216,7 @@ class Ticket:
     pid: int
 
     def as_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {("from" if k == "origin" else k): v for k, v in self.__dict__.items() if v is not None}
 
 
 def tickets(directory: str) -> list[Ticket]:
@@ -252,32 +248,8 @@ def tickets(directory: str) -> list[Ticket]:
 
 def foreign_gpu_processes() -> dict[int, list[Holder]]:
     """Per GPU index, the compute processes nvidia-smi lists ({} without nvidia-smi)."""
-    return parse_compute_apps(_smi(["--query-gpu=index,uuid"]), _smi(["--query-compute-apps=pid,gpu_uuid,process_name"]))
-
-
-def _smi(query: list[str]) -> str:
-    try:
-        done = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=NVIDIA_SMI_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout if done.returncode == 0 else ""
-
-
-def parse_compute_apps(gpus: str, apps: str) -> dict[int, list[Holder]]:
-    """nvidia-smi's ``index,uuid`` and ``pid,gpu_uuid,process_name`` CSV as compute processes per GPU index."""
-    index_of = {}
-    for line in gpus.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
-            index_of[parts[1]] = int(parts[0])
-    found: dict[int, list[Holder]] = {}
-    for line in apps.splitlines():
-        parts = [p.strip() for p in line.split(",", 2)]
-        if len(parts) == 3 and parts[0].isdigit() and parts[1] in index_of:
-            pid = int(parts[0])
-            found.setdefault(index_of[parts[1]], []).append(Holder(pid, user_name(_uid_of(pid)), command=parts[2][:120]))
-    return found
+    return {index: [Holder(pid, user_name(_uid_of(pid)), command=command) for pid, command in apps]
+            for index, apps in gpuapps.compute_apps().items()}
 
 
 @dataclass
@@ -306,7 +278,7 @@ def survey(kind: str, capacity: int, directory: str | None = None) -> Survey:
     holders: dict[int, Holder | None] = {}
     for index in range(capacity):
         try:
-            inode = os.lstat(os.path.join(directory, _name(kind, index))).st_ino
+            inode = os.lstat(os.path.join(directory, f"{host_name()}.{kind}{index}.lock")).st_ino
         except OSError:
             holders[index] = None
             continue
@@ -351,12 +323,13 @@ class Busy:
 
     def as_json(self, allow_shared: bool) -> dict:
         return {**self.survey.as_json(), "wanted": self.wanted, "free": len(self.survey.free(allow_shared)),
+                "allow_shared": allow_shared,
                 "ahead": [t.as_json() for t in self.ahead]}
 
 
 def _try_lock(directory: str, kind: str, index: int) -> int | None:
     """An fd holding device ``index``'s lock, or None when another process holds it."""
-    path = os.path.join(directory, _name(kind, index))
+    path = os.path.join(directory, f"{host_name()}.{kind}{index}.lock")
     while True:
         fd = _open_lock(path)
         try:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
 
-NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "leases", "waiting", "agent", "follow", "stacks", "slurmnode",
-                "main")  # in import order
+NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "leases", "waiting", "agent",
+                "follow", "stacks", "slurmnode", "main")  # in import order
 
 PACKAGE = "launch_node"
 BOOT = """\

@@ -183,7 +183,7 @@ class LocalBackend(Backend):
             return Preflight(problems=[problem or "localhost: no facts"])
         return Preflight(problems=node_problems("localhost", plan, facts), facts={0: facts})
 
-    def lease_devices(self, plan: Plan, index: int) -> tuple[str, int]:
+    def lease_devices(self, plan: Plan | None, index: int) -> tuple[str, int]:
         local = self.cluster.local
         return ("gpu", local.gpus) if local.gpus else ("slot", local.slots or 1)
 

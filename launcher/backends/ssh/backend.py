@@ -292,9 +292,8 @@ class SSHBackend(Backend):
             raise NodeStartError(error_text(error), error.node if isinstance(error, NodeStartError) else index)
         return plan, handles
 
-    def lease_devices(self, plan: Plan, index: int) -> tuple[str, int]:
-        host = plan.nodes[index].host
-        spec = next((n for n in self.cluster.nodes if n.host == host), self.cluster.nodes[index])
+    def lease_devices(self, plan: Plan | None, index: int) -> tuple[str, int]:
+        spec = self.cluster.nodes[index]  # a plan's node index is its cluster's (a smaller cluster: a new backend)
         return ("gpu", spec.gpus) if spec.gpus else ("slot", spec.capacity)
 
     def stream_command(self, plan: Plan, index: int, command: str, request: dict) -> SSHStream:

@@ -1,0 +1,35 @@
+"""`launch queue`: the leases of a cluster's nodes and the jobs waiting for them."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("queue")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def queue_command(cluster_file, as_json):
+    """Who holds each GPU (or CPU slot) of every node, since when, and which jobs wait, in order.
+
+    On local and SSH clusters each GPU or slot is leased to one job at a time by
+    the job's node agent (docs/LEASES.md); a job submitted with --wait (or
+    queue: wait) waits for its turn. Every node is asked at once.
+
+    \b
+    Examples:
+      launch queue
+      launch queue --cluster examples/clusters/a800.yaml
+      launch queue --cluster cluster.yaml --json
+    """
+    from launcher.run import queue
+    from launcher.run.orchestrate import load_cluster_spec
+    from launcher.views.terminal import safe_text
+
+    nodes, waiting = queue.read_queue(load_cluster_spec(cluster_file))
+    if as_json:
+        click.echo(json.dumps(queue.queue_json(nodes, waiting), indent=2))
+        return
+    for line in queue.queue_lines(nodes, waiting):
+        click.echo(safe_text(line))

@@ -1,0 +1,76 @@
+"""Leases on the local cluster (docs/LEASES.md): jobs share this machine's slots, never oversubscribe them.
+
+The jobs run tests/programs/lease_hold.py, which notes each rank's start and end and holds its slot until the
+test creates the job's release file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, write_yaml
+
+HOLD = ROOT / "tests" / "programs" / "lease_hold.py"
+
+
+def _job(tmp_path: Path, tag: str) -> str:
+    job = {"name": f"hold-{tag}", "entrypoint": ["python", str(HOLD)], "resources": {"nodes": 1, "nproc_per_node": 1},
+           "watch": {"grace_period": 1},
+           "env": {"TEST_TIMES": str(tmp_path / f"times-{tag}"), "TEST_RELEASE": str(tmp_path / f"release-{tag}")}}
+    return str(write_yaml(tmp_path / f"job-{tag}.yaml", job))
+
+
+def _times(tmp_path: Path, tag: str) -> list[list[str]]:
+    path = tmp_path / f"times-{tag}"
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _submit(home: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(launch_argv("submit", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(home), cwd=ROOT)
+
+
+def _done(proc: subprocess.Popen) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def test_two_one_slot_jobs_share_a_two_slot_host_each_on_its_own_slot_and_a_third_waits(
+        tmp_path: Path, home: Path) -> None:
+    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "two-slots", "backend": "local", "local": {"slots": 2}}))
+    first, second = (_submit(home, _job(tmp_path, tag), "--cluster", cluster) for tag in ("a", "b"))
+    assert wait_for(lambda: _times(tmp_path, "a") and _times(tmp_path, "b"), timeout=90), (first, second)
+    listed = json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)
+    holders = {d["index"]: d["holder"]["job"] for d in listed["nodes"][0]["devices"]}
+    jobs = {_times(tmp_path, "a")[0][1], _times(tmp_path, "b")[0][1]}
+    assert set(holders) == {0, 1} and set(holders.values()) == jobs, listed
+
+    third = _submit(home, _job(tmp_path, "c"), "--cluster", cluster, "--wait")
+    queued = wait_for(lambda: next((j for j in json.loads(run_cli(home, "status", "--json").stdout)
+                                    if j["state"] == "QUEUED"), None), timeout=60)
+    assert queued and all(f"job {job} (user " in queued["queue_reason"] for job in jobs), queued
+    shown = run_cli(home, "queue", "--cluster", cluster).stdout
+    assert f"1. job {queued['id']}" in shown, shown
+    (tmp_path / "release-a").touch()
+    assert _done(first)[0] == 0
+    assert wait_for(lambda: _times(tmp_path, "c"), timeout=90), third
+    ended_a = max(float(t[5]) for t in _times(tmp_path, "a") if t[0] == "end")
+    assert float(_times(tmp_path, "c")[0][5]) >= ended_a
+    for tag in ("b", "c"):
+        (tmp_path / f"release-{tag}").touch()
+    assert _done(second)[0] == 0
+    code, err = _done(third)
+    assert code == 0, err
+    assert status_json(home, queued["id"])["state"] == "SUCCEEDED"
+
+
+def test_two_demo_submits_at_once_on_a_two_core_machine_never_run_together(tmp_path: Path, home: Path) -> None:
+    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "laptop", "backend": "local", "local": {"slots": 2}}))
+    args = ("jobs/cifar10_convnet.yaml", "--cluster", cluster, "--set", "max_steps=2", "--skip-check")
+    both = [_submit(home, *args) for _ in range(2)]
+    (code_a, err_a), (code_b, err_b) = (_done(proc) for proc in both)
+    assert sorted((code_a, code_b)) == [0, 3], (err_a, err_b)
+    refused = err_a if code_a == 3 else err_b
+    assert "localhost slots 0-1: job cifar10-convnet-" in refused, refused

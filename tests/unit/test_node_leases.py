@@ -1,0 +1,153 @@
+"""The node side of leases (launcher.node.leases) with real locks held by real processes, and how the submitting
+side names holders (launcher.backends.leasing). Several users: tests/integration/test_leases.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import leasing
+from launcher.node import gpuapps, leases
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLDER = """
+import json, sys
+from launcher.node import leases
+kind, count, capacity, job, order, directory, mode = sys.argv[1:8]
+if mode == "ticket":
+    with leases.ticket({"job": job, "from": "login-1"}, float(order), int(count), directory):
+        print("held", flush=True)
+        sys.stdin.read()
+else:
+    got = leases.acquire(kind, int(count), int(capacity), {"job": job, "from": "login-1"}, float(order), directory=directory)
+    print(json.dumps(got.devices if isinstance(got, leases.Lease) else None), flush=True)
+    sys.stdin.read()
+"""
+
+
+class Holder:
+    """A process holding leases (or a ticket) until it is closed or killed."""
+
+    def __init__(self, directory: Path, *args: str, mode: str = "lease") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, *args, str(directory), mode], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert self.proc.stdout is not None
+        self.said = self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> Path:
+    return Path(leases.lease_dir(str(tmp_path / "leases")))
+
+
+def test_a_job_gets_the_lowest_free_devices_all_or_none(directory: Path) -> None:
+    first = Holder(directory, "slot", "1", "3", "job-a", "1.0")
+    assert first.said == "[0]"
+    got = leases.acquire("slot", 2, 3, {"job": "job-b"}, 2.0, directory=str(directory))
+    assert isinstance(got, leases.Lease) and got.devices == [1, 2]
+    got.release()
+    busy = leases.acquire("slot", 3, 3, {"job": "job-b"}, 2.0, directory=str(directory))
+    assert isinstance(busy, leases.Busy)
+    assert leases.survey("slot", 3, str(directory)).free(False) == [1, 2], "a refused job kept some of its devices"
+    first.close()
+
+
+def test_the_holder_is_named_from_its_record_and_the_lease_dies_with_its_process(directory: Path) -> None:
+    holder = Holder(directory, "slot", "2", "2", "job-a", "1.0")
+    seen = leases.survey("slot", 2, str(directory))
+    assert [h.job if h else None for h in seen.holders.values()] == ["job-a", "job-a"]
+    assert {h.pid for h in seen.holders.values() if h} == {holder.proc.pid}
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait()
+    assert leases.survey("slot", 2, str(directory)).free(False) == [0, 1]  # at once: no stale lease
+    stale = list(directory.glob("*.holder.*"))
+    assert stale, "the killed holder's record should still be there (and not be believed)"
+    got = leases.acquire("slot", 2, 2, {"job": "job-b"}, 2.0, directory=str(directory))
+    assert isinstance(got, leases.Lease)
+    got.release()
+
+
+def test_a_record_not_written_by_the_lock_holder_is_not_believed(directory: Path) -> None:
+    holder = Holder(directory, "slot", "1", "1", "job-a", "1.0")
+    record = directory / f"{leases.host_name()}.holder.{os.getuid()}.{holder.proc.pid}"
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "job": "forged", "start_ticks": data["start_ticks"] + 1}))
+    seen = leases.survey("slot", 1, str(directory)).holders[0]
+    assert seen is not None and seen.job is None and seen.pid == holder.proc.pid
+    assert leasing.who(seen.as_json()) == f"process {holder.proc.pid} (user {seen.user}, no launch record)"
+    holder.close()
+
+
+def test_an_earlier_live_ticket_goes_first_and_a_dead_one_is_ignored(directory: Path) -> None:
+    waiting = Holder(directory, "slot", "1", "1", "job-early", "1.0", mode="ticket")
+    assert waiting.said == "held"
+    later = leases.acquire("slot", 1, 1, {"job": "job-late"}, 2.0, directory=str(directory))
+    assert isinstance(later, leases.Busy) and [t.job for t in later.ahead] == ["job-early"]
+    state = later.as_json(False)
+    assert leasing.describe("gpu-02", state, False)[0].startswith("gpu-02: job job-early (user ")
+    assert leasing.describe("gpu-02", state, False)[0].endswith(" waits for it first")
+    earlier = leases.acquire("slot", 1, 1, {"job": "job-earlier"}, 0.5, directory=str(directory))
+    assert isinstance(earlier, leases.Lease)
+    earlier.release()
+    waiting.proc.send_signal(signal.SIGKILL)
+    waiting.proc.wait()
+    got = leases.acquire("slot", 1, 1, {"job": "job-late"}, 2.0, directory=str(directory))
+    assert isinstance(got, leases.Lease), "a dead waiter's ticket held the queue"
+    got.release()
+
+
+def test_the_lease_directory_must_be_safe(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(leases.LeaseError, match="without the sticky bit"):
+        leases.lease_dir(str(open_dir))
+    (tmp_path / "link").symlink_to(open_dir)
+    with pytest.raises(leases.LeaseError, match="not a directory"):
+        leases.lease_dir(str(tmp_path / "link"))
+    made = leases.lease_dir(str(tmp_path / "new"))
+    assert os.stat(made).st_mode & 0o7777 == 0o1777
+
+
+def test_holders_are_named_as_users_read_them() -> None:
+    since = time.mktime(time.strptime(time.strftime("%Y-%m-%d 10:02"), "%Y-%m-%d %H:%M"))
+    held = {"pid": 7, "user": "ml-a", "job": "bert-large-zero3-1a2b3c4d", "from": "login-1", "since": since}
+    state = {"kind": "gpu", "devices": [{"index": i, "holder": held, "foreign": []} for i in range(8)], "ahead": []}
+    assert leasing.describe("gpu-02", state, False) == [
+        "gpu-02 GPUs 0-7: job bert-large-zero3-1a2b3c4d (user ml-a, from login-1, since 10:02)"]
+    state["devices"][3]["holder"] = None
+    state["devices"][3]["holder"] = {**held, "job": "evil\x1b]0;x\x07job"}
+    assert "gpu-02 GPU 3: job evil?]0;x?job" in leasing.describe("gpu-02", state, False)[1]
+
+
+SMI_GPUS = "0, GPU-aaaa\n1, GPU-bbbb\n2, GPU-cccc\n"
+SMI_APPS = "4194999, GPU-bbbb, python train.py --lr 3e-4\n4194998, GPU-zzzz, not ours\n"
+
+
+def test_gpus_with_foreign_processes_are_busy_unless_shared(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    apps = gpuapps.parse_compute_apps(SMI_GPUS, SMI_APPS)
+    assert apps == {1: [(4194999, "python train.py --lr 3e-4")]}
+    monkeypatch.setattr(gpuapps, "compute_apps", lambda: apps)
+    got = leases.acquire("gpu", 2, 3, {"job": "job-a"}, 1.0, directory=str(directory))
+    assert isinstance(got, leases.Lease) and got.devices == [0, 2]
+    got.release()
+    busy = leases.acquire("gpu", 3, 3, {"job": "job-a"}, 1.0, directory=str(directory))
+    assert isinstance(busy, leases.Busy)
+    lines = leasing.describe("gpu-01", busy.as_json(False), False)
+    assert lines == ["gpu-01 GPU 1: process 4194999 (user ?: python train.py --lr 3e-4), not started by launch "
+                     "(resources.allow_shared_gpus: true shares it)"]
+    shared = leases.acquire("gpu", 3, 3, {"job": "job-a"}, 1.0, allow_shared=True, directory=str(directory))
+    assert isinstance(shared, leases.Lease) and shared.devices == [0, 1, 2]
+    shared.release()
