@@ -2,10 +2,12 @@
 
 Every source yields, per optimizer step, this rank's whole step batch
 (``micro_batch * grad_accum`` samples) as a dict of CPU tensors; the loop
-splits it into micro-batches. A step's batch depends only on
-(seed, rank, world size, step), so a resumed run sees the same data an
-uninterrupted one would, and one step of 4m samples holds exactly the four
-micro-batches of m that accumulation would use.
+splits it into micro-batches. The data position is counted in global samples:
+step s consumes the global batch's samples s*G .. (s+1)*G - 1, rank r the
+slice r*n .. (r+1)*n - 1 of them (n = micro x accumulation), built in
+micro-batch chunks each seeded by its global position. So a step's samples
+are the same at any world size with the same global and micro batch: a job
+resumed on fewer nodes (issue 22) sees exactly the data an uninterrupted one would.
 
 Real data (``--data-path``): CIFAR-10 python batches (``data_batch_*``) for
 convnet, an ImageFolder tree for resnet50 (needs torchvision), a ``.npy``
@@ -58,6 +60,20 @@ class DataSpec:
     samples_per_step: int
     seq_len: int = 0
     data_path: str | None = None
+    micro_batch: int | None = None  # the chunk every sample position is seeded by (default: the whole step)
+
+    @property
+    def chunk(self) -> int:
+        return self.micro_batch or self.samples_per_step
+
+    @property
+    def global_batch(self) -> int:
+        return self.samples_per_step * self.world_size
+
+    def chunk_starts(self, step: int) -> range:
+        """The global sample positions of this rank's micro-batch chunks in ``step``."""
+        first = step * self.global_batch + self.rank * self.samples_per_step
+        return range(first, first + self.samples_per_step, self.chunk)
 
 
 def step_batches(spec: DataSpec, start_step: int, max_steps: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -65,7 +81,7 @@ def step_batches(spec: DataSpec, start_step: int, max_steps: int) -> Iterator[di
     if spec.data_path is None:
         make = _SYNTHETIC[spec.recipe]
         for step in range(start_step, max_steps):
-            yield make(spec, _generator(spec.seed, spec.rank, step))
+            yield _joined([make(spec, _generator(spec.seed, start), spec.chunk) for start in spec.chunk_starts(step)])
         return
     if spec.recipe == "resnet50":
         yield from _image_folder_batches(spec, start_step, max_steps)
@@ -74,7 +90,9 @@ def step_batches(spec: DataSpec, start_step: int, max_steps: int) -> Iterator[di
     source = _cifar_source(spec, path) if spec.recipe == "convnet" else _token_source(spec, path)
     indexer = _StepIndexer(len(source), spec)
     for step in range(start_step, max_steps):
-        yield source.batch(indexer.indices(step), _generator(spec.seed, spec.rank, step))
+        indices = indexer.indices(step)
+        yield _joined([source.batch(indices[i * spec.chunk : (i + 1) * spec.chunk], _generator(spec.seed, start))
+                       for i, start in enumerate(spec.chunk_starts(step))])
 
 
 def split_micro_batches(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
@@ -83,8 +101,13 @@ def split_micro_batches(batch: dict[str, torch.Tensor], count: int) -> list[dict
     return [{key: pieces[key][i] for key in batch} for i in range(count)]
 
 
-def _generator(seed: int, rank: int, step: int) -> torch.Generator:
-    mixed = (seed * 0x9E3779B1 + (rank + 1) * 0x85EBCA77 + (step + 1) * 0xC2B2AE3D) % (2**63)
+def _joined(chunks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return chunks[0] if len(chunks) == 1 else {key: torch.cat([c[key] for c in chunks]) for key in chunks[0]}
+
+
+def _generator(seed: int, position: int) -> torch.Generator:
+    """The generator of the chunk that starts at global sample ``position``."""
+    mixed = (seed * 0x9E3779B1 + (position + 1) * 0xC2B2AE3D) % (2**63)
     return torch.Generator().manual_seed(mixed)
 
 
@@ -93,37 +116,36 @@ def _class_patterns(seed: int, classes: int) -> torch.Tensor:
     return torch.randn(classes, 3, PATTERN_GRID, PATTERN_GRID, generator=gen)
 
 
-def _synthetic_images(spec: DataSpec, gen: torch.Generator, shape: tuple[int, int, int], classes: int):
-    labels = torch.randint(0, classes, (spec.samples_per_step,), generator=gen)
+def _synthetic_images(spec: DataSpec, gen: torch.Generator, n: int, shape: tuple[int, int, int], classes: int):
+    labels = torch.randint(0, classes, (n,), generator=gen)
     _, height, width = shape
     patterns = _class_patterns(spec.seed, classes)[labels]
     patterns = patterns.repeat_interleave(height // PATTERN_GRID, 2).repeat_interleave(width // PATTERN_GRID, 3)
-    noise = torch.randn(spec.samples_per_step, *shape, generator=gen)
+    noise = torch.randn(n, *shape, generator=gen)
     return {"images": noise + patterns, "labels": labels}
 
 
-def _synthetic_convnet(spec: DataSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    return _synthetic_images(spec, gen, CIFAR_IMAGE, CIFAR_CLASSES)
+def _synthetic_convnet(spec: DataSpec, gen: torch.Generator, n: int) -> dict[str, torch.Tensor]:
+    return _synthetic_images(spec, gen, n, CIFAR_IMAGE, CIFAR_CLASSES)
 
 
-def _synthetic_resnet(spec: DataSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    return _synthetic_images(spec, gen, IMAGENET_IMAGE, IMAGENET_CLASSES)
+def _synthetic_resnet(spec: DataSpec, gen: torch.Generator, n: int) -> dict[str, torch.Tensor]:
+    return _synthetic_images(spec, gen, n, IMAGENET_IMAGE, IMAGENET_CLASSES)
 
 
-def _progressions(spec: DataSpec, gen: torch.Generator, low: int, high: int) -> torch.Tensor:
+def _progressions(spec: DataSpec, gen: torch.Generator, n: int, low: int, high: int) -> torch.Tensor:
     """Token rows that count up from a random start with a random stride: learnable."""
-    n = spec.samples_per_step
     start = torch.randint(0, high - low, (n, 1), generator=gen)
     stride = torch.randint(1, 5, (n, 1), generator=gen)
     return low + (start + stride * torch.arange(spec.seq_len)) % (high - low)
 
 
-def _synthetic_bert(spec: DataSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    return mlm_inputs(_progressions(spec, gen, BERT_FIRST_WORD_ID, BERT_VOCAB), gen)
+def _synthetic_bert(spec: DataSpec, gen: torch.Generator, n: int) -> dict[str, torch.Tensor]:
+    return mlm_inputs(_progressions(spec, gen, n, BERT_FIRST_WORD_ID, BERT_VOCAB), gen)
 
 
-def _synthetic_gpt2(spec: DataSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    return causal_lm_inputs(_progressions(spec, gen, 0, GPT2_VOCAB))
+def _synthetic_gpt2(spec: DataSpec, gen: torch.Generator, n: int) -> dict[str, torch.Tensor]:
+    return causal_lm_inputs(_progressions(spec, gen, n, 0, GPT2_VOCAB))
 
 
 _SYNTHETIC = {
@@ -156,31 +178,29 @@ def causal_lm_inputs(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 class _StepIndexer:
-    """Per-step sample indices of one rank: a shard of a per-epoch permutation."""
+    """Per-step sample indices of one rank: its slice of the step's global batch, read in the order of a
+    per-epoch permutation (so the same at any world size with the same global batch)."""
 
     def __init__(self, size: int, spec: DataSpec) -> None:
         self._size = size
         self._spec = spec
-        self._per_rank = size // spec.world_size
-        self._steps_per_epoch = self._per_rank // spec.samples_per_step
+        self._steps_per_epoch = size // spec.global_batch
         if self._steps_per_epoch == 0:
             raise DataError(
                 f"{spec.data_path}: {size} samples cannot fill one step of "
                 f"{spec.samples_per_step} samples on each of {spec.world_size} ranks"
             )
         self._epoch = -1
-        self._mine = torch.empty(0, dtype=torch.long)
+        self._order = torch.empty(0, dtype=torch.long)
 
     def indices(self, step: int) -> torch.Tensor:
         epoch, offset = divmod(step, self._steps_per_epoch)
         if epoch != self._epoch:
             gen = torch.Generator().manual_seed(self._spec.seed * 1_000_003 + epoch)
-            order = torch.randperm(self._size, generator=gen)
-            world = self._spec.world_size
-            self._mine = order[self._spec.rank : self._per_rank * world : world]
+            self._order = torch.randperm(self._size, generator=gen)
             self._epoch = epoch
-        n = self._spec.samples_per_step
-        return self._mine[offset * n : (offset + 1) * n]
+        first = offset * self._spec.global_batch + self._spec.rank * self._spec.samples_per_step
+        return self._order[first : first + self._spec.samples_per_step]
 
 
 class _ArraySource:

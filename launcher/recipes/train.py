@@ -183,30 +183,28 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
     recipe = importlib.import_module(f"launcher.recipes.{RECIPE_MODULES[args.recipe]}")
     trainer = build_trainer(opts, recipe, device_for(int(os.environ.get("LOCAL_RANK", "0"))), args.seed)
     reporter = Reporter(every=args.metrics_every, flops_per_sample=info.flops_per_sample)
-    start = 0
-    if args.checkpoint_dir:
-        resumed = checkpoint.load_latest(trainer, args.checkpoint_dir)
-        if resumed is not None:
-            start = resumed
-            reporter.resume_at(start)
-            if rank == 0:
-                _say(f"resumed from step {start}")
     samples = args.micro_batch * args.grad_accum
     spec = DataSpec(
         recipe=args.recipe, rank=rank, world_size=world, seed=args.seed, samples_per_step=samples,
         seq_len=args.seq_len or DEFAULT_SEQ_LEN.get(args.recipe, 0), data_path=args.data_path,
+        micro_batch=args.micro_batch,
     )
+    start = _resume(trainer, args, spec.global_batch, rank) if args.checkpoint_dir else 0
+    reporter.resume_at(start)
+    reporter.extra.update(grad_accum=args.grad_accum)
     loss, saved = None, start
     for step, batch in enumerate(step_batches(spec, start, args.max_steps), start=start + 1):
         loss = trainer.step(split_micro_batches(batch, args.grad_accum))
+        reporter.extra["samples_consumed"] = step * spec.global_batch  # the data position: global samples
         reporter.step(samples=samples, tokens=samples * info.tokens_per_sample, loss=loss)
         if rank == 0 and reporter.steps_done % reporter.every == 0:
             _say(f"step {step} loss {loss.item():.4f}")
         if args.checkpoint_every and step % args.checkpoint_every == 0:
-            checkpoint.save(trainer, args.checkpoint_dir, step)
+            checkpoint.save(trainer, args.checkpoint_dir, checkpoint.Position(step, step * spec.global_batch))
             saved = step
     if args.checkpoint_dir and reporter.steps_done > saved:  # the final state, so a restart has nothing to redo
-        checkpoint.save(trainer, args.checkpoint_dir, reporter.steps_done)
+        done = reporter.steps_done
+        checkpoint.save(trainer, args.checkpoint_dir, checkpoint.Position(done, done * spec.global_batch))
     reporter.close(loss)
     trainer.close()
     dist.barrier()
@@ -218,6 +216,25 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
     gc.collect()
     dist.destroy_process_group()
     return 0
+
+
+def _resume(trainer, args: argparse.Namespace, global_batch: int, rank: int) -> int:
+    """The step to go on from: the newest checkpoint's, at any world size, as long as the global batch is the
+    one it was saved with (then samples consumed = step x global batch, and the data resumes where it was)."""
+    from launcher.recipes import checkpoint
+
+    at = checkpoint.load_latest(trainer, args.checkpoint_dir)
+    if at is None:
+        return 0
+    if at.samples is not None and at.samples != at.step * global_batch:
+        raise checkpoint.CheckpointError(
+            f"{args.checkpoint_dir}: saved after {at.samples} samples in {at.step} steps, which is not this run's "
+            f"global batch {global_batch} a step; resume with the global batch it was saved with")
+    if rank == 0:
+        _say(f"resumed from step {at.step}")
+        _say(f"  {at.step * global_batch} samples consumed; going on at world size "
+             f"{int(os.environ.get('WORLD_SIZE', '1'))}, grad_accum {args.grad_accum}")
+    return at.step
 
 
 def _say(line: str) -> None:

@@ -187,6 +187,7 @@ def make_supervisor(
         restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
         place=placer(job, cluster),
+        elastic=elastic_replanner(job, cluster, store, run_check) if job.elastic else None,
     )
 
 
@@ -223,6 +224,30 @@ def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool)
         return new_plan, backend
 
     return replan
+
+
+def elastic_replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool):
+    """The supervisor's way to re-plan an elastic job's next attempt (``run.elastic``), checked as submit checks,
+    the new plan and specs recorded (so cancel, the sweep and status address the nodes it now runs on)."""
+    from launcher.run import elastic
+
+    def check(smaller_job: JobSpec, smaller: ClusterSpec, previous: Plan, attempt: int) -> tuple[Plan, Backend]:
+        job_id = previous.job_id
+        fresh = plan_job(smaller_job, smaller, job_id, rdzv_port=previous.rendezvous.port,
+                         ds_config=deepspeed_config(smaller_job), resumed=(attempt, previous.world_size))
+        backend = get_backend(smaller)
+        try:
+            checked = preflight(Prepared(smaller_job, smaller, fresh), backend, run_check,
+                                lambda text: store.add_event(job_id, "warning", text))
+        except BaseException:
+            backend.close()
+            raise
+        store.update_job(job_id, plan=checked.model_dump(mode="json"), spec=stored_spec(smaller_job, smaller, run_check),
+                         nnodes=checked.nnodes, world_size=checked.world_size,
+                         grad_accum=checked.batch.grad_accum if checked.batch else None)
+        return checked, backend
+
+    return lambda plan, lost, attempt: elastic.replan(job, cluster, plan, lost, attempt, check)
 
 
 def preflight(

@@ -33,6 +33,8 @@ from launcher.metrics.record import Rejected, RejectedCount
 from launcher.plan.planner import Plan
 from launcher.run import contact, identity, stacks
 from launcher.run.attribution import NodeExit, node_failure
+from launcher.run.elastic import Lost as ElasticLoss
+from launcher.run.elastic import Replanner as ElasticReplanner
 from launcher.run.finish import Outcome, finish
 from launcher.run.liveness import HangDetector, Liveness
 from launcher.run.restarts import node_at_fault, why_not_restart
@@ -91,9 +93,11 @@ class Supervisor:
         stall_timeout: float | None = None,
         replan: Replanner | None = None,
         place: Callable[[Plan, Preflight], Plan] | None = None,
+        elastic: ElasticReplanner | None = None,
     ) -> None:
         """``replan`` (given with ``leave_out_failed_nodes``) re-plans a restart without the hosts given:
-        a host that failed first in two attempts is left out."""
+        a host that failed first in two attempts is left out. ``elastic`` (an elastic job) re-plans every
+        restart on the nodes left, without the one lost (``run.elastic``)."""
         self.store = store
         self.plan = plan
         self.backend = backend
@@ -106,6 +110,7 @@ class Supervisor:
         self.restart_on = restart_on
         self.replan = replan
         self.place = place
+        self.elastic = elastic
         self.first_failures: collections.Counter[str] = collections.Counter()
         self.hangs = HangDetector(stall_timeout, plan.max_steps, [n.host for n in plan.nodes]) if stall_timeout else None
         self.live = Liveness(time.time())
@@ -232,7 +237,8 @@ class Supervisor:
             if outcome.state != JobState.FAILED or self._cancel.is_set():
                 return outcome
             failure = outcome.failure
-            why_not = why_not_restart(attempt, failure, self.restarts, self.restart_on, self.replan is not None)
+            why_not = why_not_restart(attempt, failure, self.restarts, self.restart_on,
+                                      self.replan is not None or self.elastic is not None)
             if why_not:
                 if self.restarts:
                     self.store.add_event(self.plan.job_id, "no_restart", why_not)
@@ -243,6 +249,10 @@ class Supervisor:
                     return outcome.with_reason(f"{outcome.reason}; {problem}")
                 if self._cancel.is_set():
                     return Outcome(JobState.CANCELLED, self._cancel_reason)
+            if self.elastic is not None:
+                problem = self._go_elastic(failure, attempt)
+                if problem:
+                    return outcome.with_reason(f"{outcome.reason}; {problem}")
             attempt += 1
             self.store.add_event(
                 self.plan.job_id, "restarting",
@@ -301,6 +311,25 @@ class Supervisor:
             f"{host} failed first in two attempts: left out; restarting on {', '.join(n.host for n in plan.nodes)}",
             {"host": host, "nodes": [n.host for n in plan.nodes]},
         )
+        return None
+
+    def _go_elastic(self, failure: Failure | None, attempt: int) -> str | None:
+        """Re-plan the next attempt of an elastic job without the node this one lost; a problem text if it cannot go on."""
+        assert self.elastic is not None
+        lost = ElasticLoss()
+        if node_at_fault(failure):
+            assert failure is not None
+            steps = [r.step for r in self.store.metrics(self.plan.job_id) if r.attempt == attempt]
+            lost = ElasticLoss(failure.host or self.plan.nodes[failure.node or 0].host, max(steps, default=None))
+        try:
+            shrunk = self.elastic(self.plan, lost, attempt + 1)
+        except LaunchError as exc:
+            return f"not restarted on fewer nodes: {exc}"
+        self._guarded("closing the backend of the previous attempt", self.backend.close)
+        self.plan, self.backend = shrunk.plan, shrunk.backend
+        if self.hangs is not None:
+            self.hangs.hosts = tuple(n.host for n in shrunk.plan.nodes)
+        self.store.add_event(self.plan.job_id, "elastic_restart", shrunk.message, shrunk.data)
         return None
 
     def _next_attempt(self, attempt: int) -> bool:

@@ -262,3 +262,29 @@ def test_accumulation_matches_one_big_batch(strategy, single_rank_group):
 
 def _flat(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in module.parameters()])
+
+
+def _step_means(records: list[MetricRecord]) -> dict[int, float]:
+    """The loss of each step over the whole global batch: the mean of the ranks' (each holds as many samples)."""
+    by_step: dict[int, list[float]] = {}
+    for r in records:
+        by_step.setdefault(r.step, []).append(r.loss)
+    return {step: sum(values) / len(values) for step, values in by_step.items()}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero2"])
+def test_resume_at_another_world_size_keeps_the_trajectory_and_the_data(strategy, ddp_baseline, tmp_path):
+    # global 16 = micro 4 x GA 2 x 2 ranks; resumed on 1 rank: GA 4 keeps 16 (issue 22)
+    common = [*CONVNET, "--strategy", strategy, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
+    rc, output, _ = run_ranks([*common, "--max-steps", "4"])
+    assert_ok(rc, output)
+    one_rank = [*common[: common.index("--grad-accum")], *common[common.index("--grad-accum") + 2:]]
+    rc, output, records = run_ranks([*one_rank, "--grad-accum", "4", "--max-steps", str(BASELINE_STEPS)], nproc=1)
+    assert_ok(rc, output)
+    assert "resumed from step 4" in output.splitlines()
+    assert records[-1].step == BASELINE_STEPS and records[-1].extra["samples_consumed"] == BASELINE_STEPS * 16
+    expected = _step_means([MetricRecord(rank=rank, step=step, loss=loss) for (rank, step), loss in ddp_baseline.items()])
+    got = _step_means(records)
+    assert sorted(got) == [5, 6]
+    for step, loss in got.items():  # the loss an uninterrupted 2-rank run had at that step
+        assert abs(loss - expected[step]) <= LOSS_TOLERANCE, (step, loss, expected[step])

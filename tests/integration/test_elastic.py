@@ -1,0 +1,134 @@
+"""Lose a node, keep training (issue 22), end to end: the real CLI, namespaced SSH hosts, torchrun on gloo.
+
+Three hosts of one process each train the ConvNet recipe at global batch 12 = micro 2 x GA 2 x 3 with
+``elastic: {min_nodes: 2}``; host 3's agent is killed mid-run. The job must end SUCCEEDED on two hosts
+at GA 3, with exactly max_steps steps and max_steps x 12 samples by the recipe's own count, and the
+steps it ran twice (after the checkpoint it resumed from) must give the losses they gave before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.node import agent as agent_module
+from launcher.store.db import Store
+from tests.testbed_fixture import needs_root
+from tools import testbed as tb
+
+pytestmark = [needs_root, pytest.mark.testbed]
+
+PYTHON = sys.executable
+LAUNCH = str(Path(sys.executable).with_name("launch"))
+STEPS = 30
+KILL_AT = 16  # a step after the checkpoint at 15, before the one at 20: some steps are run twice
+
+
+def _cluster(tmp_path: Path, bed: tb.Testbed, hosts: int = 3) -> Path:
+    spec = {
+        "name": "testbed", "backend": "ssh",
+        "ssh": {"user": "root", "key_file": str(bed.key_file), "known_hosts": str(bed.known_hosts),
+                "config_file": str(bed.ssh_config)},
+        "nodes": [{"host": h.name, "gpus": 0, "slots": 2} for h in bed.hosts[:hosts]],
+        "python": PYTHON, "workdir": str(tmp_path),
+    }
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def _lose_node_2(home: Path, job_file: Path, cluster: Path, step: int) -> tuple[str, subprocess.CompletedProcess]:
+    """Submit in the foreground, kill node 2's agent once attempt 0 reported ``step``; the finished submit."""
+    submit = subprocess.Popen([LAUNCH, "submit", str(job_file), "--cluster", str(cluster)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+    try:
+        store = Store(home)
+
+        def reached():
+            jobs = store.jobs(limit=1)
+            if not jobs:
+                return None
+            steps = [r.step for r in store.metrics(jobs[0]["id"]) if r.attempt == 0]
+            return jobs[0]["id"] if max(steps, default=0) >= step else None
+
+        job_id = _wait_for(reached, 120, f"attempt 0 to report step {step}")
+        pid_file = Path(agent_module.run_root()) / job_id / "node2.pid"
+        os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        out, err = submit.communicate(timeout=240)
+    finally:
+        if submit.poll() is None:
+            submit.send_signal(signal.SIGTERM)
+            submit.communicate(timeout=60)
+    return job_id, subprocess.CompletedProcess(submit.args, submit.returncode, out, err)
+
+
+def _status(job_id: str) -> dict:
+    done = subprocess.run([LAUNCH, "status", job_id, "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
+        testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({
+        "name": "elastic", "recipe": "convnet", "strategy": "ddp",
+        "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
+        "max_steps": STEPS, "restarts": 2, "elastic": {"min_nodes": 2}, "metrics": {"every": 1},
+        "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 5}, "watch": {"grace_period": 2},
+    }))
+    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), KILL_AT)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    status = _status(job_id)
+    assert status["state"] == "SUCCEEDED" and status["attempt"] == 1
+    names = [h.name for h in testbed.hosts]
+    assert [n["host"] for n in status["nodes"] if n["attempt"] == 1] == names[:2]
+    assert (status["grad_accum"], status["global_batch"], status["world_size"]) == (3, 12, 2)
+    shrunk = [e for e in status["events"] if e["kind"] == "elastic_restart"]
+    assert len(shrunk) == 1
+    lost_at = shrunk[0]["data"]["lost_at_step"]
+    assert shrunk[0]["message"] == f"attempt 1: 2 nodes ({names[2]} lost at step {lost_at}), grad_accum 2 -> 3, global batch 12 kept"
+
+    records = Store(home).metrics(job_id)
+    after = [r for r in records if r.attempt == 1]
+    assert {r.extra["grad_accum"] for r in after} == {3} and {r.rank for r in after} == {0, 1}
+    final = max(after, key=lambda r: r.step)
+    assert final.step == STEPS and final.extra["samples_consumed"] == STEPS * 12
+    # the loss over the global batch, a step at a time; a step run in both attempts must agree (no jump)
+    means = {a: _step_means([r for r in records if r.attempt == a], ranks) for a, ranks in ((0, 3), (1, 2))}
+    assert set(means[0]) | set(means[1]) >= set(range(1, KILL_AT)) | set(range(KILL_AT + 4, STEPS + 1))
+    again = sorted(set(means[0]) & set(means[1]))
+    assert again, "no step ran in both attempts (the kill came after the checkpoint it should precede)"
+    for step in again:
+        assert abs(means[0][step] - means[1][step]) <= 1e-3, (step, means[0][step], means[1][step])
+
+    failed_at = next(e["t"] for e in status["events"] if e["kind"] == "node_failed")
+    first_step = min(r.t for r in after if r.t is not None)
+    print(f"node loss -> first step on 2 nodes: {first_step - failed_at:.1f} s; steps run twice: {again}")
+
+
+def _step_means(records, ranks: int) -> dict[int, float]:
+    """The loss of each step over the global batch (the mean of the ranks', which hold as many samples each),
+    for the steps every one of the attempt's ``ranks`` reported."""
+    by_step: dict[int, list[float]] = {}
+    for r in records:
+        by_step.setdefault(r.step, []).append(r.loss)
+    return {step: sum(values) / len(values) for step, values in by_step.items() if len(values) == ranks}
