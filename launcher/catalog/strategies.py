@@ -128,14 +128,14 @@ class Strategy:
                     "on CPU ranks"]
         return []
 
-    def spec_settings(self, launcher: str, nnodes: int, nproc_per_node: int) -> dict[str, str]:
+    def spec_settings(self, launcher: str, nnodes: int, nproc_per_node: int | str) -> dict[str, str]:
         """The spec values (``--set`` keys) that run a job with these settings under this strategy."""
         settings = {"strategy": self.name}
         if launcher not in self.launchers:
             settings["launcher"] = self.launchers[0]
         if self.single_node and nnodes > 1:
             settings["resources.nodes"] = "1"
-        if self.one_process_per_node and nproc_per_node > 1:
+        if self.one_process_per_node and nproc_per_node != 1:
             settings["resources.nproc_per_node"] = "1"
         return settings
 

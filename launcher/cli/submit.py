@@ -51,6 +51,8 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
     if dry_run:
         _print_plan(prepared.plan, as_json)
         return
+    for text in prepared.plan.warnings:
+        click.echo(f"warning: {text}", err=True)
     quiet = as_json or detach
     view = None if quiet else _open_view(prepared.plan)
     try:

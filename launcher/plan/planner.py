@@ -15,12 +15,13 @@ from launcher.catalog.strategies import get_strategy
 from launcher.errors import PlanError
 from launcher.plan import commands, containers
 from launcher.plan.batch import BatchPlan, resolve_batch
+from launcher.plan.elastic import Elastic, elastic_env, elastic_plan
 from launcher.plan.fit import MemoryFit, memory_fit, misfit_problem
 from launcher.plan.netenv import AUTO, NodeNetwork, network_env
-from launcher.plan.policy import PlanPolicy, capacity_problems
+from launcher.plan.policy import PlanPolicy, capacity_problems, node_procs
+from launcher.plan.uneven import uneven_warnings
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.container import ContainerSpec, Runtime, effective_container
-from launcher.spec.elastic import describe_counts, node_counts
 from launcher.spec.job import JobSpec
 
 LOG_PREFIX_TEMPLATE = "[${rank}]:"
@@ -47,29 +48,6 @@ class Rendezvous(Frozen):
         return f"{self.host}:{self.port}"
 
 
-class ElasticCount(Frozen):
-    """A node count an elastic job may go on with: its world size and grad_accum (None: the program's own batch)."""
-
-    nodes: int
-    world_size: int
-    grad_accum: int | None
-
-
-class Elastic(Frozen):
-    """An elastic job's legal node counts, largest first (the plan's own first), and what it resumes from."""
-
-    min_nodes: int
-    counts: tuple[ElasticCount, ...]
-    #: the attempt this plan is for (an elastic job is re-planned at every restart)
-    attempt: int = 0
-    #: the world size of the attempt before (a re-plan), else None
-    previous_world_size: int | None = None
-
-    def describe(self) -> str:
-        """``4 nodes: GA 2, 2 nodes: GA 4``."""
-        return describe_counts(self.counts)
-
-
 class NodePlan(Frozen):
     """One node of the run: where it is, what it runs, with which added environment."""
 
@@ -77,6 +55,8 @@ class NodePlan(Frozen):
     host: str
     address: str
     nproc: int
+    #: the global rank of the node's first process (the processes of the nodes before it)
+    first_rank: int = 0
     gpus: int
     argv: tuple[str, ...]
     env: dict[str, str]
@@ -111,6 +91,8 @@ class Plan(Frozen):
     ds_config: dict | None = None
     memory: MemoryFit | None = None
     elastic: Elastic | None = None
+    #: what may break on this job's nodes (different process counts), shown with the plan
+    warnings: tuple[str, ...] = ()
     #: seconds the node agents run on with no supervisor in contact (None: to the end); docs/JOURNALS.md
     unattended_s: float | None = 1800.0
     #: when another job holds the devices (local, ssh: docs/LEASES.md): 'fail' (exit 3) or 'wait' (QUEUED)
@@ -149,9 +131,11 @@ def make_plan(
     settle what every node shares (rendezvous, program, container, files), then plan each node.
     """
     chosen = _choose_nodes(job, policy, nodes)
-    batch, memory = _check_fit(job, cluster, policy, chosen, placed=nodes is not None, check_fit=check_fit)
-    elastic = _elastic(job, chosen, batch, resumed)
-    shared = _shared(job, cluster, policy, job_id, chosen, probes or {}, rdzv_port, python, ds_config, batch, elastic)
+    procs = node_procs(job.resources.nproc_per_node, chosen)
+    batch, memory = _check_fit(job, cluster, policy, chosen, procs, placed=nodes is not None, check_fit=check_fit)
+    elastic = elastic_plan(job, procs, batch, resumed)
+    shared = _shared(job, cluster, policy, job_id, chosen, probes or {}, rdzv_port, python, ds_config, batch, elastic,
+                     procs)
     return Plan(
         job_id=job_id,
         job_name=job.name,
@@ -162,8 +146,8 @@ def make_plan(
         precision=job.precision,
         dist_backend="nccl" if all(node.gpus for node in chosen) else "gloo",
         nnodes=len(chosen),
-        nproc_per_node=job.resources.nproc_per_node,
-        world_size=job.resources.nodes * job.resources.nproc_per_node,
+        nproc_per_node=min(procs),
+        world_size=sum(procs),
         batch=batch,
         max_steps=job.max_steps,
         rendezvous=shared.rendezvous,
@@ -174,6 +158,7 @@ def make_plan(
         ds_config=ds_config,
         memory=memory,
         elastic=elastic,
+        warnings=tuple(uneven_warnings(job, procs, ds_config)),
         unattended_s=job.watch.unattended_timeout,
         queue=job.queue,
         allow_shared_gpus=job.resources.allow_shared_gpus,
@@ -186,11 +171,12 @@ def _choose_nodes(job: JobSpec, policy: PlanPolicy, placed: list[NodeSpec] | Non
 
 
 def _check_fit(
-    job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen: list[NodeSpec], *, placed: bool, check_fit: bool,
+    job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen: list[NodeSpec], procs: list[int], *, placed: bool,
+    check_fit: bool,
 ) -> tuple[BatchPlan | None, MemoryFit | None]:
     """The batch arithmetic and the memory estimate; PlanError listing every problem found on the way."""
-    world_size = job.resources.nodes * job.resources.nproc_per_node
-    problems = _fit_problems(job, cluster, policy, chosen, placed)
+    world_size = sum(procs)
+    problems = _fit_problems(job, cluster, policy, chosen, procs, placed)
     batch = None
     if job.batch is not None:
         try:
@@ -200,26 +186,13 @@ def _check_fit(
     memory = None
     if batch is not None and job.recipe is not None:
         gpu_gb = cluster.gpu.memory_gb if all(node.gpus for node in chosen) else None
-        memory = memory_fit(job, batch.micro_batch, len(chosen), job.resources.nproc_per_node, gpu_gb)
+        memory = memory_fit(job, batch.micro_batch, len(chosen), max(procs), gpu_gb)
         problem = misfit_problem(memory) if check_fit else None
         if problem:
             problems.append(problem)
     if problems:
         raise PlanError(f"job '{job.name}' does not fit cluster '{cluster.name}':\n" + "\n".join(f"  {p}" for p in problems))
     return batch, memory
-
-
-def _elastic(job: JobSpec, chosen: list[NodeSpec], batch: BatchPlan | None, resumed: tuple[int, int] | None,
-             ) -> Elastic | None:
-    """The legal node counts of an elastic job (a plan on fewer nodes lists its own count first)."""
-    if job.elastic is None:
-        return None
-    whole = (batch.global_batch, batch.micro_batch) if batch is not None else None
-    counts = node_counts([job.resources.nproc_per_node] * len(chosen), min(job.elastic.min_nodes, len(chosen)), whole)
-    attempt, previous = resumed or (0, None)
-    return Elastic(min_nodes=job.elastic.min_nodes, attempt=attempt, previous_world_size=previous,
-                   counts=tuple(ElasticCount(nodes=c.nodes, world_size=c.world_size, grad_accum=c.grad_accum)
-                                for c in counts))
 
 
 @dataclass(frozen=True)
@@ -241,12 +214,13 @@ class _Shared:
     cwd: str
     files: dict[str, tuple[str, str]]
     elastic: Elastic | None
+    procs: list[int]
 
 
 def _shared(
     job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, job_id: str, chosen: list[NodeSpec],
     probes: dict[int, NodeNetwork], rdzv_port: int, python: str | None, ds_config: dict | None, batch: BatchPlan | None,
-    elastic: Elastic | None,
+    elastic: Elastic | None, procs: list[int],
 ) -> _Shared:
     """The rendezvous on node 0, the interpreter, the container, the working directory and the program."""
     python = python or policy.python
@@ -266,6 +240,7 @@ def _shared(
         cwd=cwd,
         files={"LAUNCH_DS_CONFIG": (DS_CONFIG_FILE, _json(ds_config))} if ds_config and job.entrypoint else {},
         elastic=elastic,
+        procs=procs,
     )
 
 
@@ -296,7 +271,8 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
         index=index,
         host=node.host,
         address=address,
-        nproc=job.resources.nproc_per_node,
+        nproc=shared.procs[index],
+        first_rank=sum(shared.procs[:index]),
         gpus=node.gpus,
         argv=tuple(in_container.argv if in_container else argv),
         env={k: v for k, (v, _) in env.items()},
@@ -310,10 +286,10 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
 
 def _launcher_argv(shared: _Shared, index: int, address: str) -> list[str]:
     """The node's per-node launcher: DeepSpeed's, or torchrun with the plan's rendezvous."""
-    job, rendezvous, nproc = shared.job, shared.rendezvous, shared.job.resources.nproc_per_node
+    job, rendezvous, nproc = shared.job, shared.rendezvous, shared.procs[index]
     if job.launcher == "deepspeed":
         return commands.deepspeed_argv(
-            shared.launcher_python, [nproc] * shared.nnodes, index, rendezvous.host, rendezvous.port, shared.program,
+            shared.launcher_python, shared.procs, index, rendezvous.host, rendezvous.port, shared.program,
             local_rank_flag=not job.deepspeed.no_local_rank,
         )
     return commands.torchrun_argv(
@@ -349,7 +325,8 @@ def _json(data: dict) -> str:
     return json.dumps(data, indent=2, sort_keys=True)
 
 
-def _fit_problems(job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen: list[NodeSpec], placed: bool) -> list[str]:
+def _fit_problems(job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen: list[NodeSpec], procs: list[int],
+                  placed: bool) -> list[str]:
     problems = [] if placed else list(policy.resource_problems)
     wanted = job.resources.nodes
     if job.leave_out_failed_nodes:
@@ -365,22 +342,10 @@ def _fit_problems(job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, chosen
                 f"{wanted}: no spare node to restart on; list more nodes or drop the option"
             )
     if job.recipe is not None:
-        problems += get_strategy(job.strategy).resource_problems(wanted, job.resources.nproc_per_node)
+        problems += get_strategy(job.strategy).resource_problems(wanted, max(procs))
     if (policy.places_nodes and not placed) or not policy.checks_capacity:
         return problems
-    return problems + capacity_problems(job.resources.nproc_per_node, chosen)
-
-
-def elastic_env(elastic: Elastic | None) -> dict[str, tuple[str, str]]:
-    """What an elastic job's ranks are told beyond the batch (docs/RELIABILITY.md, the contract)."""
-    if elastic is None:
-        return {}
-    env = {"LAUNCH_ELASTIC_MIN_NODES": (str(elastic.min_nodes), "launch: elastic.min_nodes"),
-           "LAUNCH_ATTEMPT": (str(elastic.attempt), "launch: the attempt (0 first; an elastic job is re-planned at each restart)")}
-    if elastic.previous_world_size is not None:
-        env["LAUNCH_PREVIOUS_WORLD_SIZE"] = (str(elastic.previous_world_size),
-                                             "launch: the world size of the attempt before this re-plan")
-    return env
+    return problems + capacity_problems(procs, chosen)
 
 
 def _address(node: NodeSpec, probe: NodeNetwork | None) -> str:

@@ -6,6 +6,7 @@ and the planner reads it, so backends import the planner and never the reverse.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.spec.cluster import NodeSpec
@@ -33,10 +34,15 @@ class PlanPolicy:
     uses_hcas: bool = True
 
 
-def capacity_problems(nproc: int, nodes: list[NodeSpec]) -> list[str]:
-    """Nodes that cannot take ``nproc`` processes (their GPUs, or CPU slots without GPUs)."""
+def node_procs(nproc: int | str, nodes: Sequence[NodeSpec]) -> list[int]:
+    """The processes of each node: ``nproc`` on every one, or with ``auto`` each node's GPUs (or CPU slots)."""
+    return [node.capacity if nproc == "auto" else int(nproc) for node in nodes]
+
+
+def capacity_problems(procs: list[int], nodes: list[NodeSpec]) -> list[str]:
+    """Nodes that cannot take their processes (their GPUs, or CPU slots without GPUs)."""
     return [
         f"resources.nproc_per_node: {nproc} processes on node {index} ({node.host}), which has "
         + (f"{node.gpus} GPUs" if node.gpus else f"{node.capacity} CPU slots")
-        for index, node in enumerate(nodes) if nproc > node.capacity
+        for index, (node, nproc) in enumerate(zip(nodes, procs, strict=True)) if nproc > node.capacity
     ]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from launcher.backends import Backend, backend_class
 from launcher.errors import LaunchError, PreflightError
 from launcher.plan.planner import Plan
+from launcher.plan.policy import node_procs
 from launcher.spec.cluster import ClusterSpec
-from launcher.spec.elastic import describe_counts, node_counts
+from launcher.spec.elastic import node_counts
 from launcher.spec.job import BatchSpec, JobSpec
 
 #: plans and preflights a job on a cluster for an attempt after the previous plan: (plan, its backend); PreflightError
@@ -53,7 +54,8 @@ def replan(job: JobSpec, cluster: ClusterSpec, plan: Plan, lost: Lost, attempt: 
     candidates = [n for n in cluster.nodes if n.host != lost.host] if listed else []
     available = len(candidates) if listed else plan.nnodes - (lost.host is not None)
     for _ in range(2):
-        count = _largest_count(job, plan, available)
+        procs = node_procs(job.resources.nproc_per_node, candidates) if listed else [plan.nodes[0].nproc] * available
+        count = _largest_count(job, plan, procs[: job.resources.nodes])
         smaller_job = _on(job, plan, count)
         smaller = cluster.model_copy(update={"nodes": candidates}) if listed else cluster
         try:
@@ -71,17 +73,15 @@ def replan(job: JobSpec, cluster: ClusterSpec, plan: Plan, lost: Lost, attempt: 
     raise LaunchError(f"elastic: the nodes left failed preflight twice; {available} node(s) remain")
 
 
-def _largest_count(job: JobSpec, plan: Plan, available: int) -> int:
-    """The largest legal node count the ``available`` nodes allow (counted on the job's full node list)."""
+def _largest_count(job: JobSpec, plan: Plan, procs: list[int]) -> int:
+    """The largest legal node count on the nodes left (``procs``: the processes of each, in order)."""
     assert job.elastic is not None
     whole = (plan.batch.global_batch, plan.batch.micro_batch) if plan.batch is not None else None
-    procs = [job.resources.nproc_per_node] * job.resources.nodes
     counts = node_counts(procs, job.elastic.min_nodes, whole)
-    fits = [count.nodes for count in counts if count.nodes <= available]
-    if not fits:
-        raise LaunchError(f"elastic: {available} node(s) left, and min_nodes is {job.elastic.min_nodes} "
-                          f"(legal counts: {describe_counts(counts)})")
-    return fits[0]
+    if not counts:
+        legal = f" (legal counts: {plan.elastic.describe()})" if plan.elastic else ""
+        raise LaunchError(f"elastic: {len(procs)} node(s) left, and min_nodes is {job.elastic.min_nodes}{legal}")
+    return counts[0].nodes
 
 
 def _on(job: JobSpec, plan: Plan, count: int) -> JobSpec:

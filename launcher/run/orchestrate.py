@@ -18,6 +18,7 @@ from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_s
 from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import LaunchError, PreflightError, SpecError
 from launcher.plan.planner import Plan, make_plan
+from launcher.plan.policy import node_procs
 from launcher.run import identity
 from launcher.run.checks import version_differences
 from launcher.run.recorded import RecordedJob, stored_spec
@@ -76,10 +77,16 @@ def prepare_job(job: JobSpec, cluster: ClusterSpec, check_fit: bool = True) -> P
     backend = backend_class(cluster.backend)
     port = cluster.rendezvous.port or free_port()
     plan = make_plan(job, cluster, new_job_id(job.name), policy=backend.plan_policy(job, cluster), rdzv_port=port,
-                     ds_config=deepspeed_config(job), check_fit=check_fit)
+                     ds_config=deepspeed_config(job, planned_world(job, cluster)), check_fit=check_fit)
     if check_fit:
         backend.check_host_memory(job, cluster, plan)
     return Prepared(job, cluster, plan)
+
+
+def planned_world(job: JobSpec, cluster: ClusterSpec) -> int:
+    """The job's world size on the nodes its backend would plan it on (``nproc_per_node: auto`` counts each node's)."""
+    nodes = backend_class(cluster.backend).plan_policy(job, cluster).nodes
+    return sum(node_procs(job.resources.nproc_per_node, nodes))
 
 
 def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None:
@@ -92,7 +99,8 @@ def deepspeed_config(job: JobSpec, world_size: int | None = None) -> dict | None
     from launcher.plan.batch import resolve_batch
     from launcher.plan.dsconfig import DSConfigError, entrypoint_ds_config, make_ds_config
 
-    world = world_size or job.resources.nodes * job.resources.nproc_per_node
+    nproc = job.resources.nproc_per_node
+    world = world_size or job.resources.nodes * (nproc if isinstance(nproc, int) else 1)
     try:
         batch = resolve_batch(job.batch, world) if job.batch is not None else None
     except PlanError:
@@ -234,7 +242,8 @@ def elastic_replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_chec
     def check(smaller_job: JobSpec, smaller: ClusterSpec, previous: Plan, attempt: int) -> tuple[Plan, Backend]:
         job_id = previous.job_id
         fresh = plan_job(smaller_job, smaller, job_id, rdzv_port=previous.rendezvous.port,
-                         ds_config=deepspeed_config(smaller_job), resumed=(attempt, previous.world_size))
+                         ds_config=deepspeed_config(smaller_job, planned_world(smaller_job, smaller)),
+                         resumed=(attempt, previous.world_size))
         backend = get_backend(smaller)
         try:
             checked = preflight(Prepared(smaller_job, smaller, fresh), backend, run_check,
@@ -290,6 +299,7 @@ def placed(job: JobSpec, cluster: ClusterSpec, plan: Plan, backend: type[Backend
         plan = make_plan(
             job, cluster, plan.job_id, policy=backend.plan_policy(job, cluster), rdzv_port=plan.rendezvous.port,
             nodes=found.nodes, probes=found.probes, python=found.python or plan.python, ds_config=plan.ds_config,
+            resumed=plan.elastic.resumed if plan.elastic else None,
         )
     if plan.unresolved():
         raise PreflightError("values could not be probed: " + ", ".join(plan.unresolved()))

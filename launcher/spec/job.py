@@ -68,8 +68,9 @@ def full_batch(batch: BatchSpec | None, world_size: int) -> tuple[int, int] | No
 
 class ResourcesSpec(Strict):
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (one torchrun agent each).")
-    nproc_per_node: int = Field(
-        1, ge=1, le=MAX_PROCS_PER_NODE, description="Processes per node: GPUs, or CPU slots without GPUs.",
+    nproc_per_node: Annotated[int, Field(ge=1, le=MAX_PROCS_PER_NODE)] | Literal["auto"] = Field(
+        1, description="Processes per node: GPUs, or CPU slots without GPUs; 'auto': one per GPU (or slot) of each "
+        "node, so nodes with different GPU counts run one job (ranks numbered node after node).",
     )
     allow_shared_gpus: bool = Field(
         False, description="Start on GPUs that processes launch did not start are using (nvidia-smi's compute apps); "
@@ -218,6 +219,8 @@ class JobSpec(Strict):
             return v
         if restarts < 1:
             raise ValueError("an elastic job restarts on fewer nodes: set restarts: 1 or more (each node loss takes one)")
+        if resources.nproc_per_node == "auto":
+            return v  # the processes of each node are known once planned on a cluster: the planner checks
         problem = min_nodes_problem(v, [resources.nproc_per_node] * resources.nodes,
                                     full_batch(info.data.get("batch"), resources.nodes * resources.nproc_per_node))
         if problem:

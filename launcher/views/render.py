@@ -68,17 +68,21 @@ def plan_text(plan: Any) -> str:
         f"  cluster     {plan.cluster_name} (backend {plan.backend})",
         f"  launcher    {plan.launcher}   strategy {plan.strategy or '(entrypoint)'}   precision {plan.precision}"
         f"   process group {plan.dist_backend}",
-        f"  world       {plan.nnodes} node(s) x {plan.nproc_per_node} process(es) = {plan.world_size} ranks",
+        f"  world       {_world(plan)}",
         f"  batch       {batch}",
         f"  steps       {plan.max_steps}",
         *([f"  elastic     min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}"] if plan.elastic else []),
+        *(f"  warning     {text}" for text in plan.warnings),
         f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",
     ]
     if plan.memory:
         lines.append("  memory      " + memory_line(plan.memory))
     data = plan_json(plan)
     for node in data["nodes"]:
-        lines.append(f"  node {node['index']}  {node['host']} ({node['address']})  {node['nproc']} proc  cwd {node['cwd']}")
+        first, last = node["first_rank"], node["first_rank"] + node["nproc"] - 1
+        ranks = f"ranks {first}-{last}" if last > first else f"rank {first}"
+        lines.append(f"  node {node['index']}  {node['host']} ({node['address']})  {node['nproc']} proc  "
+                     f"{ranks}  cwd {node['cwd']}")
         for name, (filename, _) in node["files"].items():
             lines.append(f"    file  {filename} in the node's run directory  # {name} holds its path")
         lines.append(f"    argv  {shlex.join(node['argv'])}")
@@ -91,6 +95,13 @@ def plan_text(plan: Any) -> str:
         lines.append("  deepspeed config (generated):")
         lines.extend("    " + line for line in json.dumps(plan.ds_config, indent=2, sort_keys=True).splitlines())
     return "\n".join(lines)
+
+
+def _world(plan: Any) -> str:
+    """``2 node(s) x 2 process(es) = 4 ranks``, or each node's count where they differ (``2+1``)."""
+    procs = [node.nproc for node in plan.nodes]
+    each = str(procs[0]) if len(set(procs)) == 1 else "+".join(map(str, procs))
+    return f"{plan.nnodes} node(s) x {each} process(es) = {plan.world_size} ranks"
 
 
 def memory_line(fit: MemoryFit) -> str:

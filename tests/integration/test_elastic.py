@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,12 +33,12 @@ STEPS = 30
 KILL_AT = 16  # a step after the checkpoint at 15, before the one at 20: some steps are run twice
 
 
-def _cluster(tmp_path: Path, bed: tb.Testbed, hosts: int = 3) -> Path:
+def _cluster(tmp_path: Path, bed: tb.Testbed, slots: tuple[int, ...] = (2, 2, 2)) -> Path:
     spec = {
         "name": "testbed", "backend": "ssh",
         "ssh": {"user": "root", "key_file": str(bed.key_file), "known_hosts": str(bed.known_hosts),
                 "config_file": str(bed.ssh_config)},
-        "nodes": [{"host": h.name, "gpus": 0, "slots": 2} for h in bed.hosts[:hosts]],
+        "nodes": [{"host": h.name, "gpus": 0, "slots": n} for h, n in zip(bed.hosts, slots, strict=False)],
         "python": PYTHON, "workdir": str(tmp_path),
     }
     path = tmp_path / "cluster.yaml"
@@ -54,21 +56,19 @@ def _wait_for(predicate, timeout: float, what: str):
     pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
-def _lose_node_2(home: Path, job_file: Path, cluster: Path, step: int) -> tuple[str, subprocess.CompletedProcess]:
-    """Submit in the foreground, kill node 2's agent once attempt 0 reported ``step``; the finished submit."""
+def _lose_node_2(home: Path, job_file: Path, cluster: Path, reached: Callable[[Store, str], bool],
+                 ) -> tuple[str, subprocess.CompletedProcess]:
+    """Submit in the foreground, kill node 2's agent once ``reached`` says attempt 0 got far enough; the finished submit."""
     submit = subprocess.Popen([LAUNCH, "submit", str(job_file), "--cluster", str(cluster)], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
     try:
         store = Store(home)
 
-        def reached():
+        def far_enough():
             jobs = store.jobs(limit=1)
-            if not jobs:
-                return None
-            steps = [r.step for r in store.metrics(jobs[0]["id"]) if r.attempt == 0]
-            return jobs[0]["id"] if max(steps, default=0) >= step else None
+            return jobs[0]["id"] if jobs and reached(store, jobs[0]["id"]) else None
 
-        job_id = _wait_for(reached, 120, f"attempt 0 to report step {step}")
+        job_id = _wait_for(far_enough, 120, "attempt 0 to get far enough")
         pid_file = Path(agent_module.run_root()) / job_id / "node2.pid"
         os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
         out, err = submit.communicate(timeout=240)
@@ -94,7 +94,8 @@ def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
         "max_steps": STEPS, "restarts": 2, "elastic": {"min_nodes": 2}, "metrics": {"every": 1},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 5}, "watch": {"grace_period": 2},
     }))
-    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), KILL_AT)
+    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), lambda store, job_id: max(
+        (r.step for r in store.metrics(job_id) if r.attempt == 0), default=0) >= KILL_AT)
     assert done.returncode == 0, done.stderr[-4000:]
 
     status = _status(job_id)
@@ -132,3 +133,52 @@ def _step_means(records, ranks: int) -> dict[int, float]:
     for r in records:
         by_step.setdefault(r.step, []).append(r.loss)
     return {step: sum(values) / len(values) for step, values in by_step.items() if len(values) == ranks}
+
+
+def test_a_users_own_program_keeps_its_global_batch_across_a_node_loss(
+        testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    program = Path(__file__).resolve().parents[1] / "programs" / "elastic_user.py"
+    steps = 16
+    job = tmp_path / "user.yaml"
+    job.write_text(json.dumps({
+        "name": "elastic-user", "entrypoint": ["python", str(program), "--ckpt", str(tmp_path / "state.json"),
+                                               "--steps", str(steps)],
+        "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
+        "restarts": 1, "elastic": {"min_nodes": 2}, "watch": {"grace_period": 2},
+    }))
+    runs = home / "runs"
+
+    def log(job_id: str, attempt: int) -> str:
+        path = runs / job_id / f"attempt{attempt}-node0.log"
+        return path.read_text() if path.exists() else ""
+
+    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), lambda store, job_id: "step 7 " in log(job_id, 0))
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = {a: re.findall(r"step (\d+) world (\d+) grad_accum (\d+) global (\d+) samples (\d+)", log(job_id, a))
+             for a in (0, 1)}
+    assert {(w, ga, g) for _, w, ga, g, _ in lines[0]} == {("3", "2", "12")}
+    assert {(w, ga, g) for _, w, ga, g, _ in lines[1]} == {("2", "3", "12")}
+    resumed = re.search(r"resumed at step (\d+) after (\d+) samples; attempt 1, previous world size 3", log(job_id, 1))
+    assert resumed and int(resumed[2]) == int(resumed[1]) * 12 and int(resumed[1]) % 5 == 0
+    step, *_, samples = lines[1][-1]
+    assert (int(step), int(samples)) == (steps, steps * 12)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_two_hosts_of_two_and_one_slots_run_three_ranks(testbed: tb.Testbed, tmp_path: Path, home: Path,
+                                                         strategy: str) -> None:
+    # global 12 = micro 2 x GA 2 x 3 ranks: ranks 0-1 on the 2-slot host, rank 2 on the other
+    job = tmp_path / "uneven.yaml"
+    job.write_text(json.dumps({
+        "name": "uneven", "recipe": "convnet", "strategy": strategy, "max_steps": 3, "metrics": {"every": 1},
+        "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 2, "nproc_per_node": "auto"},
+    }))
+    done = subprocess.run([LAUNCH, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed, (2, 1)))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    job_id = re.search(r"job (\S+): SUCCEEDED", done.stderr)[1]
+    assert (_status(job_id)["world_size"], _status(job_id)["grad_accum"]) == (3, 2)
+    records = Store(home).metrics(job_id)
+    names = [h.name for h in testbed.hosts]
+    assert {(r.rank, r.host) for r in records} == {(0, names[0]), (1, names[0]), (2, names[1])}
+    assert {r.extra["samples_consumed"] for r in records if r.step == 3} == {3 * 12}

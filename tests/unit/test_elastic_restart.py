@@ -9,8 +9,12 @@ from __future__ import annotations
 import pytest
 
 from launcher.backends import plan_job
+from launcher.backends.base import Preflight
+from launcher.backends.ssh.backend import SSHBackend
 from launcher.errors import LaunchError, PreflightError
+from launcher.plan.netenv import NodeNetwork
 from launcher.run import elastic
+from launcher.run.orchestrate import placed
 from launcher.spec import ClusterSpec, JobSpec
 
 SSH = ClusterSpec(name="a800", backend="ssh", python="/usr/bin/python3", workdir="/work",
@@ -51,6 +55,11 @@ def test_losing_one_of_four_skips_three_nodes_without_a_whole_grad_accum() -> No
     env = done.plan.nodes[0].env
     assert (env["LAUNCH_GRAD_ACCUM"], env["LAUNCH_MICRO_BATCH"], env["LAUNCH_GLOBAL_BATCH"]) == ("4", "16", "1024")
     assert (env["LAUNCH_ATTEMPT"], env["LAUNCH_PREVIOUS_WORLD_SIZE"]) == ("1", "32")
+    found = Preflight(probes={i: NodeNetwork(interface="eth0", address=f"10.0.0.{i + 1}", ib_hcas=("mlx5_0",))
+                              for i in (0, 1)})
+    two = JOB.model_copy(update={"resources": JOB.resources.model_copy(update={"nodes": 2})})
+    again = placed(two, SSH, done.plan, SSHBackend, found).nodes[0].env  # made again with what preflight found
+    assert (again["LAUNCH_ATTEMPT"], again["LAUNCH_PREVIOUS_WORLD_SIZE"]) == ("1", "32")
 
 
 def test_a_divisible_batch_goes_on_with_the_three_left() -> None:

@@ -187,9 +187,13 @@ class RayBackend(Backend):
 
     @classmethod
     def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
+        problems = []
+        if job.resources.nproc_per_node == "auto":
+            problems.append("resources.nproc_per_node: 'auto' needs nodes whose GPUs or slots the cluster spec lists "
+                            "(ssh, local); Ray places alike bundles: give a number")
         if job.elastic is None:
-            return []
-        return ["elastic: not on Ray: the Ray backend places a job's nodes once (a STRICT_SPREAD placement group "
+            return problems
+        return [*problems, "elastic: not on Ray: the Ray backend places a job's nodes once (a STRICT_SPREAD placement group "
                 "of resources.nodes bundles, held for the job's life), so a restart cannot go on with fewer nodes; "
                 "drop elastic, or run on ssh, slurm or local"]
 

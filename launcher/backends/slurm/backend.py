@@ -117,6 +117,9 @@ class SlurmBackend(Backend):
     @classmethod
     def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
         gpus, nproc = cluster.slurm.gpus_per_node, job.resources.nproc_per_node
+        if nproc == "auto":
+            return ["resources.nproc_per_node: 'auto' needs nodes whose GPUs or slots the cluster spec lists (ssh, "
+                    "local); Slurm allocates alike nodes: give a number (slurm.gpus_per_node on GPU nodes)"]
         if gpus and nproc > gpus:
             return [f"resources.nproc_per_node: {nproc} processes per node, but the job asks Slurm for {gpus} GPUs "
                     "per node (slurm.gpus_per_node)"]
