@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from typing import NoReturn
 
 from launcher.catalog.recipes import DEFAULT_SEQ_LEN, LANGUAGE_MODELS, RECIPES, recipe_info
@@ -223,6 +224,7 @@ def _resume(trainer, args: argparse.Namespace, global_batch: int, rank: int) -> 
     one it was saved with (then samples consumed = step x global batch, and the data resumes where it was)."""
     from launcher.recipes import checkpoint
 
+    began = time.monotonic()
     at = checkpoint.load_latest(trainer, args.checkpoint_dir)
     if at is None:
         return 0
@@ -233,7 +235,8 @@ def _resume(trainer, args: argparse.Namespace, global_batch: int, rank: int) -> 
     if rank == 0:
         _say(f"resumed from step {at.step}")
         _say(f"  {at.step * global_batch} samples consumed; going on at world size "
-             f"{int(os.environ.get('WORLD_SIZE', '1'))}, grad_accum {args.grad_accum}")
+             f"{int(os.environ.get('WORLD_SIZE', '1'))}, grad_accum {args.grad_accum} (loaded in "
+             f"{time.monotonic() - began:.1f} s)")
     return at.step
 
 

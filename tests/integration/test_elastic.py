@@ -30,7 +30,7 @@ pytestmark = [needs_root, pytest.mark.testbed]
 PYTHON = sys.executable
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 STEPS = 30
-KILL_AT = 16  # a step after the checkpoint at 15, before the one at 20: some steps are run twice
+KILL_AT = 16  # once every rank reported it: after the checkpoint at 15, before the one at 20, so step 16 runs twice
 
 
 def _cluster(tmp_path: Path, bed: tb.Testbed, slots: tuple[int, ...] = (2, 2, 2)) -> Path:
@@ -85,17 +85,18 @@ def _status(job_id: str) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp2"])
 def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
-        testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+        testbed: tb.Testbed, tmp_path: Path, home: Path, strategy: str) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(json.dumps({
-        "name": "elastic", "recipe": "convnet", "strategy": "ddp",
+        "name": "elastic", "recipe": "convnet", "strategy": strategy,
         "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
         "max_steps": STEPS, "restarts": 2, "elastic": {"min_nodes": 2}, "metrics": {"every": 1},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 5}, "watch": {"grace_period": 2},
     }))
-    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), lambda store, job_id: max(
-        (r.step for r in store.metrics(job_id) if r.attempt == 0), default=0) >= KILL_AT)
+    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), lambda store, job_id: len(
+        {r.rank for r in store.metrics(job_id) if r.attempt == 0 and r.step >= KILL_AT}) == 3)
     assert done.returncode == 0, done.stderr[-4000:]
 
     status = _status(job_id)
@@ -123,7 +124,9 @@ def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
 
     failed_at = next(e["t"] for e in status["events"] if e["kind"] == "node_failed")
     first_step = min(r.t for r in after if r.t is not None)
-    print(f"node loss -> first step on 2 nodes: {first_step - failed_at:.1f} s; steps run twice: {again}")
+    load = re.search(r"loaded in ([\d.]+) s", (home / "runs" / job_id / "attempt1-node0.log").read_text())
+    print(f"{strategy}: node loss -> first step on 2 nodes: {first_step - failed_at:.1f} s (checkpoint load "
+          f"{load[1] if load else '?'} s); steps run twice: {again}; samples {final.extra['samples_consumed']}")
 
 
 def _step_means(records, ranks: int) -> dict[int, float]:

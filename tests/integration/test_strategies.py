@@ -272,7 +272,7 @@ def _step_means(records: list[MetricRecord]) -> dict[int, float]:
     return {step: sum(values) / len(values) for step, values in by_step.items()}
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero2"])
+@pytest.mark.parametrize("strategy", ["fsdp2", "zero2"])  # ddp: tests/integration/test_elastic.py, on 3 hosts
 def test_resume_at_another_world_size_keeps_the_trajectory_and_the_data(strategy, ddp_baseline, tmp_path):
     # global 16 = micro 4 x GA 2 x 2 ranks; resumed on 1 rank: GA 4 keeps 16 (issue 22)
     common = [*CONVNET, "--strategy", strategy, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
