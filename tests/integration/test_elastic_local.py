@@ -1,0 +1,60 @@
+"""An elastic job on the local backend (issue 22): one node's processes killed, the job goes on with fewer.
+
+Three local nodes of one CPU rank each train the ConvNet recipe at global batch 12 = micro 2 x GA 2 x 3;
+node 2's agent is killed once attempt 0 has reported a step past the first checkpoint. The job must end
+SUCCEEDED on two nodes at GA 3 with max_steps x 12 samples by the recipe's own count.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.node import agent as agent_module
+from launcher.store.db import Store
+from tests.helpers import ROOT, cli_env, launch_argv, status_json, wait_for, write_yaml
+
+pytestmark = pytest.mark.slow
+
+LOCAL4 = Path(__file__).resolve().parent.parent / "clusters" / "local4.yaml"
+STEPS = 12
+
+
+def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(tmp_path: Path, home: Path) -> None:
+    job = write_yaml(tmp_path / "job.yaml", {
+        "name": "elastic-local", "recipe": "convnet", "max_steps": STEPS, "metrics": {"every": 1},
+        "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
+        "restarts": 1, "elastic": {"min_nodes": 2}, "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 3},
+        "watch": {"grace_period": 2},
+    })
+    submit = subprocess.Popen(launch_argv("submit", str(job), "--cluster", str(LOCAL4)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=cli_env(home), cwd=ROOT)
+    try:
+        store = Store(home)
+
+        def past_first_checkpoint():
+            jobs = store.jobs(limit=1)
+            steps = [r.step for r in store.metrics(jobs[0]["id"]) if r.attempt == 0] if jobs else []
+            return jobs[0]["id"] if max(steps, default=0) >= 4 else None
+
+        job_id = wait_for(past_first_checkpoint, timeout=120)
+        assert job_id, "attempt 0 never reported step 4"
+        pid_file = Path(agent_module.run_root()) / job_id / "node2.pid"
+        os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        _, err = submit.communicate(timeout=240)
+    finally:
+        if submit.poll() is None:
+            submit.send_signal(signal.SIGTERM)
+            submit.communicate(timeout=60)
+    assert submit.returncode == 0, err[-4000:]
+    status = status_json(home, job_id)
+    assert (status["state"], status["attempt"], status["world_size"], status["grad_accum"]) == ("SUCCEEDED", 1, 2, 3)
+    shrunk = [e["message"] for e in status["events"] if e["kind"] == "elastic_restart"]
+    assert len(shrunk) == 1 and shrunk[0].startswith("attempt 1: 2 nodes (") and shrunk[0].endswith(
+        "grad_accum 2 -> 3, global batch 12 kept")
+    final = max((r for r in Store(home).metrics(job_id) if r.attempt == 1), key=lambda r: r.step)
+    assert final.step == STEPS and final.extra["samples_consumed"] == STEPS * 12
