@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.testbed_fixture", "tests.slurm_fixture", "tests.container_fixture"]
+pytest_plugins = ["tests.testbed_fixture", "tests.slurm_fixture", "tests.container_fixture", "tests.users_fixture"]
 
 
 @pytest.fixture(autouse=True)

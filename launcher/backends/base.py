@@ -105,6 +105,8 @@ class StartContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: re-plans with what a preflight inside the allocation found (backends whose scheduler places nodes at start)
     place: Callable[[Plan, Preflight], Plan] | None = None
+    #: node N's agent on HOST holds these leases (``slots 0-1``): said once every node has started
+    leased: Callable[[int, str, str], None] = lambda node, host, devices: None
 
 
 class NodeHandle(Protocol):
@@ -271,6 +273,8 @@ class Backend(ABC):
 
     #: whether a node's GPUs or slots bound the processes per node (off where one machine hosts every node)
     checks_capacity: ClassVar[bool] = True
+    #: each node's agent leases the GPUs or slots it uses (``lease_devices``; docs/LEASES.md)
+    leases: ClassVar[bool] = False
 
     @classmethod
     def plan_policy(cls, job: JobSpec, cluster: ClusterSpec) -> PlanPolicy:
@@ -284,6 +288,7 @@ class Backend(ABC):
             checks_capacity=cls.checks_capacity,
             pinned_interface=cls.pinned_interface(cluster),
             uses_hcas=cls.uses_hcas(cluster),
+            leases=cls.leases,
         )
 
     @classmethod

@@ -61,6 +61,8 @@ class HostLease:
 def host_leases(backend: Backend, plan: Plan) -> list[HostLease]:
     """One entry a host of the plan (several local nodes share this machine); [] on backends without leases."""
     found: dict[str, HostLease] = {}
+    if not backend.leases:
+        return []
     for node in plan.nodes:
         device = backend.lease_devices(plan, node.index)
         if device is None:
@@ -161,15 +163,22 @@ def probe(backend: Backend, plan: Plan, hosts: Sequence[HostLease] | None = None
     return [line for lines in map(one, host_leases(backend, plan) if hosts is None else hosts) for line in lines]
 
 
-def read_until_leased(lines: Iterator[str], seen: list[str], host: str, index: int) -> None:
-    """Read an agent's first lines (kept in ``seen``) up to ``@leased``; LeasesBusy on ``@busy``, NodeStartError if
-    it ended first."""
+def devices_text(kind: object, devices: Sequence[int]) -> str:
+    """``GPUs 4-7``, ``slot 1``."""
+    noun = "GPU" if kind == "gpu" else "slot"
+    return f"{noun}{'s' if len(devices) > 1 else ''} {_ranges(list(devices))}"
+
+
+def read_until_leased(lines: Iterator[str], seen: list[str], host: str, index: int) -> str:
+    """Read an agent's first lines (kept in ``seen``) up to ``@leased``: what it holds (``GPUs 4-7``); LeasesBusy on
+    ``@busy``, NodeStartError if it ended first."""
     import json
 
     for line in lines:
         seen.append(line)
         if line.startswith(LEASED_EVENT):
-            return
+            held = json.loads(line[len(LEASED_EVENT):])
+            return devices_text(held.get("kind"), [int(i) for i in held.get("devices", [])])
         if line.startswith(BUSY_EVENT):
             state = json.loads(line[len(BUSY_EVENT):])
             raise LeasesBusy("; ".join(describe(host, state, bool(state.get("allow_shared")))), index)
@@ -246,7 +255,7 @@ def start_leased(backend: Backend, plan: Plan, context: StartContext,
     hosts = host_leases(backend, plan)
     if not hosts or plan.queue != "wait":
         try:
-            return start(order)
+            return _said(context, plan, start(order))
         except LeasesBusy as exc:
             raise LeasesBusy(f"{TAKEN_FIRST} (nothing was started): {exc}", exc.node) from None
     turn = _Turn(backend, plan, hosts, order)
@@ -255,9 +264,18 @@ def start_leased(backend: Backend, plan: Plan, context: StartContext,
         while True:
             turn.wait_ready(context, plan, fresh)
             try:
-                return start(order)
+                return _said(context, plan, start(order))
             except LeasesBusy as exc:
                 turn.say(context, f"{TAKEN_FIRST}: {exc}")
                 fresh = True
     finally:
         turn.close()
+
+
+def _said(context: StartContext, plan: Plan, started: tuple[Plan, Sequence[H]]) -> tuple[Plan, Sequence[H]]:
+    """Tell the supervisor what each started node holds (its handle's ``leased``, where it leases)."""
+    for handle in started[1]:
+        held = getattr(handle, "leased", None)
+        if held:
+            context.leased(handle.index, plan.nodes[handle.index].host, held)
+    return started

@@ -290,6 +290,11 @@ class Agent:
         self.out.event("started", {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
                                    "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid()),
                                    **({"devices": self.lease.devices} if self.lease else {})})
+        if self.lease is not None:
+            shown = ",".join(map(str, self.lease.devices))
+            visible = f" (CUDA_VISIBLE_DEVICES={shown})" if self.lease.kind == "gpu" else ""
+            self.out.write(f"|launch: node {self.req.get('node')}: {self.lease.kind}(s) {shown} leased on "
+                           f"{leases.host_name()} for the job's life{visible}".encode())
 
     def end(self, why: str) -> None:
         """End the command and everything of the job on this node, from any thread; a second call waits for

@@ -99,6 +99,8 @@ class Plan(Frozen):
     queue: str = "fail"
     #: GPUs used by processes launch did not start may be leased
     allow_shared_gpus: bool = False
+    #: each node's agent leases the GPUs (or slots) its ranks use, the lowest free when it starts (docs/LEASES.md)
+    leases: bool = False
 
     def unresolved(self) -> list[str]:
         """Values still waiting for a probe (``auto``), as ``node N: NAME``."""
@@ -162,6 +164,7 @@ def make_plan(
         unattended_s=job.watch.unattended_timeout,
         queue=job.queue,
         allow_shared_gpus=job.resources.allow_shared_gpus,
+        leases=policy.leases,
     )
 
 

@@ -32,6 +32,8 @@ class PlanPolicy:
     pinned_interface: tuple[str, str] | None = None
     #: whether InfiniBand HCAs are probed and set on this backend's nodes
     uses_hcas: bool = True
+    #: whether each node's agent leases the node's GPUs or slots it runs on (local, ssh: docs/LEASES.md)
+    leases: bool = False
 
 
 def node_procs(nproc: int | str, nodes: Sequence[NodeSpec]) -> list[int]:

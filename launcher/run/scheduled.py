@@ -9,7 +9,8 @@ from launcher.store.states import JobState
 
 
 class SchedulerEvents:
-    """The ``submitted``, ``queued`` and ``allocated`` callbacks of a backend's ``StartContext`` for one job."""
+    """The ``submitted``, ``queued``, ``allocated`` and ``leased`` callbacks of a backend's ``StartContext`` for one
+    job."""
 
     def __init__(self, store: Store, job_id: str, warn: Callable[[str], None] | None) -> None:
         self.store, self.job_id, self._warn = store, job_id, warn
@@ -36,3 +37,8 @@ class SchedulerEvents:
         if self.store.transition(self.job_id, JobState.LAUNCHING):
             self.store.add_event(self.job_id, "allocated", f"the scheduler allocated the nodes (its job {scheduler_id})"
                                  if scheduler_id else "the leases came free: starting")
+
+    def leased(self, node: int, host: str, devices: str) -> None:
+        """Node ``node``'s agent holds ``devices`` (``GPUs 0-3``) for the job's life."""
+        self.store.add_event(self.job_id, "leased", f"node {node} ({host}): {devices}",
+                             {"node": node, "host": host, "devices": devices})

@@ -83,6 +83,8 @@ def plan_text(plan: Any) -> str:
         ranks = f"ranks {first}-{last}" if last > first else f"rank {first}"
         lines.append(f"  node {node['index']}  {node['host']} ({node['address']})  {node['nproc']} proc  "
                      f"{ranks}  cwd {node['cwd']}")
+        if plan.leases:
+            lines.append("    lease " + lease_line(node["nproc"], node["gpus"]))
         for name, (filename, _) in node["files"].items():
             lines.append(f"    file  {filename} in the node's run directory  # {name} holds its path")
         lines.append(f"    argv  {shlex.join(node['argv'])}")
@@ -95,6 +97,14 @@ def plan_text(plan: Any) -> str:
         lines.append("  deepspeed config (generated):")
         lines.extend("    " + line for line in json.dumps(plan.ds_config, indent=2, sort_keys=True).splitlines())
     return "\n".join(lines)
+
+
+def lease_line(nproc: int, gpus: int) -> str:
+    """What a node's agent leases before its ranks start (docs/LEASES.md)."""
+    if not gpus:
+        return f"{nproc} CPU slot(s) of the node's, the lowest free when it starts (docs/LEASES.md)"
+    part = f"{nproc} of the node's {gpus} GPUs, the lowest free" if nproc < gpus else f"all {gpus} GPUs"
+    return f"{part} when it starts, set as CUDA_VISIBLE_DEVICES (docs/LEASES.md)"
 
 
 def _world(plan: Any) -> str:

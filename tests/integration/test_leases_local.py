@@ -7,6 +7,7 @@ test creates the job's release file.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -74,3 +75,29 @@ def test_two_demo_submits_at_once_on_a_two_core_machine_never_run_together(tmp_p
     assert sorted((code_a, code_b)) == [0, 3], (err_a, err_b)
     refused = err_a if code_a == 3 else err_b
     assert "localhost slots 0-1: job cifar10-convnet-" in refused, refused
+
+
+def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: Path) -> None:
+    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "one-slot", "backend": "local", "local": {"slots": 1}}))
+    holder = _submit(home, _job(tmp_path, "a"), "--cluster", cluster)
+    assert wait_for(lambda: _times(tmp_path, "a") or holder.poll() is not None, timeout=90) and holder.poll() is None
+    waiting = _submit(home, _job(tmp_path, "b"), "--cluster", cluster, "--wait")
+    detached = run_cli(home, "submit", _job(tmp_path, "c"), "--cluster", cluster, "--wait", "--detach").stdout.strip()
+
+    def queued() -> list[dict]:
+        return [j for j in json.loads(run_cli(home, "status", "--json").stdout) if j["state"] == "QUEUED"]
+
+    assert wait_for(lambda: len(queued()) == 2, timeout=60), queued()
+    assert wait_for(lambda: len(json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)["waiting"]) == 2,
+                    timeout=30)
+    waiting.send_signal(signal.SIGINT)
+    code, err = _done(waiting)
+    assert code == 130, err
+    assert run_cli(home, "cancel", detached).returncode == 0
+    states = {j["id"]: j["state"] for j in json.loads(run_cli(home, "status", "--json").stdout)}
+    assert sorted(states.values()) == ["CANCELLED", "CANCELLED", "RUNNING"], states
+    listed = json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)
+    assert listed["waiting"] == [] and listed["nodes"][0]["devices"][0]["holder"]["job"] == _times(tmp_path, "a")[0][1]
+    (tmp_path / "release-a").touch()
+    assert _done(holder)[0] == 0
+    assert not _times(tmp_path, "b") and not _times(tmp_path, "c")

@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 from launcher.node import proctree
-from tests.helpers import HOSTILE, cli_env, launch_argv, probe_job, run_cli, status_json, wait_for, wait_for_state
+from tests.helpers import (
+    HOSTILE,
+    cli_env,
+    launch_argv,
+    probe_job,
+    run_cli,
+    status_json,
+    wait_for,
+    wait_for_state,
+    write_yaml,
+)
 from tests.memory_cgroup import memory_cgroup as limited_memory_cgroup
 
 pytestmark = pytest.mark.slow
@@ -86,8 +96,9 @@ def test_cancel_ends_exactly_that_job(tmp_path, home):
     slow = {"PROBE_STEPS": "2000", "PROBE_STEP_S": "0.05"}
     victim = probe_job(tmp_path / "victim.yaml", name="victim", nodes=2, nproc=1, env=slow)
     bystander = probe_job(tmp_path / "bystander.yaml", name="bystander", nodes=1, nproc=1, env=slow)
-    victim_id = run_cli(home, "submit", str(victim), "--detach").stdout.strip()
-    bystander_id = run_cli(home, "submit", str(bystander), "--detach").stdout.strip()
+    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "three-slots", "backend": "local", "local": {"slots": 3}}))
+    victim_id = run_cli(home, "submit", str(victim), "--detach", "--cluster", cluster).stdout.strip()
+    bystander_id = run_cli(home, "submit", str(bystander), "--detach", "--cluster", cluster).stdout.strip()
     try:
         assert wait_for_state(home, victim_id, ("RUNNING",))["state"] == "RUNNING"
         assert wait_for(lambda: status_json(home, victim_id)["metrics"]["steps"] >= 2, timeout=60)
@@ -203,8 +214,10 @@ def test_a_stopped_rank_is_detected_as_hung(tmp_path, home):
 
 
 def test_twenty_concurrent_detached_submits_all_land(tmp_path, home):
+    """Twenty at once on twenty slots (more than this machine's: the store's concurrency is tested, not leases)."""
     job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=1, env={"PROBE_STEPS": "1"})
-    procs = [subprocess.Popen(launch_argv("submit", str(job), "--detach"),
+    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "twenty-slots", "backend": "local", "local": {"slots": 20}}))
+    procs = [subprocess.Popen(launch_argv("submit", str(job), "--detach", "--cluster", cluster),
                               env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(20)]
     outs = [p.communicate(timeout=120) for p in procs]

@@ -46,12 +46,13 @@ class LocalNode:
         self.lost_reason: str | None = None
         self._proc = proc
         self._first: list[str] = []
+        self.leased: str | None = None  # what the agent holds (``slots 0-1``)
 
     def wait_leased(self) -> None:
         """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
         assert self._proc.stdout is not None
         lines = (raw.decode("utf-8", "replace").rstrip("\n") for raw in iter(self._proc.stdout.readline, b""))
-        leasing.read_until_leased(lines, [], "localhost", self.index)
+        self.leased = leasing.read_until_leased(lines, [], "localhost", self.index)
 
     def answer(self, go: bool) -> None:
         """Tell an agent holding its leases to start (``go``), or, closing its stdin without, to exit."""
@@ -120,6 +121,7 @@ class LocalBackend(Backend):
     name: ClassVar[str] = "local"
     #: every local node is this machine: check_host_memory counts all their processes together
     checks_capacity: ClassVar[bool] = False
+    leases: ClassVar[bool] = True
 
     @classmethod
     def resolve_defaults(cls, cluster: ClusterSpec) -> ClusterSpec:

@@ -72,12 +72,13 @@ class SSHNode:
         self._early: list[str] = []
         self.start_ticks: int | None = None
         self.error: str | None = None
+        self.leased: str | None = None  # what the agent holds (``GPUs 0-3``)
 
     def wait_leased(self, timeout: float) -> None:
         """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
         self._channel.settimeout(timeout)
         try:
-            leasing.read_until_leased(self._stream, [], self._host, self.index)
+            self.leased = leasing.read_until_leased(self._stream, [], self._host, self.index)
         except TimeoutError:
             self._channel.close()
             raise NodeStartError(f"{self._host}: the node agent did not take its leases within {timeout:.0f} s",
@@ -168,6 +169,7 @@ class SSHBackend(Backend):
     """Runs each node of a plan on its host over SSH, fanning out to all hosts in parallel."""
 
     name: ClassVar[str] = "ssh"
+    leases: ClassVar[bool] = True
 
     def __init__(self, cluster: ClusterSpec) -> None:
         super().__init__(cluster)

@@ -1,0 +1,224 @@
+"""Leases end to end (docs/LEASES.md): real users, real sshd in namespaced hosts, real node agents and torchrun.
+
+Every job here runs tests/programs/lease_hold.py: each rank notes when it starts and ends (in its user's
+own times file) and holds its slot until the test creates the job's release file, so what ran when is
+read from the ranks themselves, never from sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.store.db import Store
+from tests.helpers import ROOT, wait_for, write_yaml
+from tests.testbed_fixture import needs_root
+from tests.users_fixture import User
+from tools import testbed as tb
+
+pytestmark = [needs_root, pytest.mark.testbed]
+
+HOLD = ROOT / "tests" / "programs" / "lease_hold.py"
+HOSTS = ("lt-h1", "lt-h2")
+
+
+class Bed:
+    """One test's shared lease directory, release files, and each user's job and cluster files."""
+
+    def __init__(self, testbed: tb.Testbed, users: dict[str, User], slots: int) -> None:
+        self.testbed, self.users = testbed, users
+        self.dir = Path(tempfile.mkdtemp(prefix="lt-lease-test-", dir=next(iter(users.values())).dir.parent))
+        self.dir.chmod(0o755)
+        self.leases = self.dir / "leases"
+        self.leases.mkdir()
+        self.leases.chmod(0o1777)
+        self.slots = slots
+
+    def env(self, user: User) -> dict[str, str]:
+        return user.env(LAUNCH_LEASE_DIR=str(self.leases))
+
+    def files(self, user: User, tag: str) -> tuple[str, str]:
+        """(job file, cluster file) of ``user``'s 2-node job ``tag``, written where the user can read them."""
+        hosts = {h.name: h for h in self.testbed.hosts}
+        cluster = {
+            "name": "bed", "backend": "ssh",
+            "ssh": {"user": user.name, "port": tb.SSH_PORT, "key_file": str(user.key), "known_hosts": str(user.known_hosts),
+                    "config_file": str(user.ssh_config)},
+            "nodes": [{"host": name, "address": hosts[name].address, "gpus": 0, "slots": self.slots} for name in HOSTS],
+            "python": sys.executable, "workdir": "/tmp",
+        }
+        job = {"name": f"hold-{tag}", "entrypoint": ["python", str(HOLD)], "resources": {"nodes": 2, "nproc_per_node": 1},
+               "watch": {"grace_period": 1},
+               "env": {"TEST_TIMES": str(self.times(user, tag)), "TEST_RELEASE": str(self.dir / f"release-{tag}")}}
+        paths = (write_yaml(self.dir / f"job-{tag}.yaml", job), write_yaml(self.dir / f"cluster-{user.name}.yaml", cluster))
+        return str(paths[0]), str(paths[1])
+
+    def times(self, user: User, tag: str) -> Path:
+        """Where the ranks of ``user``'s job ``tag`` note their start and end (the user's own directory)."""
+        return user.dir / f"times-{self.dir.name}-{tag}"
+
+    def release(self, tag: str) -> None:
+        (self.dir / f"release-{tag}").touch()
+
+
+def _times(bed: Bed, user: User, tag: str) -> list[tuple[str, str, str, float]]:
+    """(what, job, host, time) of each start and end line the job's ranks wrote."""
+    path = bed.times(user, tag)
+    if not path.exists():
+        return []
+    return [(p[0], p[1], p[3], float(p[5])) for p in (line.split() for line in path.read_text().splitlines())]
+
+
+def _started(bed: Bed, user: User, tag: str, ranks: int = 2) -> str | None:
+    """The job id once ``ranks`` ranks of job ``tag`` started."""
+    starts = [t for t in _times(bed, user, tag) if t[0] == "start"]
+    return starts[0][1] if len(starts) >= ranks else None
+
+
+def _until_started(bed: Bed, user: User, tag: str, proc: subprocess.Popen) -> str | None:
+    """The job id once both ranks of job ``tag`` started; None if its submit ended first."""
+    wait_for(lambda: _started(bed, user, tag) or proc.poll() is not None, timeout=90)
+    return _started(bed, user, tag)
+
+
+def _job(bed: Bed, user: User, state: str) -> dict | None:
+    done = user.run(["status", "--json"], bed.env(user))
+    jobs = [job for job in json.loads(done.stdout or "[]") if job["state"] == state]
+    return jobs[0] if jobs else None
+
+
+def _why(proc: subprocess.Popen) -> str:
+    """What a submit said, once it has ended (a job that never started)."""
+    return proc.communicate(timeout=60)[1] if proc.poll() is not None else "(still running)"
+
+
+def _ended(proc: subprocess.Popen) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def _by_host(bed: Bed, user: User, tag: str) -> dict[str, tuple[float, float]]:
+    """Per host: (first start, last end) of the job's ranks there."""
+    times = _times(bed, user, tag)
+    return {host: (min(t[3] for t in times if t[2] == host and t[0] == "start"),
+                   max(t[3] for t in times if t[2] == host and t[0] == "end")) for host in {t[2] for t in times}}
+
+
+def test_a_second_users_job_exits_3_naming_the_holder_or_waits_its_turn_and_a_third_waits_behind_it(
+        testbed: tb.Testbed, unix_users: dict[str, User]) -> None:
+    a, b, c = unix_users.values()
+    bed = Bed(testbed, unix_users, slots=1)
+    first = a.popen(["submit", *_submit_args(bed, a, "a")], bed.env(a))
+    job_a = _until_started(bed, a, "a", first)
+    assert job_a, _why(first)
+
+    refused = b.run(["submit", *_submit_args(bed, b, "b")], bed.env(b))
+    assert refused.returncode == 3, refused.stderr
+    for host in HOSTS:
+        assert re.search(rf"{host} slot 0: job {job_a} \(user {a.name}, from {re.escape(socket.gethostname())}, "
+                         rf"since \d\d:\d\d\)", refused.stderr), refused.stderr
+    assert not _times(bed, b, "b"), "the refused job started a rank"
+
+    second = b.popen(["submit", *_submit_args(bed, b, "b"), "--wait"], bed.env(b))
+    queued = wait_for(lambda: _job(bed, b, "QUEUED"), timeout=60)
+    assert queued and job_a in queued["queue_reason"] and f"user {a.name}" in queued["queue_reason"], queued
+    shown = b.run(["status", queued["id"]], bed.env(b)).stdout
+    assert f"waiting: lt-h1 slot 0: job {job_a}" in shown, shown
+    third = c.popen(["submit", *_submit_args(bed, c, "c"), "--wait"], bed.env(c))
+    job_c = wait_for(lambda: _job(bed, c, "QUEUED"), timeout=60)
+    assert job_c, _why(third)
+
+    listed = c.run(["queue", "--cluster", bed.files(c, "c")[1]], bed.env(c))
+    assert listed.returncode == 0, listed.stderr
+    for host in HOSTS:
+        assert f"{host} slot 0: job {job_a} (user {a.name}" in listed.stdout, listed.stdout
+    assert f"1. job {queued['id']} (user {b.name}" in listed.stdout and f"2. job {job_c['id']} (user {c.name}" in listed.stdout
+    as_json = json.loads(c.run(["queue", "--cluster", bed.files(c, "c")[1], "--json"], bed.env(c)).stdout)
+    assert [w["job"] for w in as_json["waiting"]] == [queued["id"], job_c["id"]]
+
+    bed.release("a")
+    assert _ended(first)[0] == 0
+    assert _until_started(bed, b, "b", second), _why(second)
+    assert _job(bed, c, "QUEUED"), "the third job started while the second held the slots"
+    bed.release("b")
+    code, err = _ended(second)
+    assert code == 0, err
+    bed.release("c")
+    code, err = _ended(third)
+    assert code == 0, err
+    spans = [_by_host(bed, a, "a"), _by_host(bed, b, "b"), _by_host(bed, c, "c")]
+    for host in HOSTS:
+        assert spans[0][host][1] <= spans[1][host][0] and spans[1][host][1] <= spans[2][host][0], spans
+
+
+def _submit_args(bed: Bed, user: User, tag: str) -> list[str]:
+    job, cluster = bed.files(user, tag)
+    return [job, "--cluster", cluster]
+
+
+STEAL = """
+import fcntl, json, os, sys
+from launcher.node import leases
+directory, holder_uid, holder_pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lock = os.path.join(directory, leases.host_name() + ".slot0.lock")
+tried = {}
+fd = os.open(lock, os.O_RDONLY)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    tried["flock"] = "taken"
+except BlockingIOError:
+    tried["flock"] = "held"
+for name, step in (("unlink", lambda: os.unlink(lock)), ("replace", lambda: os.replace(open(os.path.join(directory, "mine"), "w").name, lock)),
+                   ("write", lambda: os.open(lock, os.O_WRONLY)), ("kill", lambda: os.kill(holder_pid, 9)),
+                   ("forge", lambda: open(os.path.join(directory, leases.host_name() + f".holder.{holder_uid}.{holder_pid}"), "w"))):
+    try:
+        step()
+        tried[name] = "done"
+    except OSError as exc:
+        tried[name] = type(exc).__name__
+got = leases.acquire("slot", 1, 1, {"job": "thief"}, 0.0, directory=directory)
+tried["acquire"] = "busy" if isinstance(got, leases.Busy) else "taken"
+tried["holder"] = leases.survey("slot", 1, directory).holders[0].job
+print(json.dumps(tried))
+"""
+
+
+def test_kill_9_of_the_holders_agents_frees_its_leases_at_once_and_no_other_user_can_take_or_release_them(
+        testbed: tb.Testbed, unix_users: dict[str, User]) -> None:
+    a, b, _ = unix_users.values()
+    bed = Bed(testbed, unix_users, slots=1)
+    first = a.popen(["submit", *_submit_args(bed, a, "a")], bed.env(a))
+    job_a = _until_started(bed, a, "a", first)
+    assert job_a, _why(first)
+    second = b.popen(["submit", *_submit_args(bed, b, "b"), "--wait"], bed.env(b))
+    assert wait_for(lambda: _job(bed, b, "QUEUED"), timeout=60), _why(second)
+
+    agents = {n["host"]: n["pid"] for n in json.loads(a.run(["status", job_a, "--json"], bed.env(a)).stdout)["nodes"]}
+    host = testbed.host("lt-h1")
+    tried = json.loads(tb.exec_in(host, ["runuser", "-u", b.name, "--", "env", f"PYTHONPATH={ROOT}", sys.executable, "-c",
+                                         STEAL, str(bed.leases), str(a.uid), str(agents["lt-h1"])]).stdout)
+    assert tried == {"flock": "held", "unlink": "PermissionError", "replace": "PermissionError",
+                     "write": "PermissionError", "kill": "PermissionError", "forge": "PermissionError",
+                     "acquire": "busy", "holder": job_a}, tried
+
+    killed_at = time.time()
+    for pid in agents.values():
+        os.kill(pid, signal.SIGKILL)
+    assert _until_started(bed, b, "b", second), _why(second)
+    assert _ended(first)[0] != 0
+    bed.release("b")
+    assert _ended(second)[0] == 0
+    started = min(t[3] for t in _times(bed, b, "b") if t[0] == "start")
+    free = next(e["t"] for e in Store(b.home).events(_times(bed, b, "b")[0][1]) if e["kind"] == "allocated")
+    print(f"after kill -9 of the holder's agents: the waiting job found the leases free in {free - killed_at:.2f} s, "
+          f"its first rank started in {started - killed_at:.2f} s")
