@@ -237,8 +237,7 @@ class Supervisor:
             if outcome.state != JobState.FAILED or self._cancel.is_set():
                 return outcome
             failure = outcome.failure
-            why_not = why_not_restart(attempt, failure, self.restarts, self.restart_on,
-                                      self.replan is not None or self.elastic is not None)
+            why_not = why_not_restart(attempt, failure, self.restarts, self.restart_on, self.replan is not None)
             if why_not:
                 if self.restarts:
                     self.store.add_event(self.plan.job_id, "no_restart", why_not)

@@ -101,3 +101,14 @@ def test_on_a_cluster_without_a_node_list_one_node_fewer() -> None:
 def test_a_hang_keeps_every_node() -> None:
     done = elastic.replan(EVEN, SSH, _first(), elastic.Lost(), 1, Checker())
     assert done.plan.nnodes == 4 and done.message == "attempt 1: 4 nodes, grad_accum 3 kept, global batch 24 kept"
+
+
+def test_on_slurm_the_job_is_resubmitted_with_one_node_fewer() -> None:
+    from launcher.backends.slurm import commands
+
+    slurm = ClusterSpec(name="s", backend="slurm", workdir="/shared", python="/usr/bin/python3",
+                        slurm={"partition": "gpu"})
+    done = elastic.replan(EVEN, slurm, _first(EVEN, slurm), elastic.Lost("node-7", 9), 1, Checker())
+    argv = commands.sbatch_argv(slurm.slurm, nodes=done.plan.nnodes, job_name="j", output="o", workdir="/shared",
+                                script="s")
+    assert "--nodes=3" in argv and done.plan.batch is not None and done.plan.batch.grad_accum == 4
