@@ -56,6 +56,8 @@ class Preflight:
     probes: dict[int, NodeNetwork] = field(default_factory=dict)
     python: str | None = None
     facts: dict[int, NodeFacts] = field(default_factory=dict)
+    #: what to do about ``problems`` when they call for another hint than `launch check`'s (leases held)
+    hint: str | None = None
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,11 @@ def _answer_problems(host: str, answer: dict | None, error: str | None, allow_sh
     return [] if answer.get("ready") else describe(host, answer, allow_shared)
 
 
+def hint(problems: Sequence[str]) -> str | None:
+    """BUSY_HINT when every problem is a lease held (``probe``'s), else None."""
+    return BUSY_HINT if problems and all(isinstance(p, BusyLine) for p in problems) else None
+
+
 def probe(backend: Backend, plan: Plan, hosts: Sequence[HostLease] | None = None) -> list[str]:
     """Who holds the devices the plan needs, one line a holder ([] when every host has them free now)."""
     order = time.time()
@@ -160,13 +165,21 @@ def probe(backend: Backend, plan: Plan, hosts: Sequence[HostLease] | None = None
                                              _request(plan, lease.kind, lease.count, lease.capacity, order), timeout=60)
         return _answer_problems(lease.host, answer, error, plan.allow_shared_gpus)
 
-    return [line for lines in map(one, host_leases(backend, plan) if hosts is None else hosts) for line in lines]
+    return [BusyLine(line) for lines in map(one, host_leases(backend, plan) if hosts is None else hosts) for line in lines]
 
 
 def devices_text(kind: object, devices: Sequence[int]) -> str:
     """``GPUs 4-7``, ``slot 1``."""
     noun = "GPU" if kind == "gpu" else "slot"
     return f"{noun}{'s' if len(devices) > 1 else ''} {_ranges(list(devices))}"
+
+
+class BusyLine(str):
+    """A preflight problem that is another job's lease (``probe``): its hint is ``BUSY_HINT``."""
+
+
+BUSY_HINT = ("`launch submit --wait` (or queue: wait) queues the job until they are free; `launch queue` shows who "
+             "holds what (docs/LEASES.md)")
 
 
 def read_until_leased(lines: Iterator[str], seen: list[str], host: str, index: int) -> str:

@@ -236,6 +236,7 @@ class LocalBackend(Backend):
         found = self._facts(plan)
         if not found.problems and plan.queue != "wait":
             found.problems.extend(leasing.probe(self, plan))
+            found.hint = leasing.hint(found.problems)
         return found
 
     def stream_command(self, plan: Plan, index: int, command: str, request: dict) -> LocalStream:

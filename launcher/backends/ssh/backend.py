@@ -198,7 +198,7 @@ class SSHBackend(Backend):
                           self.pool.settings.fanout)
         problems = [p for r in results for p in (r.got[2] if r.ok else [error_text(r.failure)])]
         if problems:
-            return Preflight(problems=problems)
+            return Preflight(problems=problems, hint=leasing.hint(problems))
         nodes = [specs[r.key].model_copy(update={"address": r.got[0]}) for r in results]
         return Preflight(nodes=nodes, probes={r.key: r.got[1] for r in results},
                          facts={r.key: r.got[3] for r in results})
