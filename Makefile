@@ -16,8 +16,11 @@ demo: setup
 	$(LAUNCH) submit jobs/cifar10_convnet.yaml
 	$(LAUNCH) status --last
 
+# Two pytest workers (pytest-xdist) share the machine's cores; tests that need the machine-wide beds
+# (namespaced hosts, Slurm, Ray, podman) all run on one of them (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup-test lint
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The checkers (rules and reasons in pyproject.toml): ruff, then mypy at the Python floor.
 lint: setup-test

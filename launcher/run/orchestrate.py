@@ -188,6 +188,7 @@ def make_supervisor(
     warn: Callable[[str], None] | None = None, stage: StageSink = no_stage,
 ) -> Supervisor:
     """The supervisor of a recorded job, wired from its specs (the foreground submit and the detached one alike)."""
+    from launcher.run.notify import Notifier
     from launcher.run.supervisor import Supervisor
 
     return Supervisor(
@@ -196,6 +197,7 @@ def make_supervisor(
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
         place=placer(job, cluster),
         elastic=elastic_replanner(job, cluster, store, run_check) if job.elastic else None,
+        notifier=Notifier(job.notify, secrets) if job.notify else None,
     )
 
 
@@ -280,7 +282,7 @@ def preflight(
         raise PreflightError(
             f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
             + "\n".join(f"  {p}" for p in found.problems),
-            hint=found.hint or "`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
+            hint="`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
         )
     if run_check and warn is not None:
         from launcher.run.checks import CheckedNode, node_warnings

@@ -13,6 +13,7 @@ error"), never a job left RUNNING.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import os
 import queue
@@ -24,6 +25,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 from launcher.backends import failures
 from launcher.backends.base import Backend, NodeHandle, Preflight, StageSink, StartContext, no_stage
@@ -37,9 +39,11 @@ from launcher.run.elastic import Lost as ElasticLoss
 from launcher.run.elastic import Replanner as ElasticReplanner
 from launcher.run.finish import Outcome, finish
 from launcher.run.liveness import HangDetector, Liveness
+from launcher.run.notify import Notice, Notifier
 from launcher.run.restarts import node_at_fault, why_not_restart
 from launcher.run.scheduled import SchedulerEvents
 from launcher.run.watcher import Lost, NodeWatcher, Relay, Resume
+from launcher.spec.notify import NotifyEvent
 from launcher.store.db import Store
 from launcher.store.states import JobState, NodeState
 
@@ -94,6 +98,7 @@ class Supervisor:
         replan: Replanner | None = None,
         place: Callable[[Plan, Preflight], Plan] | None = None,
         elastic: ElasticReplanner | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         """``replan`` (given with ``leave_out_failed_nodes``) re-plans a restart without the hosts given:
         a host that failed first in two attempts is left out. ``elastic`` (an elastic job) re-plans every
@@ -111,6 +116,7 @@ class Supervisor:
         self.replan = replan
         self.place = place
         self.elastic = elastic
+        self.notifier = notifier
         self.first_failures: collections.Counter[str] = collections.Counter()
         self.hangs = HangDetector(stall_timeout, plan.max_steps, [n.host for n in plan.nodes]) if stall_timeout else None
         self.live = Liveness(time.time())
@@ -208,7 +214,20 @@ class Supervisor:
         if outcome is None:
             return JobState(self.store.job(job_id)["state"])
         self._file_losses()
-        return finish(self.store, job_id, outcome.with_losses(self._lost), self.internal_note)
+        state = finish(self.store, job_id, outcome.with_losses(self._lost), self.internal_note)
+        self._guarded("notifying", lambda: self._notify(state))
+        return state
+
+    def _notify(self, state: JobState, reason: str | None = None, event: NotifyEvent | None = None) -> None:
+        """Tell the job's notifiers (``notify:``) what happened; a notifier's problem is an event, never the job's."""
+        event = event or cast(NotifyEvent, state.lower())
+        if self.notifier is None or not self.notifier.wants(event):
+            return
+        row = self.store.job(self.plan.job_id)
+        notice = Notice(job=self.plan.job_id, name=self.plan.job_name, event=event, state=str(state),
+                        reason=reason or row.get("reason") or str(state), attempt=row.get("attempt") or 0)
+        for problem in self.notifier.send(notice):
+            self.store.add_event(self.plan.job_id, "notify_failed", problem)
 
     def _internal_error(self, exc: Exception) -> Outcome:
         self.internal_note(f"launch internal error: {exc!r}")
@@ -259,6 +278,7 @@ class Supervisor:
                 + ("" if failure is None or failure.transient else " (restart_on: any)"),
                 failure.model_dump(mode="json") if failure else None,
             )
+            self._guarded("notifying", functools.partial(self._notify, JobState.FAILED, outcome.reason, "restarted"))
             if not self._next_attempt(attempt):
                 return Outcome(JobState.CANCELLED, self._cancel_reason or "cancelled")
 
@@ -412,7 +432,7 @@ class Supervisor:
         scheduler = SchedulerEvents(self.store, job_id, self._warn)
         context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace, stage=self.stage,
                                submitted=scheduler.submitted, queued=scheduler.queued, allocated=scheduler.allocated,
-                               cancelled=self._cancel, place=self.place, leased=scheduler.leased)
+                               cancelled=self._cancel, place=self.place)
         try:
             planned = self.plan
             self.plan, handles = self.backend.start(self.plan, context)

@@ -13,6 +13,7 @@ from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
 from launcher.spec.elastic import ElasticSpec, min_nodes_problem
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name
+from launcher.spec.notify import NotifySpec
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 PYTHON_NAMES = ("python", "python3")  # an entrypoint program that runs under the cluster's interpreter
@@ -172,6 +173,10 @@ class JobSpec(Strict):
     secrets: list[EnvName] = Field(
         default_factory=list, description="Names of variables whose values come from the submitter's environment.",
     )
+    notify: NotifySpec | None = Field(
+        None, description="Commands and webhooks told when the job succeeds, fails, is cancelled, restarts or is left "
+        "unattended (docs/NOTIFY.md); a notifier that fails is an event of the job, never its failure.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -225,6 +230,16 @@ class JobSpec(Strict):
                                     full_batch(info.data.get("batch"), resources.nodes * resources.nproc_per_node))
         if problem:
             raise ValueError(problem)
+        return v
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: NotifySpec | None, info: ValidationInfo) -> NotifySpec | None:
+        """A webhook's ``${NAME}`` names a secret of the job, so its value comes from the submitter's environment."""
+        unlisted = sorted(v.secrets_named() - set(info.data.get("secrets") or ())) if v else []
+        if unlisted:
+            raise ValueError(f"webhooks name {', '.join('${' + n + '}' for n in unlisted)}, which secrets: does not list; "
+                             "add them there (their values come from your environment and are masked everywhere)")
         return v
 
     @model_validator(mode="after")

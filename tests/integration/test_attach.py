@@ -1,5 +1,6 @@
-"""A job outlives its supervisor (issue 20): real torchrun ranks on the local backend, a detached supervisor
-SIGKILLed mid-run, then `launch attach` follows the job to its end from the node journals."""
+"""A job outlives its supervisor (issue 20): real torchrun ranks on the local backend. A detached supervisor
+SIGKILLed mid-run is replaced by its keeper; once keeper and supervisor are both killed (the machine's crash),
+`launch attach` follows the job to its end from the node journals."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,11 +21,13 @@ from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait
 pytestmark = pytest.mark.slow
 
 STEP_LINES = ROOT / "tests" / "programs" / "step_lines.py"
-STEPS = 60
+STEPS = 150
+HEARD = "import os, sys; open(sys.argv[1], 'a').write(os.environ['LAUNCH_JOB_EVENT'] + '\\n')"
 
 
-def _job(path: Path) -> Path:
+def _job(path: Path, heard: Path) -> Path:
     return write_yaml(path, {
+        "notify": {"on": ["unattended"], "commands": [[sys.executable, "-c", HEARD, str(heard)]]},
         "name": "attach", "entrypoint": ["python", str(STEP_LINES)], "batch": {"micro_batch": 8},
         "resources": {"nodes": 1, "nproc_per_node": 2}, "max_steps": STEPS,
         "env": {"STEPS": str(STEPS), "STEP_S": "0.15"},
@@ -42,8 +46,18 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and proctree._stat(pid) is not None and proctree._stat(pid)[1] != "Z"
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _new_supervisor(home: Path, job_id: str, old: int) -> dict | None:
+    supervisor = status_json(home, job_id)["supervisor"]
+    return supervisor if supervisor and supervisor["state"] == "attached" and supervisor["pid"] != old else None
+
+
 def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(tmp_path, home):
-    job_id = run_cli(home, "submit", str(_job(tmp_path / "job.yaml")), "--detach").stdout.strip()
+    heard = tmp_path / "heard.txt"
+    job_id = run_cli(home, "submit", str(_job(tmp_path / "job.yaml", heard)), "--detach").stdout.strip()
     try:
         assert wait_for_state(home, job_id, ("RUNNING",))["state"] == "RUNNING"
         assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 3, timeout=180)
@@ -54,9 +68,19 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
         assert refused.returncode == 1
         assert f"process {supervisor['pid']} on {supervisor['host']}" in refused.stderr, refused.stderr
 
-        os.kill(supervisor["pid"], signal.SIGKILL)
+        keeper = _parent(supervisor["pid"])
+        assert b"launcher.run.detached" in Path(f"/proc/{keeper}/cmdline").read_bytes()
+        os.kill(supervisor["pid"], signal.SIGKILL)  # the supervisor alone: its keeper starts one that re-attaches
+        again = wait_for(lambda: _new_supervisor(home, job_id, supervisor["pid"]), timeout=60)
+        restarted = [e["message"] for e in status_json(home, job_id)["events"] if e["kind"] == "supervisor_restarted"]
+        assert len(restarted) == 1 and f"(PID {supervisor['pid']}) was killed by SIGKILL" in restarted[0], restarted
+        assert heard.read_text() == "unattended\n"
+        assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 6, timeout=120)
+
+        os.kill(keeper, signal.SIGKILL)  # keeper and supervisor both: the submitting machine crashed
+        os.kill(again["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
-        assert wait_for(lambda: not _alive(supervisor["pid"]), timeout=10)
+        assert wait_for(lambda: not _alive(again["pid"]) and not _alive(keeper), timeout=10)
         ranks = proctree.job_pids(job_id)
         assert ranks, "the job's processes ended with their supervisor"
 

@@ -1,0 +1,103 @@
+"""Telling people a job ended, failed, restarted or was left unattended (the job spec's ``notify:``).
+
+Each notifier gets ``timeout`` seconds. A notifier that fails (an exit code, an HTTP error, no
+answer in time) comes back as a problem the caller files as the job's event: a notice never
+fails or holds up a job for longer than its timeouts. What is sent is masked with the job's
+secrets, and a webhook's URL is shown without its path (where tokens live) in any problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+from launcher.plan.shell import mask
+from launcher.spec.notify import SECRET_REFERENCE, NotifyEvent, NotifySpec
+
+OUTPUT_SHOWN = 200
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What happened to a job, as its notifiers receive it."""
+
+    job: str
+    name: str
+    event: NotifyEvent
+    state: str
+    reason: str
+    attempt: int
+
+    def as_env(self) -> dict[str, str]:
+        return {"LAUNCH_JOB_ID": self.job, "LAUNCH_JOB_NAME": self.name, "LAUNCH_JOB_EVENT": self.event,
+                "LAUNCH_JOB_STATE": self.state, "LAUNCH_JOB_REASON": self.reason}
+
+
+class Notifier:
+    """Sends a job's notices as its ``notify:`` section says; ``send`` returns the problems, never raises."""
+
+    def __init__(self, spec: NotifySpec | None, secrets: Mapping[str, str]) -> None:
+        self.spec = spec
+        self.secrets = dict(secrets)
+
+    def wants(self, event: NotifyEvent) -> bool:
+        return self.spec is not None and event in self.spec.on
+
+    def send(self, notice: Notice) -> list[str]:
+        if self.spec is None or not self.wants(notice.event):
+            return []
+        notice = replace(notice, job=mask(notice.job, self.secrets), name=mask(notice.name, self.secrets),
+                         reason=mask(notice.reason, self.secrets))
+        problems = [self._run(argv, notice) for argv in self.spec.commands]
+        problems += [self._post(url, notice) for url in self.spec.webhooks]
+        return [mask(problem, self.secrets) for problem in problems if problem]
+
+    def _run(self, argv: list[str], notice: Notice) -> str | None:
+        what = f"notify command {argv[0]}"
+        try:
+            proc = subprocess.Popen(argv, env={**os.environ, **notice.as_env()}, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            return f"{what} could not start: {exc.strerror or exc}"
+        assert self.spec is not None
+        try:
+            _, err = proc.communicate(timeout=self.spec.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # our own child's session: nothing else is in it
+            proc.communicate()
+            return f"{what} took longer than {self.spec.timeout:g} s and was killed"
+        if proc.returncode != 0:
+            said = err.decode(errors="replace").strip().splitlines()
+            tail = f": {said[-1][:OUTPUT_SHOWN]}" if said else ""
+            return f"{what} exited with {proc.returncode}{tail}"
+        return None
+
+    def _post(self, url: str, notice: Notice) -> str | None:
+        assert self.spec is not None
+        whole = SECRET_REFERENCE.sub(lambda match: self.secrets.get(match[1], ""), url)
+        parts = urlsplit(whole)
+        shown = f"{parts.scheme}://{parts.hostname or '?'}" + (f":{parts.port}" if parts.port else "")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return f"notify webhook {url}: not an http:// or https:// URL once its secrets are put in"
+        body = json.dumps({**asdict(notice), "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                           "host": socket.gethostname()}).encode()
+        request = urllib.request.Request(whole, data=body, method="POST",
+                                         headers={"Content-Type": "application/json", "User-Agent": "launch"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.spec.timeout) as answer:
+                answer.read(OUTPUT_SHOWN)
+        except urllib.error.HTTPError as exc:
+            return f"notify webhook {shown} answered {exc.code} {exc.reason}"
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return f"notify webhook {shown} could not be reached: {reason}"
+        return None
