@@ -288,3 +288,18 @@ def test_resume_at_another_world_size_keeps_the_trajectory_and_the_data(strategy
     assert sorted(got) == [5, 6]
     for step, loss in got.items():  # the loss an uninterrupted 2-rank run had at that step
         assert abs(loss - expected[step]) <= LOSS_TOLERANCE, (step, loss, expected[step])
+
+
+def test_a_steps_samples_are_the_same_at_any_world_size() -> None:
+    # global 12 = micro 2 x GA 3 x 2 ranks = micro 2 x GA 2 x 3 ranks = micro 2 x GA 6 x 1 rank
+    from launcher.recipes.data import DataSpec, step_batches
+
+    def step(world: int, accum: int, at: int) -> torch.Tensor:
+        ranks = [next(step_batches(DataSpec("convnet", rank, world, seed=5, samples_per_step=2 * accum,
+                                            micro_batch=2), at, at + 1)) for rank in range(world)]
+        return torch.cat([batch["images"] for batch in ranks])
+
+    for at in (0, 7):
+        one = step(1, 6, at)
+        assert torch.equal(step(2, 3, at), one) and torch.equal(step(3, 2, at), one)
+    assert not torch.equal(step(1, 6, 0), step(1, 6, 1))

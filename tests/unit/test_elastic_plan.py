@@ -90,3 +90,10 @@ def test_launch_plan_lists_the_counts(tmp_path: Path, capsys: pytest.CaptureFixt
     cluster.write_text("name: l\nbackend: local\nlocal: {slots: 4}\n")
     main(["plan", str(path), "--cluster", str(cluster)])
     assert "elastic: min_nodes 2: 3 nodes: GA 2, 2 nodes: GA 3" in capsys.readouterr().out
+
+
+def test_elastic_and_leave_out_failed_nodes_are_one_or_the_other(tmp_path: Path) -> None:
+    path = _job_file(tmp_path, "batch: {global_batch: 12, micro_batch: 2}\nresources: {nodes: 3}\n"
+                               "leave_out_failed_nodes: true\nelastic: {min_nodes: 2}\n")
+    with pytest.raises(SpecError, match="give elastic or leave_out_failed_nodes, not both"):
+        load_job(path)
