@@ -85,7 +85,9 @@ def _status(job_id: str) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp2"])
+# zero2 and fsdp2 pass here too (figures in docs/RELIABILITY.md); the suite keeps ddp, and each strategy's
+# resume at another world size is test_strategies.py::test_resume_at_another_world_size_... (cheaper)
+@pytest.mark.parametrize("strategy", ["ddp"])
 def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
         testbed: tb.Testbed, tmp_path: Path, home: Path, strategy: str) -> None:
     job = tmp_path / "job.yaml"
@@ -167,13 +169,14 @@ def test_a_users_own_program_keeps_its_global_batch_across_a_node_loss(
     assert (int(step), int(samples)) == (steps, steps * 12)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+@pytest.mark.parametrize("launcher, strategy", [("torchrun", "ddp"), ("deepspeed", "zero2")])
 def test_two_hosts_of_two_and_one_slots_run_three_ranks(testbed: tb.Testbed, tmp_path: Path, home: Path,
-                                                         strategy: str) -> None:
+                                                         launcher: str, strategy: str) -> None:
     # global 12 = micro 2 x GA 2 x 3 ranks: ranks 0-1 on the 2-slot host, rank 2 on the other
     job = tmp_path / "uneven.yaml"
     job.write_text(json.dumps({
-        "name": "uneven", "recipe": "convnet", "strategy": strategy, "max_steps": 3, "metrics": {"every": 1},
+        "name": "uneven", "recipe": "convnet", "launcher": launcher, "strategy": strategy, "max_steps": 3,
+        "metrics": {"every": 1},
         "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 2, "nproc_per_node": "auto"},
     }))
     done = subprocess.run([LAUNCH, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed, (2, 1)))],
