@@ -224,10 +224,14 @@ class JobSpec(Strict):
             return v
         if restarts < 1:
             raise ValueError("an elastic job restarts on fewer nodes: set restarts: 1 or more (each node loss takes one)")
-        if resources.nproc_per_node == "auto":
-            return v  # the processes of each node are known once planned on a cluster: the planner checks
-        problem = min_nodes_problem(v, [resources.nproc_per_node] * resources.nodes,
-                                    full_batch(info.data.get("batch"), resources.nodes * resources.nproc_per_node))
+        if info.data.get("leave_out_failed_nodes"):
+            raise ValueError("give elastic or leave_out_failed_nodes, not both: an elastic job already leaves a lost "
+                             "node out and moves to a spare host while the cluster lists one")
+        if resources.nproc_per_node == "auto":  # each node's processes are known once planned: the planner checks
+            problem = min_nodes_problem(v, [1] * resources.nodes, None)
+        else:
+            problem = min_nodes_problem(v, [resources.nproc_per_node] * resources.nodes,
+                                        full_batch(info.data.get("batch"), resources.nodes * resources.nproc_per_node))
         if problem:
             raise ValueError(problem)
         return v

@@ -89,3 +89,8 @@ def test_backends_that_place_alike_nodes_refuse_auto(backend: str) -> None:
                "ray": ClusterSpec(name="r", backend="ray")}[backend]
     with pytest.raises(PlanError, match="'auto' needs nodes whose GPUs or slots the cluster spec lists"):
         plan_job(_job(), cluster, "mixed-00000001", rdzv_port=29500)
+
+
+def test_min_nodes_not_below_the_node_count_is_refused_with_auto_too() -> None:
+    with pytest.raises(ValueError, match="min_nodes 2 leaves no node to lose"):
+        _job(restarts=1, elastic={"min_nodes": 2})
