@@ -7,10 +7,12 @@ test creates the job's release file.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
 
+from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, write_yaml
 
 HOLD = ROOT / "tests" / "programs" / "lease_hold.py"
@@ -26,6 +28,12 @@ def _job(tmp_path: Path, tag: str) -> str:
 def _times(tmp_path: Path, tag: str) -> list[list[str]]:
     path = tmp_path / f"times-{tag}"
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _holding(tmp_path: Path, tag: str, proc: subprocess.Popen) -> bool:
+    """Whether job ``tag``'s ranks started (waited for; False once its submit ended without)."""
+    wait_for(lambda: _times(tmp_path, tag) or proc.poll() is not None, timeout=90)
+    return bool(_times(tmp_path, tag))
 
 
 def _submit(home: Path, *args: str) -> subprocess.Popen:
@@ -80,7 +88,7 @@ def test_two_demo_submits_at_once_on_a_two_core_machine_never_run_together(tmp_p
 def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: Path) -> None:
     cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "one-slot", "backend": "local", "local": {"slots": 1}}))
     holder = _submit(home, _job(tmp_path, "a"), "--cluster", cluster)
-    assert wait_for(lambda: _times(tmp_path, "a") or holder.poll() is not None, timeout=90) and holder.poll() is None
+    assert _holding(tmp_path, "a", holder), _done(holder)
     waiting = _submit(home, _job(tmp_path, "b"), "--cluster", cluster, "--wait")
     detached = run_cli(home, "submit", _job(tmp_path, "c"), "--cluster", cluster, "--wait", "--detach").stdout.strip()
 
@@ -101,3 +109,47 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     (tmp_path / "release-a").touch()
     assert _done(holder)[0] == 0
     assert not _times(tmp_path, "b") and not _times(tmp_path, "c")
+
+
+FAKE_SMI = """#!/bin/sh
+# nvidia-smi as recorded on a 3-GPU node where someone runs python train.py on GPU 0 (the rest: no output)
+case "$*" in
+  *--query-gpu=index,uuid*) printf '0, GPU-5e0c8f8a-1b2c-4d5e-8f90-a1b2c3d4e5f6\\n1, GPU-6f1d9a9b-2c3d-4e5f-9a01-b2c3d4e5f6a7\\n2, GPU-7a2eab0c-3d4e-4f5a-ab12-c3d4e5f6a7b8\\n' ;;
+  *--query-compute-apps=pid,gpu_uuid,process_name*) printf '4194999, GPU-5e0c8f8a-1b2c-4d5e-8f90-a1b2c3d4e5f6, python train.py\\n' ;;
+esac
+"""
+
+
+def test_part_of_a_gpu_node_each_job_its_lowest_free_gpus_and_a_foreign_process_counts_as_busy(
+        tmp_path: Path, home: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = cli_env(home, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "three-gpus", "backend": "local", "local": {"gpus": 3}}))
+    plan = run_cli(home, "submit", _job(tmp_path, "a"), "--cluster", cluster, "--dry-run", env=env).stdout
+    assert "lease 1 of the node's 3 GPUs, the lowest free when it starts, set as CUDA_VISIBLE_DEVICES" in plan, plan
+
+    def submit(tag: str, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen(launch_argv("submit", _job(tmp_path, tag), "--cluster", cluster, *extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+    first, second = submit("a"), submit("b")
+    for tag, proc in (("a", first), ("b", second)):
+        assert _holding(tmp_path, tag, proc), _done(proc)
+    visible = {tag: _times(tmp_path, tag)[0][4] for tag in ("a", "b")}  # CUDA_VISIBLE_DEVICES: GPU 0 is in use
+    assert sorted(visible.values()) == ["1", "2"], visible
+    refused = run_cli(home, "submit", _job(tmp_path, "c"), "--cluster", cluster, env=env)
+    assert refused.returncode == 3, refused.stderr
+    assert ("localhost GPU 0: process 4194999 (user ?: python train.py), not started by launch "
+            "(resources.allow_shared_gpus: true shares it)") in refused.stderr, refused.stderr
+    shared = submit("d", "--set", "resources.allow_shared_gpus=true")
+    assert _holding(tmp_path, "d", shared), _done(shared)
+    assert _times(tmp_path, "d")[0][4] == "0"
+    events = [e["message"] for e in Store(home).events(_times(tmp_path, "a")[0][1]) if e["kind"] == "leased"]
+    assert events == [f"node 0 (localhost): GPU {visible['a']}"]
+    for tag, proc in (("a", first), ("b", second), ("d", shared)):
+        (tmp_path / f"release-{tag}").touch()
+        code, err = _done(proc)
+        assert code == 0, err
