@@ -208,19 +208,29 @@ class _Turn:
         self.states: dict[int, dict] = {}
         self.streams: list[NodeStream] = []
         self.shown: str | None = None  # the reason the job is QUEUED with (None: not queued)
-        for number, lease in enumerate(hosts):
-            stream = backend.stream_command(plan, lease.index, "wait",
-                                            _request(plan, lease.kind, lease.count, lease.capacity, order))
-            self.streams.append(stream)
-            threading.Thread(target=self._read, args=(number, stream), daemon=True).start()
+        try:
+            for number, lease in enumerate(hosts):
+                stream = backend.stream_command(plan, lease.index, "wait",
+                                                _request(plan, lease.kind, lease.count, lease.capacity, order))
+                self.streams.append(stream)
+                threading.Thread(target=self._read, args=(number, stream), daemon=True).start()
+        except BaseException:
+            self.close()
+            raise
 
     def _read(self, number: int, stream: NodeStream) -> None:
         import json
 
-        for line in stream.lines():
-            if line.startswith("{"):
-                self.events.put((number, json.loads(line)))
-        self.events.put((number, None))
+        try:
+            for line in stream.lines():
+                try:
+                    state = json.loads(line) if line.startswith("{") else None
+                except ValueError:
+                    continue
+                if isinstance(state, dict):
+                    self.events.put((number, state))
+        finally:
+            self.events.put((number, None))
 
     def wait_ready(self, context: StartContext, plan: Plan, fresh: bool) -> None:
         """Until every host says the job's turn has come (QUEUED with who holds what meanwhile); LaunchError when
@@ -243,9 +253,12 @@ class _Turn:
                 number, state = self.events.get(timeout=0.2)
             except queue.Empty:
                 continue
+            host = self.hosts[number].host
             if state is None:
-                raise LaunchError(f"{self.hosts[number].host}: waiting for the leases ended: the connection or the "
-                                  f"`wait` command there ended ({plan.job_id} did not start)")
+                raise LaunchError(f"{host}: waiting for the leases ended: the connection or the `wait` command there "
+                                  f"ended ({plan.job_id} did not start)")
+            if state.get("error"):
+                raise LaunchError(f"{host}: cannot wait for the leases there: {clean(state['error'])}")
             self.states[number] = state
 
     def say(self, context: StartContext, reason: str) -> None:
