@@ -317,6 +317,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
              f"attempt {obj['attempt']}"),
         Text(f"  batch: global {obj['global_batch']} = micro {obj['micro_batch']} x accumulation {obj['grad_accum']}"
              f" x world {obj['world_size']}"),
+        *(Text(f"  elastic: {e['message']}") for e in events if e["kind"] == "elastic_restart"),
         Text(f"  metrics: {m.steps}/{obj['max_steps']} steps, {_fmt(m.samples_per_sec)} samples/s, "
              f"{_fmt(m.tokens_per_sec, '.0f')} tokens/s, step p50 {_fmt(m.step_time_ms_p50, '.1f', ' ms')}"
              f" p95 {_fmt(m.step_time_ms_p95, '.1f', ' ms')}, peak memory {_fmt(m.peak_mem_mb, '.0f', ' MB')}"

@@ -56,5 +56,7 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
     shrunk = [e["message"] for e in status["events"] if e["kind"] == "elastic_restart"]
     assert len(shrunk) == 1 and shrunk[0].startswith("attempt 1: 2 nodes (") and shrunk[0].endswith(
         "grad_accum 2 -> 3, global batch 12 kept")
+    shown = subprocess.run(launch_argv("status", job_id), capture_output=True, text=True, env=cli_env(home), cwd=ROOT)
+    assert f"  elastic: {shrunk[0]}" in shown.stdout.splitlines()  # in the header, however many events follow
     final = max((r for r in Store(home).metrics(job_id) if r.attempt == 1), key=lambda r: r.step)
     assert final.step == STEPS and final.extra["samples_consumed"] == STEPS * 12
