@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -114,3 +115,12 @@ def wait_for(predicate, timeout: float = 60, interval: float = 0.2):
             return value
         time.sleep(interval)
     return None
+
+
+def kill_supervisor_and_keeper(pid: int) -> None:
+    """SIGKILL a detached supervisor and the keeper above it, as a crash of the submitting machine would
+    (the supervisor alone is replaced by its keeper: launcher/run/detached.py)."""
+    parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    if b"launcher.run.detached" in Path(f"/proc/{parent}/cmdline").read_bytes():
+        os.kill(parent, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)

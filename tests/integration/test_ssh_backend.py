@@ -23,7 +23,7 @@ from launcher.node import proctree
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
 from launcher.store.db import Store
-from tests.helpers import rank_results
+from tests.helpers import kill_supervisor_and_keeper, rank_results
 from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_client, sshd_stopped
 from tools import testbed as tb
 
@@ -238,7 +238,7 @@ def test_a_dead_supervisor_leaves_the_job_to_the_unattended_timeout_and_cancel_r
     has been in contact for watch.unattended_timeout."""
     job_id = _running_detached(tmp_path, testbed, home, watch={"unattended_timeout": 5})
     agent = _agent_pid(job_id, 1)
-    os.kill(Store(home).job(job_id)["supervisor_pid"], signal.SIGKILL)
+    kill_supervisor_and_keeper(Store(home).job(job_id)["supervisor_pid"])
     _wait_for(lambda: not tb.pid_alive(agent), 40, "the agent to end its node once unattended for 5 s")
     cancelled = _launch("cancel", job_id)
     assert cancelled.returncode == 0, cancelled.stderr + cancelled.stdout
