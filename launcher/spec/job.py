@@ -5,7 +5,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from launcher.catalog.recipes import RecipeName, model_problem
 from launcher.catalog.strategies import DEFAULT_STRATEGY, LauncherName, PrecisionName, get_strategy
@@ -67,9 +75,23 @@ def full_batch(batch: BatchSpec | None, world_size: int) -> tuple[int, int] | No
     return (total, micro) if total is not None and micro is not None else None
 
 
+def _procs_per_node(value: object) -> int | str:
+    """A process count or ``auto``, refused in one message (a union would report each of its members)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PROCS_PER_NODE):
+        return value
+    raise ValueError(f"a number of processes from 1 to {MAX_PROCS_PER_NODE}, or 'auto' (one per GPU or slot of "
+                     f"each node)")
+
+
+ProcsPerNode = Annotated[
+    int | Literal["auto"], PlainValidator(_procs_per_node),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_PROCS_PER_NODE}, {"const": "auto"}]}),
+]
+
+
 class ResourcesSpec(Strict):
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (one torchrun agent each).")
-    nproc_per_node: Annotated[int, Field(ge=1, le=MAX_PROCS_PER_NODE)] | Literal["auto"] = Field(
+    nproc_per_node: ProcsPerNode = Field(
         1, description="Processes per node: GPUs, or CPU slots without GPUs; 'auto': one per GPU (or slot) of each "
         "node, so nodes with different GPU counts run one job (ranks numbered node after node).",
     )

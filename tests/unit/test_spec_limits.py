@@ -177,7 +177,7 @@ NUMBER_CASES = [
     ("watch: {stall_timeout: 1.0e+7}", "watch.stall_timeout: Input should be less than or equal to 604800"),
     ("lr: .nan", "lr: Input should be a finite number"),
     ("resources: {nodes: 1000000000}", "resources.nodes: Input should be less than or equal to 4096"),
-    ("resources: {nproc_per_node: 1025}", "resources.nproc_per_node: Input should be less than or equal to 1024"),
+    ("resources: {nproc_per_node: 1025}", "resources.nproc_per_node: a number of processes from 1 to 1024, or 'auto'"),
     ("batch: {micro_batch: 8, global_batch: 100000000}", "batch.global_batch: Input should be less than or equal to"),
 ]
 
@@ -204,7 +204,7 @@ def test_schema_shows_the_bounds(capsys):
     cluster = json.loads(capsys.readouterr().out)
     assert job["properties"]["max_steps"]["maximum"] == 10**12
     assert job["$defs"]["ResourcesSpec"]["properties"]["nodes"]["maximum"] == 4096
-    assert job["$defs"]["ResourcesSpec"]["properties"]["nproc_per_node"]["maximum"] == 1024
+    assert job["$defs"]["ResourcesSpec"]["properties"]["nproc_per_node"]["anyOf"][0]["maximum"] == 1024
     assert job["$defs"]["WatchSpec"]["properties"]["stall_timeout"]["maximum"] == 7 * 24 * 3600
     assert job["properties"]["secrets"]["items"]["pattern"] == "^[A-Za-z_][A-Za-z0-9_]*$"
     assert cluster["properties"]["nodes"]["maxItems"] == 4096
