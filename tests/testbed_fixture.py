@@ -113,6 +113,16 @@ def link_cut(host: tb.Host) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def ssh_blocked(host: tb.Host) -> Iterator[None]:
+    """Every packet to ``host``'s SSH port is dropped inside the block (the ranks' traffic flows); not after it."""
+    tb.ssh_blocked(host, True)
+    try:
+        yield
+    finally:
+        tb.ssh_blocked(host, False)
+
+
+@contextlib.contextmanager
 def host_key_rotated(bed: tb.Testbed, host: tb.Host) -> Iterator[None]:
     """``host`` has a new key that known_hosts lacks inside the block; after it,
     known_hosts is rewritten so later tests trust the new key."""

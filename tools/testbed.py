@@ -404,6 +404,13 @@ def link_up(host: Host) -> None:
     _run(["ip", "link", "set", host.veth, "up"])
 
 
+def ssh_blocked(host: Host, blocked: bool) -> None:
+    """Drop (or stop dropping) every packet to ``host``'s port 22, inside its namespace (iptables): SSH to it
+    stalls while the host and its other ports (the ranks' own traffic) carry on."""
+    rule = ["INPUT", "-p", "tcp", "--dport", str(SSH_PORT), "-j", "DROP"]
+    _run(["ip", "netns", "exec", host.namespace, "iptables", "-I" if blocked else "-D", *rule])
+
+
 def _link_is_up(veth: str) -> bool:
     """True when ``veth`` exists and is administratively up."""
     try:

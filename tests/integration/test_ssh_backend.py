@@ -24,7 +24,7 @@ from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
 from launcher.store.db import Store
 from tests.helpers import kill_supervisor_and_keeper, rank_results
-from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_client, sshd_stopped
+from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_blocked, ssh_client, sshd_stopped
 from tools import testbed as tb
 
 pytestmark = [needs_root, pytest.mark.testbed]
@@ -66,6 +66,8 @@ for _ in range(int(os.environ.get("TEST_STEPS", "3"))):
     time.sleep(float(os.environ.get("TEST_STEP_S", "0.05")))
     dist.all_reduce(torch.ones(1))  # as data-parallel training does every step: a peer's loss stalls the rest
     reporter.step(samples=4)
+    if os.environ.get("TEST_STEP_LINES"):
+        print("step %d of rank %d" % (reporter.steps_done, rank), flush=True)
 reporter.close()
 dist.barrier()
 dist.destroy_process_group()
@@ -316,6 +318,39 @@ def test_dead_host_fails_the_job_as_lost(testbed: tb.Testbed, tmp_path: Path, ho
     # lost on evidence, not on the silent channel alone: unreachable while the other node's ranks stalled
     assert "lt-h2 unreachable" in failure["reason"] and "no progress on the other nodes" in failure["reason"]
     assert failure["kind"] == "lost"
+    _assert_clean(testbed, job_id)
+
+
+def test_a_20_s_blip_of_the_supervisors_ssh_to_one_host_fails_nothing(testbed: tb.Testbed, tmp_path: Path,
+                                                                     home: Path) -> None:
+    """Issue 20: only the supervisor's SSH packets to host 2 dropped for 20 s while both ranks train (they talk
+    on their own ports): the job succeeds in its first attempt, every line and every step's metrics once."""
+    steps = 200
+    job = _job(tmp_path, steps=steps, step_s=0.15, nproc=1, env={"TEST_STEP_LINES": "1"})
+    job_id = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)), "--detach").stdout.strip()
+    store = Store(home)
+
+    def progressed() -> int:
+        return _status(job_id)["metrics"]["steps"] or 0
+
+    _wait_for(lambda: progressed() >= 3, 120, "the first steps")
+    with ssh_blocked(testbed.hosts[1]):
+        blocked_at = time.monotonic()
+        _wait_for(lambda: any(e["kind"] == "contact_lost" for e in store.events(job_id)), 30, "the supervisor to lose contact")
+        before = progressed()
+        _wait_for(lambda: progressed() >= before + 10, 60, "node 0 to keep training while host 2 is out of contact")
+        time.sleep(max(0.0, 20 - (time.monotonic() - blocked_at)))  # the blip lasts 20 s, as the issue's
+    _wait_for(lambda: store.job(job_id)["state"] in ("SUCCEEDED", "FAILED"), 180, "the job to end")
+    done = _status(job_id)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 0, done["reason"]
+    kinds = [e["kind"] for e in store.events(job_id)]
+    assert "contact_back" in kinds and "restarting" not in kinds
+    logs = _launch("logs", job_id, "--rank", "0").stdout
+    assert [int(m) for m in re.findall(r"step (\d+) of rank 0", logs)] == list(range(1, steps + 1))
+    by_rank: dict[int, list[int]] = {}
+    for record in store.metrics(job_id):
+        by_rank.setdefault(record.rank, []).append(record.step)
+    assert {rank: sorted(got) for rank, got in by_rank.items()} == {0: list(range(1, steps + 1)), 1: list(range(1, steps + 1))}
     _assert_clean(testbed, job_id)
 
 
