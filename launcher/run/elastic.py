@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from launcher.backends import Backend, backend_class
+from launcher.backends.base import Preflight
 from launcher.errors import LaunchError, PreflightError
 from launcher.plan.planner import Plan
 from launcher.plan.policy import node_procs
@@ -35,12 +36,16 @@ class Lost:
 
 @dataclass(frozen=True)
 class Replanned:
-    """The next attempt's plan and backend, and what changed, in words and as data."""
+    """The next attempt's plan and backend, the job and cluster it was planned from, what changed (in words and
+    as data), and how a scheduler's allocation re-plans it (``StartContext.place``; None: as before)."""
 
     plan: Plan
     backend: Backend
+    job: JobSpec
+    cluster: ClusterSpec
     message: str
     data: dict
+    place: Callable[[Plan, Preflight], Plan] | None = None
 
 
 def replan(job: JobSpec, cluster: ClusterSpec, plan: Plan, lost: Lost, attempt: int, check: Check) -> Replanned:
@@ -68,7 +73,7 @@ def replan(job: JobSpec, cluster: ClusterSpec, plan: Plan, lost: Lost, attempt: 
             candidates = [n for n in candidates if n.host not in failed]
             available = len(candidates)
             continue
-        return Replanned(new_plan, backend, change_message(attempt, plan, new_plan, lost),
+        return Replanned(new_plan, backend, smaller_job, smaller, change_message(attempt, plan, new_plan, lost),
                          change_data(attempt, plan, new_plan, lost))
     raise LaunchError(f"elastic: the nodes left failed preflight twice; {available} node(s) remain")
 

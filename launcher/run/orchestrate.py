@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets as token
@@ -258,7 +259,11 @@ def elastic_replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_chec
                          grad_accum=checked.batch.grad_accum if checked.batch else None)
         return checked, backend
 
-    return lambda plan, lost, attempt: elastic.replan(job, cluster, plan, lost, attempt, check)
+    def replan(plan: Plan, lost: elastic.Lost, attempt: int) -> elastic.Replanned:
+        done = elastic.replan(job, cluster, plan, lost, attempt, check)
+        return dataclasses.replace(done, place=placer(done.job, done.cluster))  # a scheduler places the smaller job
+
+    return replan
 
 
 def preflight(

@@ -345,7 +345,7 @@ class Supervisor:
         except LaunchError as exc:
             return f"not restarted on fewer nodes: {exc}"
         self._guarded("closing the backend of the previous attempt", self.backend.close)
-        self.plan, self.backend = shrunk.plan, shrunk.backend
+        self.plan, self.backend, self.place = shrunk.plan, shrunk.backend, shrunk.place or self.place
         if self.hangs is not None:
             self.hangs.hosts = tuple(n.host for n in shrunk.plan.nodes)
         self.store.add_event(self.plan.job_id, "elastic_restart", shrunk.message, shrunk.data)

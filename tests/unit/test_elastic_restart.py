@@ -112,3 +112,19 @@ def test_on_slurm_the_job_is_resubmitted_with_one_node_fewer() -> None:
     argv = commands.sbatch_argv(slurm.slurm, nodes=done.plan.nnodes, job_name="j", output="o", workdir="/shared",
                                 script="s")
     assert "--nodes=3" in argv and done.plan.batch is not None and done.plan.batch.grad_accum == 4
+
+
+def test_a_scheduler_places_the_smaller_job_with_its_global_batch() -> None:
+    from launcher.run.orchestrate import placer
+    from launcher.spec.cluster import NodeSpec
+
+    slurm = ClusterSpec(name="s", backend="slurm", workdir="/shared", python="/usr/bin/python3",
+                        slurm={"partition": "gpu"})
+    # micro 2 x GA 3 x 4 nodes = global 24; on 3 nodes the global stays 24: GA 4 (not micro 2 x GA 3 x 3 = 18)
+    job = EVEN.model_copy(update={"batch": EVEN.batch.model_copy(update={"global_batch": None, "grad_accum": 3})})
+    done = elastic.replan(job, slurm, _first(job, slurm), elastic.Lost("node-7", 9), 1, Checker())
+    allocated = [NodeSpec(host=f"node-{i}", address=f"10.1.0.{i}", slots=1) for i in range(3)]
+    found = Preflight(nodes=allocated, probes={i: NodeNetwork(interface="eth0", address=f"10.1.0.{i}") for i in range(3)})
+    placed_plan = placer(done.job, done.cluster)(done.plan, found)
+    assert placed_plan.batch is not None and (placed_plan.batch.global_batch, placed_plan.batch.grad_accum) == (24, 4)
+    assert placed_plan.nodes[0].env["LAUNCH_ATTEMPT"] == "1"
