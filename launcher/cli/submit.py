@@ -104,7 +104,9 @@ def _on_recorded(prepared, view, quiet: bool):
     def recorded(job_id: str) -> None:
         if not quiet:
             plan = prepared.plan
-            click.echo(f"job {job_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} on {prepared.cluster.name}", err=True)
+            from launcher.views.render import world_text
+
+            click.echo(f"job {job_id}: {world_text(plan)} on {prepared.cluster.name}", err=True)
         if view is not None:
             from launcher.store.db import Store
 
@@ -163,10 +165,12 @@ def plan_command(job_file, cluster_file, overrides, as_json):
         click.echo(json.dumps({"plan": chosen.model_dump(mode="json"), "strategies": [r.__dict__ for r in rows]}, indent=2))
         return
     out = console()
-    out.print(f"{job.name}: {job.recipe} on {plan.nnodes} node(s) x {plan.nproc_per_node}, {job.precision}, "
+    out.print(f"{job.name}: {job.recipe} on {render.world_text(plan)}, {job.precision}, "
                   f"micro batch {plan.batch.micro_batch} (global {plan.batch.global_batch})")
     if plan.elastic:
         out.print(f"  elastic: min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}")
+    for text in plan.warnings:
+        out.print(f"  warning: {text}")
     out.print(render.fit_table(rows, job.strategy, gpu_gb))
     out.print("  " + render.memory_line(chosen))
     if chosen.reason:

@@ -68,7 +68,7 @@ def plan_text(plan: Any) -> str:
         f"  cluster     {plan.cluster_name} (backend {plan.backend})",
         f"  launcher    {plan.launcher}   strategy {plan.strategy or '(entrypoint)'}   precision {plan.precision}"
         f"   process group {plan.dist_backend}",
-        f"  world       {_world(plan)}",
+        f"  world       {world_text(plan)}",
         f"  batch       {batch}",
         f"  steps       {plan.max_steps}",
         *([f"  elastic     min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}"] if plan.elastic else []),
@@ -107,7 +107,7 @@ def lease_line(nproc: int, gpus: int) -> str:
     return f"{part} when it starts, set as CUDA_VISIBLE_DEVICES (docs/LEASES.md)"
 
 
-def _world(plan: Any) -> str:
+def world_text(plan: Any) -> str:
     """``2 node(s) x 2 process(es) = 4 ranks``, or each node's count where they differ (``2+1``)."""
     procs = [node.nproc for node in plan.nodes]
     each = str(procs[0]) if len(set(procs)) == 1 else "+".join(map(str, procs))
