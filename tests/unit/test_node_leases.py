@@ -151,3 +151,15 @@ def test_gpus_with_foreign_processes_are_busy_unless_shared(directory: Path, mon
     shared = leases.acquire("gpu", 3, 3, {"job": "job-a"}, 1.0, allow_shared=True, directory=str(directory))
     assert isinstance(shared, leases.Lease) and shared.devices == [0, 1, 2]
     shared.release()
+
+
+def test_devices_read_as_ranges_and_each_holder_gets_its_line() -> None:
+    assert leasing.devices_text("gpu", [7, 0, 1, 2, 5, 8]) == "GPUs 0-2,5,7-8"
+    assert leasing.devices_text("slot", [1]) == "slot 1"
+    one = {"pid": 7, "user": "ml-a", "job": "job-a", "from": "login-1", "since": None}
+    two = {"pid": 8, "user": "ml-b", "job": "job-b", "from": "login-2", "since": None}
+    state = {"kind": "slot", "devices": [{"index": 0, "holder": one}, {"index": 1, "holder": two},
+                                         {"index": 2, "holder": one}, {"index": 3, "holder": None}]}
+    assert leasing.describe("cpu-1", state, False) == [
+        "cpu-1 slots 0,2: job job-a (user ml-a, from login-1, since ?)",
+        "cpu-1 slot 1: job job-b (user ml-b, from login-2, since ?)"]
