@@ -24,7 +24,7 @@ import pytest
 from launcher.backends.ray.backend import NAMESPACE
 from launcher.node import proctree
 from launcher.run.ports import free_port
-from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, kill_supervisor_and_keeper, run_cli, status_json, wait_for, wait_for_state, write_yaml
 from tools import testbed as tb
 
 pytestmark = [
@@ -227,6 +227,27 @@ def test_killing_the_agent_of_node_1_fails_the_job_fast(job_files, ray_cluster, 
     assert obj["ended_at"] - killed < 10, obj["ended_at"] - killed
     failure = obj["first_failure"]
     assert failure["node"] == 1 and failure["exit_code"] == -9 and failure["signal"] == "SIGKILL"
+    _assert_nothing_left(ray_cluster, job_id)
+
+
+def test_a_dead_supervisor_is_noticed_by_the_actors_and_the_group_released(job_files, ray_cluster, home):
+    """Issue 20: the actors read their agents, so the agents never find themselves unattended; the actors notice
+    that nobody pulls for watch.unattended_timeout, end the job on every node and remove the placement group."""
+    cluster, job = job_files
+    spec = job(env={"STEPS": "2000"}, watch={"grace_period": 3, "unattended_timeout": 8})
+    result = run_cli(home, "submit", str(spec), "--cluster", str(cluster), "--detach")
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip()
+    assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 2, timeout=60), status_json(home, job_id)
+    assert proctree.job_pids(job_id) and _live_groups(ray_cluster["ray"])
+
+    kill_supervisor_and_keeper(status_json(home, job_id)["supervisor"]["pid"])
+    assert wait_for(lambda: not proctree.job_pids(job_id) and not _live_groups(ray_cluster["ray"]), timeout=60), \
+        (proctree.job_pids(job_id), _live_groups(ray_cluster["ray"]))
+    assert status_json(home, job_id)["supervisor"]["state"] == "lost"
+    cancelled = run_cli(home, "cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert status_json(home, job_id)["state"] == "CANCELLED"
     _assert_nothing_left(ray_cluster, job_id)
 
 

@@ -144,7 +144,8 @@ def test_the_agent_request_and_secrets_go_to_the_actor_as_stdin_not_argv(monkeyp
     _, handles = RayBackend(cluster).start(plan, StartContext(run_dir=tmp_path, secrets={"TOKEN": "s3cret"}, grace=2.0))
 
     assert [h.pid for h in handles] == [100, 101]
-    argv, tag, stdin, cwd = actors[actor_name(plan.job_id, 1)].start.calls[0]
+    argv, tag, stdin, cwd, unattended_s, grace = actors[actor_name(plan.job_id, 1)].start.calls[0]
+    assert (unattended_s, grace) == (plan.unattended_s, 2.0)  # the actor ends the job once nobody pulls that long
     assert argv[-2:] == ["agent", "-"] and not any("s3cret" in arg or plan.job_id in arg for arg in argv)
     request, secrets = stdin.decode().splitlines()
     assert '"node":1' in request and secrets == '{"TOKEN": "s3cret"}'

@@ -4,7 +4,10 @@ One actor runs in each bundle of a job's placement group (one bundle per node). 
 node as Ray sees it, runs short node-side commands (facts, list, end, stacks), and runs the
 node agent without a shell (its argv comes from ``launcher.node.ship``), buffering its framed
 output for the driver to pull in batches. On terminate it signals the agent, which ends its
-node's processes. Standard library only (with ``launcher.backends.stopping``), and sent to the
+node's processes. Nobody pulling for the job's ``unattended_s`` means its supervisor is gone (the
+actor itself reads the agent, so the agent would never find itself unattended): the actor then
+ends its agent and removes the job's placement group, so its GPUs go back to the cluster. Standard
+library only (with ``launcher.backends.stopping``), and sent to the
 cluster by value (see ``RayBackend``): nodes need Ray and a Python, not the ``launch`` package. Ray itself is
 imported only inside the methods, which run on the cluster.
 """
@@ -18,10 +21,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from launcher.backends.stopping import stop_process
 
 MAX_BATCH = 5000
+MAX_BUFFERED = 200_000  # lines kept for a driver that does not pull; the node's journal keeps them all
+UNATTENDED_CHECK_S = 5.0
 ADOPT_TIMEOUT_S = 120.0
 PR_SET_PDEATHSIG = 1
 
@@ -42,6 +48,7 @@ class NodeActor:
         self._lines: list[str] = []
         self._code: int | None = None
         self._cond = threading.Condition()
+        self._pulled_at = time.monotonic()
         self._adopt = threading.Timer(ADOPT_TIMEOUT_S, self._abandon)
         self._adopt.daemon = True
         self._adopt.start()
@@ -68,12 +75,13 @@ class NodeActor:
             return 127, "", f"cannot run {argv[0]}: {exc.strerror or exc}"
         return done.returncode, done.stdout, done.stderr
 
-    def start(self, argv: list[str], tag: dict[str, str], stdin: bytes, cwd: str) -> int | str:
+    def start(self, argv: list[str], tag: dict[str, str], stdin: bytes, cwd: str,
+              unattended_s: float | None = None, grace: float = 5.0) -> int | str:
         """Start the node agent (``argv``, then ``stdin`` written to it) with ``tag`` added to its environment;
-        its PID, or why not."""
+        its PID, or why not. With ``unattended_s``, nobody pulling for that long ends the job here."""
         self._adopt.cancel()
         with self._cond:
-            self._lines, self._code = [], None
+            self._lines, self._code, self._pulled_at = [], None, time.monotonic()
         prctl = ctypes.CDLL(None, use_errno=True).prctl
         try:
             proc = subprocess.Popen(
@@ -91,6 +99,9 @@ class NodeActor:
             pass  # the agent exited at once: its output says why
         self._proc = proc
         threading.Thread(target=self._relay, args=(proc,), daemon=True, name="launch-node").start()
+        if unattended_s is not None:
+            threading.Thread(target=self._end_when_unattended, args=(proc, unattended_s, grace), daemon=True,
+                             name="launch-unattended").start()
         return proc.pid
 
     def _relay(self, proc: subprocess.Popen) -> None:
@@ -100,6 +111,7 @@ class NodeActor:
         for raw in iter(proc.stdout.readline, b""):
             with self._cond:
                 self._lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+                del self._lines[:-MAX_BUFFERED]
                 self._cond.notify_all()
         proc.stdout.close()
         code = proc.wait()
@@ -110,6 +122,7 @@ class NodeActor:
     def pull(self, wait: float) -> tuple[list[str], int | None]:
         """New output lines (waiting up to ``wait`` s for some), and the exit code once all are pulled."""
         with self._cond:
+            self._pulled_at = time.monotonic()
             self._cond.wait_for(lambda: self._lines or self._code is not None, timeout=wait)
             batch, self._lines = self._lines[:MAX_BATCH], self._lines[MAX_BATCH:]
             return batch, self._code if not self._lines else None
@@ -124,6 +137,20 @@ class NodeActor:
         self._adopt.cancel()
         if self._proc is not None:
             stop_process(self._proc, grace)
+
+    def _end_when_unattended(self, proc: subprocess.Popen, unattended_s: float, grace: float) -> None:
+        """Once nobody has pulled for ``unattended_s``, end the agent (it ends its node's processes) and the group."""
+        while proc.poll() is None:
+            with self._cond:
+                idle = time.monotonic() - self._pulled_at
+            if idle > unattended_s:
+                print(f"launch: node {self.index} of job {self.job_id}: no supervisor pulled for {idle:.0f} s "
+                      f"(watch.unattended_timeout {unattended_s:g} s): ending the job and its placement group",
+                      file=sys.stderr, flush=True)
+                stop_process(proc, 2 * grace + 10)  # the agent's own TERM, grace, KILL of its ranks first
+                self._abandon()
+                return
+            time.sleep(min(UNATTENDED_CHECK_S, unattended_s / 4))
 
     def _abandon(self) -> None:
         """No supervisor adopted this job: remove its placement group, which ends every actor."""

@@ -31,10 +31,13 @@ from launcher.backends.base import (
     FACTS_TIMEOUT_S,
     Backend,
     CommandResult,
+    NodeSweep,
     Preflight,
     Stage,
     StageState,
     StartContext,
+    SweepOutcome,
+    SweepReport,
     agent_exit_code,
     agent_start,
     facts_request,
@@ -145,12 +148,15 @@ class RayBackend(Backend):
         self._ray: Any = None
         self._owns = False
         self._runs: dict[str, Plan] = {}
+        self._connecting = threading.Lock()
 
     @property
     def ray(self) -> Any:
-        """The ``ray`` module, connected to the cluster (at the first call)."""
-        if self._ray is None:
-            self._ray = self._connect()
+        """The ``ray`` module, connected to the cluster (at the first call; once, whatever the threads: a sweep's
+        fan-out asked from two threads at once and ray.init ran twice)."""
+        with self._connecting:
+            if self._ray is None:
+                self._ray = self._connect()
         return self._ray
 
     def _connect(self) -> Any:
@@ -341,7 +347,8 @@ class RayBackend(Backend):
         tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
         where = f"node {node.index} ({node.host})"
         try:
-            started = ray.get(actor.start.remote(start.argv, tag, start.stdin, node.cwd), timeout=ACTOR_TIMEOUT_S)
+            started = ray.get(actor.start.remote(start.argv, tag, start.stdin, node.cwd, plan.unattended_s, context.grace),
+                              timeout=ACTOR_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise NodeStartError(f"{where}: its Ray actor did not start the agent within {ACTOR_TIMEOUT_S:.0f} s",
                                  node.index) from None
@@ -369,7 +376,18 @@ class RayBackend(Backend):
         """End the job's processes on every node through the actors (they stay for a restart; ``close``
         removes them and the group)."""
         self._runs[plan.job_id] = plan
+        if self._released(plan):
+            said = "its placement group was removed and its actors are gone: Ray ended the job's workers there"
+            return SweepReport(tuple(NodeSweep(n.index, n.host, SweepOutcome.CLEAN, detail=said) for n in plan.nodes))
         return super().sweep(plan, grace, end)
+
+    def _released(self, plan: Plan) -> bool:
+        """Ray's own word that nothing of the job is left: its group removed (by its actors once unattended, or by a
+        close) and none of its actors alive; launch's agents die with their actors' workers (PDEATHSIG)."""
+        groups = self.ray.util.placement_group_table().values()
+        ours = [g for g in groups if g.get("name") == group_name(plan.job_id)]
+        return all(g.get("state") == "REMOVED" for g in ours) and all(
+            self._actor(plan.job_id, n.index) is None for n in plan.nodes)
 
     def _actor(self, job_id: str, index: int):
         """The live actor of a job's node, or None (never created, or gone)."""
