@@ -19,7 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from launcher.backends import leasing
+from launcher.backends.base import StartContext
+from launcher.backends.ssh.backend import SSHBackend
+from launcher.node import proctree
+from launcher.run import orchestrate
+from launcher.spec.cluster import ClusterSpec
+from launcher.spec.job import JobSpec
 from launcher.store.db import Store
 from tests.helpers import ROOT, wait_for, write_yaml
 from tests.testbed_fixture import needs_root
@@ -222,3 +230,39 @@ def test_kill_9_of_the_holders_agents_frees_its_leases_at_once_and_no_other_user
     free = next(e["t"] for e in Store(b.home).events(_times(bed, b, "b")[0][1]) if e["kind"] == "allocated")
     print(f"after kill -9 of the holder's agents: the waiting job found the leases free in {free - killed_at:.2f} s, "
           f"its first rank started in {started - killed_at:.2f} s")
+
+
+QUICKER = """
+import sys, time
+from launcher.node import leases
+got = leases.acquire("slot", 1, 1, {"job": "quicker"}, 0.0, directory=sys.argv[1])
+print(got.devices, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_job_finding_one_hosts_leases_taken_at_start_starts_no_rank_on_any_host(
+        testbed: tb.Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race between preflight and start, made certain: a holder takes lt-h2's one slot after the check."""
+    lease_dir = tmp_path / "leases"
+    monkeypatch.setenv("LAUNCH_LEASE_DIR", str(lease_dir))
+    hosts = {h.name: h for h in testbed.hosts}
+    cluster = ClusterSpec.model_validate({
+        **yaml.safe_load(testbed.cluster_yaml(sys.executable, n=2)),
+        "nodes": [{"host": name, "address": hosts[name].address, "gpus": 0, "slots": 1} for name in HOSTS]})
+    times = tmp_path / "times"
+    job = JobSpec(name="race", entrypoint=["python", str(HOLD)], resources={"nodes": 2, "nproc_per_node": 1},
+                  env={"TEST_TIMES": str(times), "TEST_RELEASE": str(tmp_path / "release")})
+    prepared = orchestrate.prepare_job(job, cluster)
+    backend = SSHBackend(cluster)
+    try:
+        plan = orchestrate.preflight(prepared, backend, run_check=False, warn=None)
+        tb.start_daemon(hosts["lt-h2"], "quicker", ["env", f"PYTHONPATH={ROOT}", sys.executable, "-c", QUICKER,
+                                                    str(lease_dir)])
+        assert wait_for(lambda: list(lease_dir.glob("lt-h2.holder.*")), timeout=30)
+        with pytest.raises(leasing.LeasesBusy, match=f"{leasing.TAKEN_FIRST} .*lt-h2 slot 0: job quicker"):
+            backend.start(plan, StartContext(run_dir=tmp_path, secrets={}, grace=1.0))
+    finally:
+        tb.stop_daemon(hosts["lt-h2"], "quicker")
+        backend.close()
+    assert not times.exists() and proctree.job_pids(plan.job_id) == []

@@ -12,6 +12,15 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from launcher.backends import leasing
+from launcher.backends.base import StartContext
+from launcher.backends.local.backend import LocalBackend
+from launcher.node import leases, proctree
+from launcher.run import orchestrate
+from launcher.spec.cluster import ClusterSpec
+from launcher.spec.job import JobSpec
 from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, write_yaml
 
@@ -153,3 +162,22 @@ def test_part_of_a_gpu_node_each_job_its_lowest_free_gpus_and_a_foreign_process_
         (tmp_path / f"release-{tag}").touch()
         code, err = _done(proc)
         assert code == 0, err
+
+
+def test_a_job_finding_one_nodes_leases_taken_at_start_starts_no_rank_on_any_node(
+        tmp_path: Path, lease_dir: Path) -> None:
+    """The race between preflight and start, made certain: another holder takes a slot after the check."""
+    cluster = LocalBackend.resolve_defaults(ClusterSpec(name="two-slots", backend="local", local={"slots": 2}))
+    job = JobSpec(name="race", entrypoint=["python", str(HOLD)], resources={"nodes": 2, "nproc_per_node": 1},
+                  env={"TEST_TIMES": str(tmp_path / "times-race"), "TEST_RELEASE": str(tmp_path / "release-race")})
+    plan = orchestrate.prepare_job(job, cluster).plan
+    other = leases.acquire("slot", 1, 2, {"job": "quicker"}, 0.0, directory=str(lease_dir))
+    assert isinstance(other, leases.Lease)
+    backend = LocalBackend(cluster)
+    try:
+        with pytest.raises(leasing.LeasesBusy, match=f"{leasing.TAKEN_FIRST} .*localhost slot 0: job quicker"):
+            backend.start(plan, StartContext(run_dir=tmp_path, secrets={}, grace=1.0))
+    finally:
+        other.release()
+    assert not _times(tmp_path, "race") and proctree.job_pids(plan.job_id) == []
+    assert leases.survey("slot", 2, str(lease_dir)).free(False) == [0, 1]

@@ -132,7 +132,10 @@ class SSHNode:
         return LOST_NODE_EXIT if self.lost_reason is not None else None
 
     def terminate(self, grace: float) -> None:
-        """TERM the agent (it ends its node's processes), then KILL it if it lingers; the sweep does the rest."""
+        """TERM the agent (it ends its node's processes), then KILL it if it lingers; the sweep does the rest. An
+        agent that started nothing (told not to, having its leases) exits by itself: waited for."""
+        if self.pid is None and self.leased is not None:
+            self._channel.status_event.wait(START_TIMEOUT_S)
         if self.poll() is not None or self.pid is None or not self._channel.get_transport().is_active():
             return  # ended, lost, never started, or out of contact: the sweep reaches what is left
         term_then_kill(self._signal, self._channel.status_event.wait, grace, kill_wait=EXIT_STATUS_WAIT_S)
