@@ -28,9 +28,10 @@ def attach(job):
     130 CANCELLED.
 
     Refused while the job's supervisor is alive (it says where: host and PID; `launch status
-    --watch JOB` follows that one), for a job that is not RUNNING, and on the Ray and Slurm
-    backends (local and SSH only, for now). Left alone, the node agents end the job
-    themselves after watch.unattended_timeout seconds (job spec; default 1800, null: never).
+    --watch JOB` follows that one), for a job that is not RUNNING, and on the Ray backend
+    (local, SSH and Slurm can be followed again). Left alone, the node agents end the job
+    themselves after watch.unattended_timeout seconds (job spec; default 1800, null: never);
+    on Slurm the job's time limit bounds it, and on Ray the actors end it after that timeout.
 
     \b
     Examples:

@@ -450,7 +450,7 @@ def attach(
     if not backend.follows:
         backend.close()
         raise LaunchError(f"job {job.id} runs on the {job.plan.backend} backend, whose nodes `launch attach` cannot "
-                          "follow again yet (local and SSH can)", hint=f"`launch cancel {job.id}` ends it")
+                          "follow again yet (local, SSH and Slurm can)", hint=f"`launch cancel {job.id}` ends it")
     lock = open(run_dir / "attach.lock", "a")  # noqa: SIM115 - held until this process ends
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -15,7 +15,7 @@ import pytest
 
 from launcher.store.db import Store
 from tests.container_fixture import needs_podman
-from tests.helpers import rank_results
+from tests.helpers import kill_supervisor_and_keeper, rank_results
 from tests.slurm_fixture import (
     JOB_END_STATES,
     job_state,
@@ -358,3 +358,28 @@ def test_every_rank_runs_inside_the_container_on_slurm(slurm: sl.SlurmCluster, t
     for host in slurm.nodes:
         left = ci.in_host(host, ["podman", "ps", "-a", "--filter", f"label=launch.job={job_id}", "--format", "{{.Names}}"])
         assert left.stdout.split() == [], f"no container is left on {host.name}, running or stopped"
+
+
+def test_launch_attach_follows_a_slurm_job_whose_supervisor_died(slurm: sl.SlurmCluster, tmp_path: Path,
+                                                                  home: Path) -> None:
+    """Issue 20: the detached supervisor and its keeper killed mid-run; the Slurm job runs on (its agents write
+    to the shared job directory), and `launch attach` follows it to its end from the lines the store has."""
+    steps = 80
+    job = _job(tmp_path, entrypoint=[PYTHON, str(PROGRAMS / "step_lines.py")], steps=steps,
+               env={"STEPS": str(steps), "STEP_S": "0.15"})
+    job_id = _submit_detached(job, _cluster(tmp_path, slurm))
+    wait_for(lambda: (_status(job_id)["metrics"]["steps"] or 0) >= 3, 120, "the first steps")
+    kill_supervisor_and_keeper(_status(job_id)["supervisor"]["pid"])
+    wait_for(lambda: _status(job_id)["supervisor"]["state"] == "lost", 30, "the supervisor to be gone")
+
+    attached = _launch("attach", job_id)
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    done = _status(job_id)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 0
+    logs = _launch("logs", job_id, "--rank", "0").stdout
+    assert [int(m) for m in re.findall(r"step (\d+) of rank 0", logs)] == list(range(steps))
+    by_rank: dict[int, list[int]] = {}
+    for record in Store(home).metrics(job_id):
+        by_rank.setdefault(record.rank, []).append(record.step)
+    assert {rank: sorted(got) for rank, got in by_rank.items()} == {0: list(range(1, steps + 1)), 1: list(range(1, steps + 1))}
+    _assert_nothing_left(slurm, [done["scheduler_id"]])

@@ -57,6 +57,7 @@ from launcher.spec.slurm import time_minutes
 
 JOB_DIR = ".launch"
 WARN_FILE = "time-warning"
+SLURM_ID_FILE = "slurm-id"  # in each attempt's directory: which Slurm job `launch attach` follows
 STARTED_TIMEOUT_S = 120.0
 CONFIRM_TIMEOUT_S = 60.0
 SETTLE_S = 10.0  # the sweep lets a job whose agents have exited end by itself this long before scancel
@@ -100,6 +101,8 @@ class SlurmBackend(Backend):
     name: ClassVar[str] = "slurm"
     places_nodes: ClassVar[bool] = True
     places_at_start: ClassVar[bool] = True
+
+    follows: ClassVar[bool] = True
 
     def __init__(self, cluster: ClusterSpec) -> None:
         super().__init__(cluster)
@@ -179,6 +182,7 @@ class SlurmBackend(Backend):
         argv = cli.sbatch_argv(self.spec, nodes=plan.nnodes, job_name=job_name(plan.job_id),
                                output=str(folder / "batch.log"), workdir=self.workdir, script=str(script))
         job = SlurmJob(cli.parse_job_id(cli.checked(argv)), folder)
+        (folder / SLURM_ID_FILE).write_text(job.slurm_id)
         self._jobs[plan.job_id] = job
         try:
             context.submitted(job.slurm_id)
@@ -202,6 +206,21 @@ class SlurmBackend(Backend):
             self._end(job)
             raise
         return placed, [SlurmNode(node.index, node.host, job, pids[node.index]) for node in placed.nodes]
+
+    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None) -> SlurmNode:
+        """`launch attach`: node ``index`` of the job's last Slurm job, its agent's output file read past ``after``
+        lines (the file is on the shared job directory, as when the job was started)."""
+        job = self._jobs.get(plan.job_id) or self._last_job(plan.job_id)
+        return SlurmNode(index, plan.nodes[index].host, job, agent[0] if agent else None, skip=after)
+
+    def _last_job(self, job_id: str) -> SlurmJob:
+        folders = sorted((Path(self.workdir) / JOB_DIR / job_id).glob("a*/" + SLURM_ID_FILE),
+                         key=lambda path: int(path.parent.name[1:]) if path.parent.name[1:].isdigit() else -1)
+        if not folders:
+            raise NodeStartError(f"job {job_id}: no Slurm job of it under {Path(self.workdir) / JOB_DIR / job_id}", 0)
+        job = SlurmJob(folders[-1].read_text().strip(), folders[-1].parent)
+        self._jobs[job_id] = job
+        return job
 
     def _attempt_dir(self, job_id: str) -> Path:
         base = Path(self.workdir) / JOB_DIR / job_id

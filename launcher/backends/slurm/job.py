@@ -135,8 +135,10 @@ class SlurmJob:
 class SlurmNode:
     """One node agent of a Slurm job, followed through its framed output file in the job directory."""
 
-    def __init__(self, index: int, host: str, job: SlurmJob, pid: int | None) -> None:
+    def __init__(self, index: int, host: str, job: SlurmJob, pid: int | None, skip: int = 0) -> None:
+        """``skip``: the whole lines a reader already had (`launch attach`): read past, never given again."""
         self.index = index
+        self._skip = skip
         self.pid: int | None = pid
         self.lost_reason: str | None = None
         #: the failure Slurm decided (time limit, node failure), with Slurm's words; trusted
@@ -158,7 +160,10 @@ class SlurmNode:
                     *complete, pending = pending.split(b"\n")
                     for raw in complete:
                         line = raw.decode("utf-8", "replace")
-                        yield line
+                        if self._skip:
+                            self._skip -= 1
+                        else:
+                            yield line
                         if line.startswith("@exit "):
                             self._exited(line)
                             return
