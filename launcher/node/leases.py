@@ -22,19 +22,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
-import pwd
 import socket
 import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import gpuapps
+from . import gpuapps, records
 
 DEFAULT_DIR = "/var/tmp/launch-leases"
-RECORD_LIMIT = 4096  # bytes of a holder record or ticket read (others' files: bounded)
 
 
 class LeaseError(Exception):
@@ -99,76 +96,19 @@ def locked_pids() -> dict[int, list[int]]:
     return held
 
 
-def _uid_of(pid: int) -> int | None:
-    """The real uid of ``pid`` (from /proc/PID/status: right even for an undumpable agent)."""
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def user_name(uid: int | None) -> str:
-    if uid is None:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _read_json(path: str) -> dict | None:
-    """A JSON object from another process's file, bounded; None if missing, unreadable or not an object."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = json.loads(os.read(fd, RECORD_LIMIT))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(data))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def _record_of(directory: str, pid: int, kind: str, suffix: str) -> dict | None:
+def _record_of(directory: str, pid: int, kind: str) -> dict | None:
     """The record ``pid`` wrote (``HOST.KIND.UID.PID``), if its owner is pid's user and it is this process's."""
-    uid = _uid_of(pid)
+    uid = records.uid_of(pid)
     if uid is None:
         return None
-    path = os.path.join(directory, f"{host_name()}.{kind}.{uid}.{pid}{suffix}")
+    path = os.path.join(directory, f"{host_name()}.{kind}.{uid}.{pid}")
     try:
         if os.lstat(path).st_uid != uid:
             return None
     except OSError:
         return None
-    record = _read_json(path)
-    if record is None or record.get("start_ticks") != start_ticks(pid):
+    record = records.read_json(path)
+    if record is None or record.get("start_ticks") != records.start_ticks(pid):
         return None
     return record
 
@@ -194,8 +134,8 @@ class Holder:
 
 def holder(directory: str, pid: int, index: int, kind: str) -> Holder:
     """The holder of device ``index`` known by its pid: its record if believable, else only its pid and user."""
-    user = user_name(_uid_of(pid))
-    record = _record_of(directory, pid, "holder", "")
+    user = records.user_name(records.uid_of(pid))
+    record = _record_of(directory, pid, "holder")
     if record is None or index not in (record.get("devices") or []) or record.get("kind") != kind:
         return Holder(pid, user)
     since = record.get("since")
@@ -236,11 +176,11 @@ def tickets(directory: str) -> list[Ticket]:
         except OSError:
             continue
         pid = int(parts[1])
-        record = _record_of(directory, pid, "ticket", "")
+        record = _record_of(directory, pid, "ticket")
         if pid not in held.get(inode, []) or record is None or not isinstance(record.get("order"), (int, float)):
             continue
         since = record.get("since")
-        found.append(Ticket(_text(record.get("job")) or "?", user_name(_uid_of(pid)), _text(record.get("from")),
+        found.append(Ticket(_text(record.get("job")) or "?", records.user_name(records.uid_of(pid)), _text(record.get("from")),
                             float(since) if isinstance(since, (int, float)) else None, float(record["order"]),
                             int(record.get("count") or 0), pid))
     return sorted(found, key=lambda t: (t.order, t.job))
@@ -248,7 +188,7 @@ def tickets(directory: str) -> list[Ticket]:
 
 def foreign_gpu_processes() -> dict[int, list[Holder]]:
     """Per GPU index, the compute processes nvidia-smi lists ({} without nvidia-smi)."""
-    return {index: [Holder(pid, user_name(_uid_of(pid)), command=command) for pid, command in apps]
+    return {index: [Holder(pid, records.user_name(records.uid_of(pid)), command=command) for pid, command in apps]
             for index, apps in gpuapps.compute_apps().items()}
 
 
@@ -371,24 +311,38 @@ def acquire(kind: str, count: int, capacity: int, record: dict, order: float, *,
             os.close(fd)
         return Busy(survey(kind, capacity, directory), queue, count)
     lease = Lease(kind, [i for i, _ in taken], [fd for _, fd in taken])
+    _tidy(directory)
     pid = os.getpid()
     path = os.path.join(directory, f"{host_name()}.holder.{os.getuid()}.{pid}")
     try:
-        _write_json(path, {**record, "kind": kind, "devices": lease.devices, "since": time.time(),
-                           "start_ticks": start_ticks(pid)})
+        records.write_json(path, {**record, "kind": kind, "devices": lease.devices, "since": time.time(),
+                           "start_ticks": records.start_ticks(pid)})
         lease.record_path = path
     except OSError:
         pass  # the lease holds without its record: others see its pid and user only
     return lease
 
 
+def _tidy(directory: str) -> None:
+    """Remove this user's holder records and tickets on this host whose process is gone (a killed agent's or
+    waiter's: never believed, but they would pile up)."""
+    prefix = f"{host_name()}."
+    for entry in os.listdir(directory):
+        kind, _, owner = entry[len(prefix):].partition(".") if entry.startswith(prefix) else ("", "", "")
+        uid, _, pid = owner.partition(".")
+        if kind in ("holder", "ticket") and uid == str(os.getuid()) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, entry))
+
+
 @contextlib.contextmanager
 def ticket(record: dict, order: float, count: int, directory: str | None = None) -> Iterator[str]:
     """Hold this process's ticket in the host's queue while the block runs."""
     directory = lease_dir(directory)
+    _tidy(directory)
     pid = os.getpid()
     path = os.path.join(directory, f"{host_name()}.ticket.{os.getuid()}.{pid}")
-    _write_json(path, {**record, "order": order, "count": count, "since": time.time(), "start_ticks": start_ticks(pid)})
+    records.write_json(path, {**record, "order": order, "count": count, "since": time.time(), "start_ticks": records.start_ticks(pid)})
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

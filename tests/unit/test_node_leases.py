@@ -76,6 +76,7 @@ def test_the_holder_is_named_from_its_record_and_the_lease_dies_with_its_process
     assert stale, "the killed holder's record should still be there (and not be believed)"
     got = leases.acquire("slot", 2, 2, {"job": "job-b"}, 2.0, directory=str(directory))
     assert isinstance(got, leases.Lease)
+    assert not any(path.exists() for path in stale), "the next lease of the same user tidies a dead holder's record"
     got.release()
 
 
