@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-# Fixtures that hold something the machine has once (the namespaced test bed, and the Slurm and Ray
-# clusters on it; podman's image store): under pytest-xdist every test that uses one runs on the same
-# worker, so two workers never build or tear down the same bed at once.
-MACHINE_WIDE_FIXTURES = frozenset({"testbed", "container_image"})
-MACHINE_WIDE_GROUP = "machine-wide-beds"
+# Under pytest-xdist (make test: two workers) every test that needs something the machine holds once runs on
+# the worker that holds it: a test bed (tests/testbed_fixture.py: bed "a" or "b", by module, with Slurm, Ray and
+# the Unix users on theirs) or podman's image store (with bed "a": its tests use that bed too).
+BED_FIXTURES = frozenset({"testbed", "testbeds", "slurm", "slurm_cluster", "ray_cluster", "unix_users"})
 
 pytest_plugins = ["tests.testbed_fixture", "tests.slurm_fixture", "tests.container_fixture", "tests.users_fixture", "tests.webhook"]
 
@@ -31,7 +30,12 @@ def home(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put every test that needs a machine-wide bed in one xdist group (``--dist loadgroup``)."""
+    """One xdist group a test bed (``--dist loadgroup``), so two workers never make or use the same one."""
+    from tests.testbed_fixture import bed_of
+
     for item in items:
-        if MACHINE_WIDE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(MACHINE_WIDE_GROUP))
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "container_image" in fixtures:
+            item.add_marker(pytest.mark.xdist_group("bed-a"))
+        elif fixtures & BED_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group(f"bed-{bed_of(item)}"))

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import pytest
 
+from tests.testbed_fixture import SLURM_BED, Beds
 from tools import slurm as sl
 from tools import testbed as tb
 
@@ -32,9 +33,9 @@ T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[sl.SlurmCluster]:
-    """The session's Slurm cluster: the testbed's first SLURM_NODES hosts in one partition."""
-    cluster = sl.up(testbed, tmp_path_factory.mktemp("slurm"), nodes=SLURM_NODES)
+def slurm_cluster(testbeds: Beds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[sl.SlurmCluster]:
+    """The session's Slurm cluster: the first SLURM_NODES hosts of bed SLURM_BED in one partition."""
+    cluster = sl.up(testbeds.get(SLURM_BED), tmp_path_factory.mktemp("slurm"), nodes=SLURM_NODES)
     try:
         yield cluster
     finally:

@@ -8,9 +8,10 @@ Load it once, from tests/conftest.py, as a plugin::
 fixture function into several modules would create one testbed per module, and
 each ``up`` tears down the previous one, since host names are fixed).
 
-``testbed`` brings up ``TESTBED_HOSTS`` hosts once per session and tears them
-down at the end. A machine holds one testbed at a time, so concurrent pytest
-sessions take turns through an exclusive lock file. Tests that break a host
+``testbed`` gives the test its module's bed (two beds under different names, so
+two xdist workers can hold one each); each is brought up once per session and torn
+down at the end. A machine holds one bed of a name at a time, so concurrent pytest
+sessions take turns through an exclusive lock file per name. Tests that break a host
 use the context managers below, which repair it even when the test fails.
 """
 
@@ -30,24 +31,37 @@ import pytest
 from tools import testbed as tb
 
 TESTBED_HOSTS = 4
-LOCK_FILE = Path(tempfile.gettempdir()) / "lt-testbed.lock"
 LOCK_TIMEOUT_S = 900.0
+# Two beds under different names, so two pytest-xdist workers can each hold one: the suite's own ("a", whose
+# host names and addresses some tests spell out) and a second one ("b"). Each test module uses one bed
+# (BED_OF_MODULE; "a" by default), and tests/conftest.py puts every test of a bed in one xdist group, so a
+# bed is made by one worker only.
+BED_NAMES = {"a": tb.Names(), "b": tb.Names(prefix="lu-", subnet="10.81.0")}
+BED_OF_MODULE = {"test_ray_backend": "b", "test_elastic": "b", "test_slurm_backend": "b", "test_slurm_testbed": "b"}
+SLURM_BED = RAY_BED = "b"
+USERS_BED = "a"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 
+def bed_of(item: pytest.Item) -> str:
+    """The bed a test runs on: by its module."""
+    return BED_OF_MODULE.get(Path(str(item.fspath)).stem, "a")
+
+
 @contextlib.contextmanager
-def _machine_lock() -> Iterator[None]:
-    """Hold the machine-wide testbed lock, waiting up to LOCK_TIMEOUT_S for it."""
+def _machine_lock(names: tb.Names) -> Iterator[None]:
+    """Hold the machine-wide lock of the beds of ``names``, waiting up to LOCK_TIMEOUT_S for it."""
+    path = Path(tempfile.gettempdir()) / f"{names.prefix}testbed.lock"
     deadline = time.monotonic() + LOCK_TIMEOUT_S
-    with open(LOCK_FILE, "w") as lock:
+    with open(path, "w") as lock:
         while True:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"another test session holds {LOCK_FILE} (testbed in use)")
+                    pytest.fail(f"another test session holds {path} (testbed in use)")
                 time.sleep(0.2)
         try:
             yield
@@ -55,17 +69,35 @@ def _machine_lock() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+class Beds:
+    """The session's test beds, each brought up when a test first asks for it and torn down at the end."""
+
+    def __init__(self, base: Path, stack: contextlib.ExitStack) -> None:
+        self._base, self._stack, self._beds = base, stack, {}
+
+    def get(self, which: str) -> tb.Testbed:
+        if which not in self._beds:
+            names = BED_NAMES[which]
+            self._stack.enter_context(_machine_lock(names))
+            bed = tb.up(TESTBED_HOSTS, self._base / which, names)
+            self._stack.callback(tb.down, bed.base_dir, names)
+            self._beds[which] = bed
+        return self._beds[which]
+
+
 @pytest.fixture(scope="session")
-def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.Testbed]:
-    """TESTBED_HOSTS namespaced hosts with sshd, up for the whole session."""
+def testbeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Beds]:
+    """TESTBED_HOSTS namespaced hosts with sshd per bed, up for the rest of the session once asked for."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
-    with _machine_lock():
-        bed = tb.up(TESTBED_HOSTS, tmp_path_factory.mktemp("testbed"))
-        try:
-            yield bed
-        finally:
-            tb.down(bed.base_dir)
+    with contextlib.ExitStack() as stack:
+        yield Beds(tmp_path_factory.mktemp("testbeds"), stack)
+
+
+@pytest.fixture
+def testbed(testbeds: Beds, request: pytest.FixtureRequest) -> tb.Testbed:
+    """The bed of this test's module (BED_OF_MODULE)."""
+    return testbeds.get(bed_of(request.node))
 
 
 def ssh_client(bed: tb.Testbed, host: tb.Host, timeout: float = 5.0) -> paramiko.SSHClient:

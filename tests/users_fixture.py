@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import testbed as tb
+from tests.testbed_fixture import USERS_BED, Beds
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_NAMES = ("lt-user-a", "lt-user-b", "lt-user-c")
@@ -101,8 +101,9 @@ def _end_processes_of(uid: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def unix_users(testbed: tb.Testbed) -> Iterator[dict[str, User]]:
-    """The users of USER_NAMES, by name, able to log in to the testbed's hosts with their own keys."""
+def unix_users(testbeds: Beds) -> Iterator[dict[str, User]]:
+    """The users of USER_NAMES, by name, able to log in to the hosts of bed USERS_BED with their own keys."""
+    testbed = testbeds.get(USERS_BED)
     base = Path(tempfile.mkdtemp(prefix="lt-users-", dir="/tmp"))
     base.chmod(0o755)
     authorized = testbed.base_dir / "authorized_keys"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -48,5 +49,6 @@ def test_smoke_runs_succeed_with_metrics(name, tmp_path, home):
     metrics = obj["metrics"]
     assert metrics["steps"] == obj["max_steps"]
     assert len(metrics["per_rank"]) == obj["world_size"] and metrics["samples_per_sec"] > 0
-    assert metrics["loss"] is not None and metrics["peak_mem_mb"] > 0
+    assert metrics["loss"] is not None and math.isfinite(metrics["loss"]) and metrics["loss"] > 0
+    assert metrics["peak_mem_mb"] > 0
     assert proctree.job_pids(job_id) == []

@@ -1,7 +1,7 @@
 """The Ray backend on a real two-node Ray cluster, driven through the `launch` CLI.
 
-The head runs in the root namespace on the testbed bridge (10.77.0.1); the
-second node runs inside testbed host lt-h1 (10.77.0.11), so the two Ray nodes
+The head runs in the root namespace on the testbed bridge (its .1 address); the
+second node runs inside the first testbed host, so the two Ray nodes
 have different IPs and the job's ranks talk across the bridge.
 """
 
@@ -25,6 +25,7 @@ from launcher.backends.ray.backend import NAMESPACE
 from launcher.node import proctree
 from launcher.run.ports import free_port
 from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, kill_supervisor_and_keeper, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.testbed_fixture import RAY_BED, Beds
 from tools import testbed as tb
 
 pytestmark = [
@@ -87,22 +88,23 @@ def _with_own_hosts_file(hosts: Path, argv: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory):
-    """A Ray head on the bridge address and a second Ray node inside testbed host lt-h1."""
+def ray_cluster(testbeds: Beds, tmp_path_factory: pytest.TempPathFactory):
+    """A Ray head on the bridge address and a second Ray node inside the first testbed host."""
     import ray
 
+    testbed = testbeds.get(RAY_BED)
     before = _ray_pids()
     host = testbed.hosts[0]
     port, client_port = free_port(), free_port()
-    address = f"{tb.BRIDGE_ADDRESS}:{port}"
+    address = f"{testbed.names.bridge_address}:{port}"
     hosts = tmp_path_factory.mktemp("ray-head") / "hosts"
-    hosts.write_text(Path("/etc/hosts").read_text() + f"{tb.BRIDGE_ADDRESS} {socket.gethostname()}\n")
+    hosts.write_text(Path("/etc/hosts").read_text() + f"{testbed.names.bridge_address} {socket.gethostname()}\n")
     temp_dir = tempfile.mkdtemp(prefix="lray", dir="/tmp")  # short: Ray's socket paths live under it
     node_args = [*RAY_NODE_ARGS, "--temp-dir", temp_dir]
     try:
         subprocess.run(
             _with_own_hosts_file(hosts, [
-                RAY, "start", "--head", "--node-ip-address", tb.BRIDGE_ADDRESS, "--port", str(port),
+                RAY, "start", "--head", "--node-ip-address", testbed.names.bridge_address, "--port", str(port),
                 "--ray-client-server-port", str(client_port), "--include-dashboard=false", *node_args,
             ]),
             check=True, capture_output=True, timeout=60,
@@ -111,7 +113,7 @@ def ray_cluster(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory):
                    timeout=60)
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
         assert wait_for(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, timeout=30), ray.nodes()
-        yield {"address": address, "host": host, "ray": ray}
+        yield {"address": address, "host": host, "ray": ray, "bridge": testbed.names.bridge_address}
     finally:
         ray.shutdown()
         started = _ray_pids() - before
@@ -173,7 +175,7 @@ def test_two_nodes_of_two_torchrun_ranks_succeed_with_metrics(job_files, ray_clu
     obj = status_json(home, job_id)
     assert obj["state"] == "SUCCEEDED" and obj["world_size"] == 4
     addresses = {node["node"]: node["address"] for node in obj["nodes"]}
-    assert set(addresses.values()) == {tb.BRIDGE_ADDRESS, ray_cluster["host"].address}
+    assert set(addresses.values()) == {ray_cluster["bridge"], ray_cluster["host"].address}
     per_rank = obj["metrics"]["per_rank"]
     assert sorted(r["rank"] for r in per_rank) == [0, 1, 2, 3]
     assert len({addresses[r["node"]] for r in per_rank}) == 2

@@ -188,20 +188,6 @@ def test_data_parallel_refuses_two_processes_a_node():
     assert all("strategy 'dp'" in line and "set resources.nproc_per_node: 1" in line for line in refusals)
 
 
-def test_zero3_two_layer_bert_large():
-    rc, output, records = run_ranks([
-        "--recipe", "bert", "--model-size", "large", "--num-layers", "2", "--seq-len", "32",
-        "--strategy", "zero3", "--precision", "bf16", "--micro-batch", "2", "--grad-accum", "2",
-        "--max-steps", "2", "--metrics-every", "1",
-    ])
-    assert_ok(rc, output)
-    assert {(r.rank, r.step) for r in records} == {(0, 1), (1, 1), (0, 2), (1, 2)}
-    for record in records:
-        assert math.isfinite(record.loss) and record.loss > 0
-        assert record.tokens == 2 * 2 * 32
-        assert record.flops_per_sample > 0
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--recipe", "convnet", "--micro-batch", "0"], "--micro-batch"),
     (["--recipe", "convnet", "--seq-len", "64"], "--seq-len does not apply"),
