@@ -56,7 +56,7 @@ from collections.abc import Callable
 
 from . import leases, proctree
 from .journal import DEFAULT_LIMIT, Journal, Output, contact_path, pid_path, write_atomically
-from .rankstreams import with_rank_streams
+from .rankstreams import on_devices, with_rank_streams
 
 LINE_LIMIT = 64 * 1024
 SAMPLE_S = 2.0
@@ -277,7 +277,8 @@ class Agent:
         prefix = self.req.get("env_prefix", "")
         tag = {key: given[key] for key in TAG_NAMES if key in given}
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
-        argv = with_rank_streams([arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]])
+        argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]]
+        argv = with_rank_streams(on_devices(argv, self.lease.devices) if self.lease and self.lease.kind == "gpu" else argv)
         prctl = _prctl()
         self.subreaper = harden(prctl)
         with _SPAWN:

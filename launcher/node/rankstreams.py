@@ -9,6 +9,9 @@ launcher is DeepSpeed's own. Standard library only: it runs on nodes.
 
 from __future__ import annotations
 
+import base64
+import json
+
 DEEPSPEED_LAUNCH = ("-m", "deepspeed.launcher.launch")  # launcher.plan.commands.DEEPSPEED_MODULE, as the plan writes it
 
 # ``--enable_each_rank_log`` (files a rank) is left as DeepSpeed does it. Runs in the launcher's interpreter:
@@ -95,3 +98,21 @@ def with_rank_streams(argv: list[str]) -> list[str]:
         if (argv[at], argv[at + 1]) == DEEPSPEED_LAUNCH:
             return [*argv[:at], "-c", RANK_STREAMS, *argv[at + 2:]]
     return list(argv)
+
+
+def on_devices(argv: list[str], devices: list[int]) -> list[str]:
+    """``argv`` with DeepSpeed's launcher given this node's leased GPUs: it sets CUDA_VISIBLE_DEVICES itself, from
+    its ``--world_info`` entry for ``--node_rank`` (the plan's 0..n-1), over the agent's. Other commands as they are."""
+    if not any((argv[at], argv[at + 1]) == DEEPSPEED_LAUNCH for at in range(len(argv) - 1)):
+        return list(argv)
+    rank = next((arg.partition("=")[2] for arg in argv if arg.startswith("--node_rank=")), "")
+    shown = []
+    for arg in argv:
+        if arg.startswith("--world_info=") and rank.isdigit():
+            world = json.loads(base64.urlsafe_b64decode(arg.partition("=")[2]))
+            node = list(world)[int(rank)]
+            if len(world[node]) == len(devices):
+                world[node] = list(devices)
+            arg = "--world_info=" + base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+        shown.append(arg)
+    return shown

@@ -164,3 +164,19 @@ def test_devices_read_as_ranges_and_each_holder_gets_its_line() -> None:
     assert leasing.describe("cpu-1", state, False) == [
         "cpu-1 slots 0,2: job job-a (user ml-a, from login-1, since ?)",
         "cpu-1 slot 1: job job-b (user ml-b, from login-2, since ?)"]
+
+
+def test_deepspeeds_launcher_is_given_the_leased_gpus_of_its_node() -> None:
+    """DeepSpeed's launcher sets CUDA_VISIBLE_DEVICES from its --world_info entry: node 1's must be its leased GPUs."""
+    import base64
+
+    from launcher.node.rankstreams import on_devices
+    from launcher.plan.commands import deepspeed_argv
+
+    argv = deepspeed_argv("python", [4, 4], 1, "10.0.0.1", 29500, (False, ["train.py"]))
+    given = on_devices(argv, [4, 5, 6, 7])
+    world = json.loads(base64.urlsafe_b64decode(next(a for a in given if a.startswith("--world_info="))[13:]))
+    assert world == {"node0": [0, 1, 2, 3], "node1": [4, 5, 6, 7]}
+    assert [a for a in given if not a.startswith("--world_info=")] == [a for a in argv if not a.startswith("--world_info=")]
+    torchrun = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "4", "train.py"]
+    assert on_devices(torchrun, [4, 5, 6, 7]) == torchrun
