@@ -27,6 +27,7 @@ from launcher.spec.job import JobSpec
 LOG_PREFIX_TEMPLATE = "[${rank}]:"
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # the node agent puts the node's run directory in its place
 DS_CONFIG_FILE = "ds_config.json"
+LEASED_GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # the node agent's, for the GPUs it leased
 FLIGHT_RECORDER_EVENTS = "2000"
 
 
@@ -267,7 +268,8 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
     env.update(elastic_env(shared.elastic))
     in_container = None
     if shared.container:
-        names = [*env, *job.secrets, *shared.files, "LAUNCH_RUN_DIR"]
+        leased = LEASED_GPU_ENV if shared.policy.leases and node.gpus else ()  # set by the agent once it holds them
+        names = [*env, *job.secrets, *shared.files, "LAUNCH_RUN_DIR", *leased]
         in_container = _in_container(shared.container, shared.job_id, index, argv, names, shared.cwd, node.gpus,
                                      job.watch.grace_period)
     return NodePlan(
