@@ -213,17 +213,17 @@ def test_a_stopped_rank_is_detected_as_hung(tmp_path, home):
     assert proctree.job_pids(job_id) == []
 
 
-def test_twenty_concurrent_detached_submits_all_land(tmp_path, home):
-    """Twenty at once on twenty slots (more than this machine's: the store's concurrency is tested, not leases)."""
+def test_ten_concurrent_detached_submits_all_land(tmp_path, home):
+    """Ten at once on ten slots (more than this machine's: the store's concurrency is tested, not leases)."""
     job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=1, env={"PROBE_STEPS": "1"})
-    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "twenty-slots", "backend": "local", "local": {"slots": 20}}))
+    cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "ten-slots", "backend": "local", "local": {"slots": 10}}))
     procs = [subprocess.Popen(launch_argv("submit", str(job), "--detach", "--cluster", cluster),
                               env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(20)]
+             for i in range(10)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
     ids = {out.strip() for out, _ in outs}
-    assert len(ids) == 20
+    assert len(ids) == 10
     finished = wait_for(lambda: all(status_json(home, i)["state"] in ("SUCCEEDED", "FAILED") for i in ids), timeout=240,
                         interval=2)
     listing = json.loads(run_cli(home, "status", "--json", "--limit", "0").stdout)

@@ -38,8 +38,8 @@ def _seen(out: Path) -> dict[int, dict]:
 
 
 def test_a_quiet_program_without_the_reporter_is_not_killed_while_it_works(tmp_path, home):
-    job = _job(tmp_path / "job.yaml", "quiet.py", watch={"stall_timeout": 20},
-               env={"QUIET_PRINTS": "3", "QUIET_EVERY": "5", "QUIET_COMPUTE": "25"})
+    job = _job(tmp_path / "job.yaml", "quiet.py", watch={"stall_timeout": 8},  # silent past it: 12 s of compute
+               env={"QUIET_PRINTS": "3", "QUIET_EVERY": "2", "QUIET_COMPUTE": "12"})
     result = run_cli(home, "submit", str(job), timeout=180)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "SignalException" not in result.stdout + result.stderr
