@@ -196,8 +196,18 @@ class PlainProgress(Progress):
             self.stream.flush()
 
     def _stage_changed(self, stage: str, entry: NodeStage) -> None:
+        """A line a node and change; past NODES_SHOWN nodes, a failed node's line (with why) and the stage's
+        count each time another quarter of the nodes is done (``[preflight] 32/64 done``), not 3 lines a host."""
         detail = f": {entry.detail}" if entry.detail else ""
-        self._write(safe_text(f"[{stage}] {who(entry.node, entry.host)}: {entry.state}{detail}", colour=False))
+        if self.nnodes <= NODES_SHOWN or entry.node is None or entry.state == "failed":
+            self._write(safe_text(f"[{stage}] {who(entry.node, entry.host)}: {entry.state}{detail}", colour=False))
+        if self.nnodes <= NODES_SHOWN or entry.node is None:
+            return
+        nodes = list(self._stages[stage].values())
+        done = sum(1 for e in nodes if e.state == "done")
+        settled = len(nodes) >= self.nnodes and all(e.state in ("done", "failed") for e in nodes)
+        if settled or (entry.state == "done" and done % max(1, self.nnodes // 4) == 0):
+            self._write(f"[{stage}] {stage_counts(nodes, self.nnodes)}")
 
     def _line(self, text: str) -> None:
         self._write(safe_text(text))
@@ -280,7 +290,7 @@ class LiveProgress(Progress):
         for stage, nodes in self._stages.items():
             if self._shown_above.get(stage) == nodes:
                 continue
-            yield _stage_line(stage, list(nodes.values()))
+            yield _stage_line(stage, list(nodes.values()), len(nodes) if None in nodes else max(self.nnodes, len(nodes)))
             for entry in nodes.values():
                 if entry.state == "failed" and entry.detail:
                     yield _text(f"  {who(entry.node, entry.host)}: {entry.detail}", STATE_COLOURS["failed"])
@@ -328,23 +338,27 @@ def _log_text(line: str):
     return text
 
 
-def _stage_line(stage: str, nodes: list[NodeStage]):
+def _stage_line(stage: str, nodes: list[NodeStage], total: int):
     from rich.text import Text
 
     line = Text(f"{stage:<10}", style="bold")
-    if len(nodes) <= NODES_SHOWN:
+    if total <= NODES_SHOWN:
         for entry in nodes:
             line.append(safe_text(f" {who(entry.node, entry.host)} ", colour=False))
             line.append(entry.state, style=STATE_COLOURS[entry.state])
             line.append(" ")
     else:
-        counts = {state: sum(1 for e in nodes if e.state == state) for state in STAGE_STATES}
-        for state, count in counts.items():
-            if count:
-                line.append(f" {count} ")
-                line.append(state, style=STATE_COLOURS[state])
+        line.append(" " + stage_counts(nodes, total))
     line.no_wrap, line.overflow = True, "ellipsis"
     return line
+
+
+def stage_counts(nodes: list[NodeStage], total: int) -> str:
+    """``41/64 done, 2 failed, 21 running`` (the nodes not heard of yet count as waiting)."""
+    counts = {state: sum(1 for e in nodes if e.state == state) for state in STAGE_STATES}
+    counts["waiting"] += max(0, total - len(nodes))
+    rest = [f"{counts[state]} {state}" for state in ("failed", "running", "waiting") if counts[state]]
+    return ", ".join([f"{counts['done']}/{total} done", *rest])
 
 
 def open_progress(stream: IO[str], *, max_steps: int | None, nnodes: int, plain: bool | None = None) -> Progress:

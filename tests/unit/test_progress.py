@@ -90,6 +90,25 @@ def test_plain_stage_lines_one_per_change():
         progress.stage("compile", 0, "h", "done")
 
 
+def test_plain_stage_lines_of_64_nodes_are_counts_by_quarter_and_each_failure():
+    out = io.StringIO()
+    progress = PlainProgress(out, max_steps=10, nnodes=64)
+    for node in range(64):
+        progress.stage("preflight", node, f"h{node}", "running")
+    for node in range(64):
+        failed = node in (7, 40)
+        progress.stage("preflight", node, f"h{node}", "failed" if failed else "done", "cannot connect" if failed else "")
+    progress.close()
+    assert out.getvalue().splitlines() == [
+        "[preflight] node 7 (h7): failed: cannot connect",
+        "[preflight] 16/64 done, 1 failed, 47 running",
+        "[preflight] 32/64 done, 1 failed, 31 running",
+        "[preflight] node 40 (h40): failed: cannot connect",
+        "[preflight] 48/64 done, 2 failed, 14 running",
+        "[preflight] 62/64 done, 2 failed",
+    ]
+
+
 @pytest.fixture
 def job_with_records(home):
     """A running job with two ranks at step 30 of 60 (rank 1 the slower)."""
@@ -168,6 +187,6 @@ def test_live_stage_lines_count_many_nodes_and_are_drawn_once(job_with_records, 
     screen = pyte.Screen(80, 40)
     pyte.Stream(screen).feed(out.getvalue().replace("\n", "\r\n"))  # what a tty makes of a newline
     lines = [line.rstrip() for line in screen.display if line.strip()]
-    assert lines[:4] == ["setup      9 done 1 failed", "  node 3 (h3): disk full", "start      node 0 (h0) done",
-                         "start      node 0 (h0) running"]
+    assert lines[:4] == ["setup      9/10 done, 1 failed", "  node 3 (h3): disk full", "start      1/10 done, 9 waiting",
+                         "start      0/10 done, 1 running, 9 waiting"]
     assert lines[4].startswith("step 30/60 ") and len(lines) == 6
