@@ -225,7 +225,22 @@ def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, A
         obj["nodes"] = nodes
     if job.get("plan"):
         obj["network"] = node_network(job["plan"])
+        obj["procs"] = _procs(job["plan"])
     return obj
+
+
+def _procs(plan: Any) -> list[int] | None:
+    """The processes of each node of a stored plan (None when it does not say: an old or damaged record)."""
+    nodes = plan.get("nodes") if isinstance(plan, dict) else None
+    procs = [n.get("nproc") for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
+    counts = [p for p in procs if isinstance(p, int) and not isinstance(p, bool)]
+    return counts if counts and len(counts) == len(procs) else None
+
+
+def _each(obj: dict[str, Any]) -> Any:
+    """Processes a node: the one number, or each node's where they differ (``2+1``)."""
+    procs = obj.get("procs")
+    return "+".join(map(str, procs)) if procs and len(set(procs)) > 1 else obj["nproc_per_node"]
 
 
 def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
@@ -313,7 +328,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     out: list[Any] = [
         header,
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
-             f"{obj['precision']}, {obj['nnodes']} node(s) x {obj['nproc_per_node']} = {obj['world_size']} ranks, "
+             f"{obj['precision']}, {obj['nnodes']} node(s) x {_each(obj)} = {obj['world_size']} ranks, "
              f"attempt {obj['attempt']}"),
         Text(f"  batch: global {obj['global_batch']} = micro {obj['micro_batch']} x accumulation {obj['grad_accum']}"
              f" x world {obj['world_size']}"),

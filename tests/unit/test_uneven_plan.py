@@ -94,3 +94,16 @@ def test_backends_that_place_alike_nodes_refuse_auto(backend: str) -> None:
 def test_min_nodes_not_below_the_node_count_is_refused_with_auto_too() -> None:
     with pytest.raises(ValueError, match="min_nodes 2 leaves no node to lose"):
         _job(restarts=1, elastic={"min_nodes": 2})
+
+
+def test_status_shows_each_nodes_count(tmp_path, monkeypatch, capsys) -> None:
+    from launcher.cli.main import main
+    from launcher.run.recorded import stored_spec
+    from launcher.store.db import Store
+
+    monkeypatch.setenv("LAUNCH_HOME", str(tmp_path / "home"))
+    job = _job()
+    plan = plan_job(job, MIXED, "mixed-00000001", rdzv_port=29500)
+    Store(tmp_path / "home").create_job(plan, stored_spec(job, MIXED, run_check=True))
+    main(["status", "mixed-00000001"])
+    assert "2 node(s) x 8+4 = 12 ranks" in capsys.readouterr().out
