@@ -287,7 +287,7 @@ def preflight(
         raise PreflightError(
             f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
             + "\n".join(f"  {p}" for p in found.problems),
-            hint="`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
+            hint=found.hint or "`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
         )
     if run_check and warn is not None:
         from launcher.run.checks import CheckedNode, node_warnings

@@ -432,7 +432,7 @@ class Supervisor:
         scheduler = SchedulerEvents(self.store, job_id, self._warn)
         context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace, stage=self.stage,
                                submitted=scheduler.submitted, queued=scheduler.queued, allocated=scheduler.allocated,
-                               cancelled=self._cancel, place=self.place)
+                               cancelled=self._cancel, place=self.place, leased=scheduler.leased)
         try:
             planned = self.plan
             self.plan, handles = self.backend.start(self.plan, context)
