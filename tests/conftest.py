@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 # Under pytest-xdist (make test: two workers) every test that needs something the machine holds once runs on
@@ -10,6 +14,20 @@ import pytest
 BED_FIXTURES = frozenset({"testbed", "testbeds", "slurm", "slurm_cluster", "ray_cluster", "unix_users"})
 
 pytest_plugins = ["tests.testbed_fixture", "tests.slurm_fixture", "tests.container_fixture", "tests.users_fixture", "tests.webhook"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_lease_dir(tmp_path_factory) -> Iterator[Path]:
+    """Jobs that module- and session-scoped fixtures start (set up before any test's own directory) lease in a
+    directory of this session: two xdist workers never find each other's leases in the machine's."""
+    path = tmp_path_factory.mktemp("session-leases")
+    before = os.environ.get("LAUNCH_LEASE_DIR")
+    os.environ["LAUNCH_LEASE_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("LAUNCH_LEASE_DIR", None)
+    else:
+        os.environ["LAUNCH_LEASE_DIR"] = before
 
 
 @pytest.fixture(autouse=True)
