@@ -17,10 +17,10 @@ demo: setup
 	$(LAUNCH) status --last
 
 # Two pytest workers (pytest-xdist) share the machine's cores; tests that need the machine-wide beds
-# (namespaced hosts, Slurm, Ray, podman) all run on one of them (tests/conftest.py). TEST_WORKERS=0: one process.
+# (namespaced hosts, Slurm, Ray, podman) run by bed, each bed on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: setup-test lint
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The checkers (rules and reasons in pyproject.toml): ruff, then mypy at the Python floor.
 lint: setup-test

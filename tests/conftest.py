@@ -10,7 +10,7 @@ import pytest
 
 # Under pytest-xdist (make test: two workers) every test that needs something the machine holds once runs on
 # the worker that holds it: a test bed (tests/testbed_fixture.py: bed "a" or "b", by module, with Slurm, Ray and
-# the Unix users on theirs) or podman's image store (with bed "a": its tests use that bed too).
+# the Unix users on theirs) or podman's image store (its modules are bed "a"'s).
 BED_FIXTURES = frozenset({"testbed", "testbeds", "slurm", "slurm_cluster", "ray_cluster", "unix_users"})
 
 pytest_plugins = ["tests.testbed_fixture", "tests.slurm_fixture", "tests.container_fixture", "tests.users_fixture", "tests.webhook"]
@@ -48,12 +48,28 @@ def home(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One xdist group a test bed (``--dist loadgroup``), so two workers never make or use the same one."""
-    from tests.testbed_fixture import bed_of
+    """A test that needs a bed must be in a module BED_OF_MODULE lists: that is how its worker is chosen."""
+    from tests.testbed_fixture import BED_OF_MODULE
 
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if "container_image" in fixtures:
-            item.add_marker(pytest.mark.xdist_group("bed-a"))
-        elif fixtures & BED_FIXTURES:
-            item.add_marker(pytest.mark.xdist_group(f"bed-{bed_of(item)}"))
+    unlisted = sorted({Path(str(item.fspath)).stem for item in items
+                       if set(getattr(item, "fixturenames", ())) & (BED_FIXTURES | {"container_image"})
+                       and Path(str(item.fspath)).stem not in BED_OF_MODULE})
+    if unlisted:
+        raise pytest.UsageError(f"tests/testbed_fixture.py BED_OF_MODULE lacks {', '.join(unlisted)}, whose tests use a "
+                                "test bed or podman: add each to bed 'a' or 'b'")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist (make test: two workers) sends every test of a bed's modules to one worker, the other tests one by one:
+    a bed is made and used by one worker only. (xdist's own loadgroup cannot do it under pytest 9: the group it
+    writes into a test's id does not reach the scheduler.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    from tests.testbed_fixture import bed_of_nodeid
+
+    class BedScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            bed = bed_of_nodeid(nodeid)
+            return f"bed-{bed}" if bed else nodeid
+
+    return BedScheduling(config, log)

@@ -37,7 +37,11 @@ LOCK_TIMEOUT_S = 900.0
 # (BED_OF_MODULE; "a" by default), and tests/conftest.py puts every test of a bed in one xdist group, so a
 # bed is made by one worker only.
 BED_NAMES = {"a": tb.Names(), "b": tb.Names(prefix="lu-", subnet="10.81.0")}
-BED_OF_MODULE = {"test_ray_backend": "b", "test_elastic": "b", "test_slurm_backend": "b", "test_slurm_testbed": "b"}
+BED_OF_MODULE = {
+    **dict.fromkeys(("test_check", "test_container_image", "test_containers", "test_init", "test_leases",
+                     "test_ssh_backend", "test_ssh_known_hosts_markers", "test_testbed", "test_user_programs"), "a"),
+    **dict.fromkeys(("test_elastic", "test_ray_backend", "test_slurm_backend", "test_slurm_testbed"), "b"),
+}
 SLURM_BED = RAY_BED = "b"
 USERS_BED = "a"
 
@@ -47,6 +51,11 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces ne
 def bed_of(item: pytest.Item) -> str:
     """The bed a test runs on: by its module."""
     return BED_OF_MODULE.get(Path(str(item.fspath)).stem, "a")
+
+
+def bed_of_nodeid(nodeid: str) -> str | None:
+    """The bed of a test id's module, None for a module that uses none."""
+    return BED_OF_MODULE.get(Path(nodeid.split("::", 1)[0]).stem)
 
 
 @contextlib.contextmanager

@@ -296,6 +296,12 @@ def acquire(kind: str, count: int, capacity: int, record: dict, order: float, *,
     job = str(record.get("job"))
     queue = ahead(tickets(directory), job, order)
     foreign = foreign_gpu_processes() if kind == "gpu" and not allow_shared else {}
+    pid = os.getpid()
+    path = os.path.join(directory, f"{host_name()}.holder.{os.getuid()}.{pid}")
+    holder = {**record, "kind": kind, "since": time.time(), "start_ticks": records.start_ticks(pid)}
+    # the record comes before the locks (naming every device this may lock), so another job that finds one held
+    # reads whose it is, never a bare PID; it names the devices got once they are
+    _write_record(path, {**holder, "devices": [i for i in range(capacity) if not foreign.get(i)]})
     taken: list[tuple[int, int]] = []
     if not queue:
         for index in range(capacity):
@@ -309,18 +315,23 @@ def acquire(kind: str, count: int, capacity: int, record: dict, order: float, *,
     if len(taken) < count:
         for _, fd in taken:
             os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         return Busy(survey(kind, capacity, directory), queue, count)
     lease = Lease(kind, [i for i, _ in taken], [fd for _, fd in taken])
     _tidy(directory)
-    pid = os.getpid()
-    path = os.path.join(directory, f"{host_name()}.holder.{os.getuid()}.{pid}")
-    try:
-        records.write_json(path, {**record, "kind": kind, "devices": lease.devices, "since": time.time(),
-                           "start_ticks": records.start_ticks(pid)})
+    if _write_record(path, {**holder, "devices": lease.devices}):
         lease.record_path = path
-    except OSError:
-        pass  # the lease holds without its record: others see its pid and user only
     return lease
+
+
+def _write_record(path: str, holder: dict) -> bool:
+    """Write the holder's record; False when it cannot (the lease holds without it: others see its PID and user)."""
+    try:
+        records.write_json(path, holder)
+    except OSError:
+        return False
+    return True
 
 
 def _tidy(directory: str) -> None:
