@@ -122,17 +122,14 @@ def _how(code: int) -> str:
 
 def _notify_unattended(store: Store, job_id: str, reason: str) -> None:
     """The job's ``unattended`` notice (``notify:``); a notifier's problem is the job's event."""
-    from launcher.run.notify import Notice, Notifier
+    from launcher.run.notify import Notifier
 
     try:
         job = RecordedJob.read(store, job_id)
         if job.job.notify is None:
             return
-        row = store.job(job_id)
-        notice = Notice(job=job_id, name=job.plan.job_name, event="unattended", state=row["state"], reason=reason,
-                        attempt=row.get("attempt") or 0)
-        for problem in Notifier(job.job.notify, read_secrets(job.plan.secrets)).send(notice):
-            store.add_event(job_id, "notify_failed", problem)
+        notifier = Notifier(job.job.notify, read_secrets(job.plan.secrets))
+        notifier.tell(store, job_id, job.plan.job_name, "unattended", store.job(job_id)["state"], reason)
     except Exception as exc:  # noqa: BLE001 - a notice never stops the keeper
         store.add_event(job_id, "notify_failed", f"the unattended notice could not be sent: {exc!r}")
 

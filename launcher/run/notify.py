@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from launcher.plan.shell import mask
 from launcher.spec.notify import SECRET_REFERENCE, NotifyEvent, NotifySpec
+from launcher.store.db import Store
 
 OUTPUT_SHOWN = 200
 
@@ -51,6 +52,17 @@ class Notifier:
 
     def wants(self, event: NotifyEvent) -> bool:
         return self.spec is not None and event in self.spec.on
+
+    def tell(self, store: Store, job_id: str, name: str, event: NotifyEvent, state: str, reason: str | None) -> None:
+        """Send the job's notice of ``event`` (its reason, else the job's; its attempt from the store); each
+        notifier's problem becomes the job's ``notify_failed`` event."""
+        if not self.wants(event):
+            return
+        row = store.job(job_id)
+        notice = Notice(job=job_id, name=name, event=event, state=state, reason=reason or row.get("reason") or state,
+                        attempt=row.get("attempt") or 0)
+        for problem in self.send(notice):
+            store.add_event(job_id, "notify_failed", problem)
 
     def send(self, notice: Notice) -> list[str]:
         if self.spec is None or not self.wants(notice.event):

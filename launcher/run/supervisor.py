@@ -39,7 +39,7 @@ from launcher.run.elastic import Lost as ElasticLoss
 from launcher.run.elastic import Replanner as ElasticReplanner
 from launcher.run.finish import Outcome, finish
 from launcher.run.liveness import HangDetector, Liveness
-from launcher.run.notify import Notice, Notifier
+from launcher.run.notify import Notifier
 from launcher.run.restarts import node_at_fault, why_not_restart
 from launcher.run.scheduled import SchedulerEvents
 from launcher.run.watcher import Lost, NodeWatcher, Relay, Resume
@@ -220,14 +220,9 @@ class Supervisor:
 
     def _notify(self, state: JobState, reason: str | None = None, event: NotifyEvent | None = None) -> None:
         """Tell the job's notifiers (``notify:``) what happened; a notifier's problem is an event, never the job's."""
-        event = event or cast(NotifyEvent, state.lower())
-        if self.notifier is None or not self.notifier.wants(event):
-            return
-        row = self.store.job(self.plan.job_id)
-        notice = Notice(job=self.plan.job_id, name=self.plan.job_name, event=event, state=str(state),
-                        reason=reason or row.get("reason") or str(state), attempt=row.get("attempt") or 0)
-        for problem in self.notifier.send(notice):
-            self.store.add_event(self.plan.job_id, "notify_failed", problem)
+        if self.notifier is not None:
+            self.notifier.tell(self.store, self.plan.job_id, self.plan.job_name, event or cast(NotifyEvent, state.lower()),
+                               str(state), reason)
 
     def _internal_error(self, exc: Exception) -> Outcome:
         self.internal_note(f"launch internal error: {exc!r}")

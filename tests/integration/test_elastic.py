@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 from launcher.node import agent as agent_module
 from launcher.store.db import Store
+from tests.slurm_fixture import wait_for
 from tests.testbed_fixture import needs_root
 from tools import testbed as tb
 
@@ -46,16 +46,6 @@ def _cluster(tmp_path: Path, bed: tb.Testbed, slots: tuple[int, ...] = (2, 2, 2)
     return path
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
-
-
 def _lose_node_2(home: Path, job_file: Path, cluster: Path, reached: Callable[[Store, str], bool],
                  ) -> tuple[str, subprocess.CompletedProcess]:
     """Submit in the foreground, kill node 2's agent once ``reached`` says attempt 0 got far enough; the finished submit."""
@@ -68,7 +58,7 @@ def _lose_node_2(home: Path, job_file: Path, cluster: Path, reached: Callable[[S
             jobs = store.jobs(limit=1)
             return jobs[0]["id"] if jobs and reached(store, jobs[0]["id"]) else None
 
-        job_id = _wait_for(far_enough, 120, "attempt 0 to get far enough")
+        job_id = wait_for(far_enough, 120, "attempt 0 to get far enough", every=0.05)
         pid_file = Path(agent_module.run_root()) / job_id / "node2.pid"
         os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
         out, err = submit.communicate(timeout=240)
