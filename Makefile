@@ -4,7 +4,7 @@ LAUNCH := $(VENV)/bin/launch
 export LAUNCH_HOME ?= $(HOME)/.launch
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: demo test lint setup setup-test
+.PHONY: demo test lint ops setup setup-test
 
 setup:
 	@scripts/setup.sh
@@ -19,10 +19,16 @@ demo: setup
 # Two pytest workers (pytest-xdist) share the machine's cores; tests that need the machine-wide beds
 # (namespaced hosts, Slurm, Ray, podman) run by bed, each bed on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: setup-test lint
+test: setup-test
+	@$(MAKE) --no-print-directory -j2 lint ops
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The checkers (rules and reasons in pyproject.toml): ruff, then mypy at the Python floor.
 lint: setup-test
 	$(VENV)/bin/ruff check launcher tests scripts tools
 	$(VENV)/bin/mypy
+
+# DeepSpeed's CPU comm op, built once into TORCH_EXTENSIONS_DIR while the checkers run (a fresh clone's first
+# DeepSpeed test would otherwise build it, with the other worker's first one waiting on torch's build lock).
+ops: setup-test
+	@$(VENV)/bin/python -c "from tests.helpers import build_deepspeed_comm_op as build; build()"
