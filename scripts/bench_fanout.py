@@ -68,8 +68,9 @@ PROXY_PORT0 = 30000
 # --light: a stand-in for ``python -m torch.distributed.run`` that starts the ranks without importing torch
 # (the job's PYTHONPATH puts it first). On this bed every host shares the same 2 cores, so 64 real torchruns
 # importing torch (~3 s of CPU each) slow the start of the hosts still waiting for theirs: the stand-in
-# keeps the measurement on launch's own fan-out. Real torchrun runs with the default.
-FAKE_RUN = """import os, subprocess, sys
+# keeps the measurement on launch's own fan-out. Real torchrun runs with the default. With ``--tee`` (as launch
+# plans it) each rank's lines come out behind ``[RANK]:``, as torchrun's tee writes them (metric records need it).
+FAKE_RUN = """import os, subprocess, sys, threading
 args, i, opts = sys.argv[1:], 0, {}
 while i < len(args) and args[i].startswith("--"):
     if args[i] in ("--no-python",):
@@ -77,10 +78,19 @@ while i < len(args) and args[i].startswith("--"):
     else:
         opts[args[i]] = args[i + 1]; i += 2
 nproc, node = int(opts.get("--nproc-per-node", 1)), int(opts.get("--node-rank", 0))
-world = int(opts.get("--nnodes", 1)) * nproc
+world, tee, lock = int(opts.get("--nnodes", 1)) * nproc, "--tee" in opts, threading.Lock()
+def relay(stream, rank):
+    for line in stream:
+        with lock:
+            sys.stdout.buffer.write(b"[%d]:" % rank + line); sys.stdout.buffer.flush()
 procs = [subprocess.Popen([sys.executable, "-u", *args[i:]], env={**os.environ, "RANK": str(node * nproc + r),
-         "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)}) for r in range(nproc)]
-sys.exit(max(p.wait() for p in procs))
+         "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)}, stdout=subprocess.PIPE if tee else None,
+         stderr=subprocess.STDOUT if tee else None) for r in range(nproc)]
+relays = [threading.Thread(target=relay, args=(p.stdout, node * nproc + r)) for r, p in enumerate(procs) if tee]
+for t in relays: t.start()
+code = max(p.wait() for p in procs)
+for t in relays: t.join()
+sys.exit(code)
 """
 HELLO = "import os, socket; print('hello from rank', os.environ.get('RANK'), 'on', socket.gethostname(), flush=True)\n"
 
@@ -261,6 +271,18 @@ def run_rendezvous(bed: testbed.Testbed, n: int, backend: str, port: int, work: 
             "killed_after": left}
 
 
+def prepare_work(work: Path) -> None:
+    """A fresh ``work``: the ranks' ``hello.py`` and the torchrun stand-in of ``--light`` (under ``work/fake``)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / "hello.py").write_text(HELLO)
+    fake = work / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    for package in (fake.parent, fake):
+        (package / "__init__.py").write_text("")
+    (fake / "run.py").write_text(FAKE_RUN)
+
+
 def load_avg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -320,14 +342,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     rdzv_sizes = [int(s) for s in args.rendezvous_sizes.split(",") if s]
     work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    (work / "hello.py").write_text(HELLO)
-    fake = work / "fake" / "torch" / "distributed"
-    fake.mkdir(parents=True)
-    for package in (fake.parent, fake):
-        (package / "__init__.py").write_text("")
-    (fake / "run.py").write_text(FAKE_RUN)
+    prepare_work(work)
     results: dict = {"load_before": load_avg(), "cores": os.cpu_count(), "rows": [], "light": args.light}
     t = time.perf_counter()
     hosts = max(sizes + rdzv_sizes)

@@ -465,6 +465,18 @@ def pids(host: Host) -> list[int]:
     return sorted(pid for pid in _namespace_pids(host.namespace) if pid not in daemons)
 
 
+def tagged_pids(host: Host, tag: str) -> list[int]:
+    """PIDs in ``host``'s namespace (``pids``) whose environment holds the entry ``tag`` exactly, e.g.
+    ``LAUNCH_JOB_ID=<id>``: one job's processes on that host (a process that exits meanwhile is left out)."""
+    needle = tag.encode()
+    found = []
+    for pid in pids(host):
+        with contextlib.suppress(OSError):
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and pid_alive(pid):
+                found.append(pid)
+    return found
+
+
 def start_daemon(host: Host, name: str, argv: Sequence[str]) -> int:
     """Start ``argv`` (a program that stays in the foreground) detached inside ``host``;
     record its PID in ``host.dir/NAME.pid`` (so ``pids`` leaves it out) and return it.
