@@ -109,6 +109,10 @@ class StartContext:
     place: Callable[[Plan, Preflight], Plan] | None = None
     #: node N's agent on HOST holds these leases (``slots 0-1``): said once every node has started
     leased: Callable[[int, str, str], None] = lambda node, host, devices: None
+    #: the supervisor's generation (``launch attach --takeover``: its agents refuse to start for an older one)
+    generation: int = 0
+    #: the job as recorded (plan, specs, attempt; no secret), kept in each node's run directory for `attach --cluster`
+    record: dict | None = None
 
 
 class NodeHandle(Protocol):
@@ -139,9 +143,13 @@ class Followed:
         self.host = host
         self.exit: int | None = None
         self.lost: str | None = None
+        self.fenced: dict | None = None  # the newer generation's record, when the node refused this reader
 
     def through(self, lines: Iterator[str]) -> Iterator[str]:
         for line in lines:
+            if line.startswith("@fenced"):  # not a journal line: the node's answer to this reader
+                self.fenced = fenced_record(line)
+                return
             if line.startswith("@exit "):
                 self.exit = _json_field(line, "code", int)
             elif line.startswith("@lost"):
@@ -185,6 +193,11 @@ class FollowHandle:
     def poll(self) -> int | None:
         return LOST_NODE_EXIT if self.lost_reason is not None else self._followed.code()
 
+    @property
+    def fenced(self) -> dict | None:
+        """The newer supervisor generation's record when the node refused to be followed by this one."""
+        return self._followed.fenced
+
     def terminate(self, grace: float) -> None:
         """TERM the agent (it ends its node's processes and journals @exit), then KILL it; the sweep does the rest."""
         if self.poll() is not None or self.pid is None:
@@ -218,9 +231,23 @@ def _json_field(line: str, key: str, kind: type) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def follow_request(plan: Plan, index: int, after: int) -> dict:
-    """The ``follow`` node command's request: node ``index``'s journal after line ``after``."""
-    return {"job_id": plan.job_id, "node": index, "after": after}
+def follow_request(plan: Plan, index: int, after: int, generation: int = 0) -> dict:
+    """The ``follow`` node command's request: node ``index``'s journal after line ``after``, for a supervisor of
+    ``generation`` (refused with ``@fenced`` once the node records a newer one)."""
+    return {"job_id": plan.job_id, "node": index, "after": after, "generation": generation}
+
+
+def fenced_record(line: str) -> dict:
+    """The generation record of an ``@fenced`` line (``{"generation": N, "pid", "host"}``), as far as it reads."""
+    try:
+        data = json.loads(line.partition(" ")[2] or "{}")
+    except ValueError:
+        data = None
+    data = data if isinstance(data, dict) else {}
+    generation = data.get("generation")
+    return {"generation": generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
+            "pid": data.get("pid") if isinstance(data.get("pid"), int) else None,
+            "host": str(data.get("host"))[:200] if isinstance(data.get("host"), str) else None}
 
 
 class SweepOutcome(StrEnum):
@@ -365,13 +392,39 @@ class Backend(ABC):
 
     #: ``follow`` works: a node's journal can be followed again (after a broken stream, or by `launch attach`)
     follows: ClassVar[bool] = False
+    #: the nodes keep a supervisor generation (``fence``) that ``follow`` and the agents check, and the job's
+    #: record (``job_record``): `launch attach --takeover` and `--cluster` work
+    fences: ClassVar[bool] = False
 
-    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None) -> NodeHandle:
+    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
+               generation: int = 0) -> NodeHandle:
         """A handle on node ``index`` of ``plan`` that reads its agent's journal from line ``after + 1`` on
         (docs/JOURNALS.md): its ``lines`` end after the agent's ``@exit`` (or ``@lost``), its ``poll`` answers
-        from them. ``agent``: the agent's (pid, start ticks) as recorded, for ``terminate``. Raises LaunchError
-        or OSError when the node cannot be reached now (the caller tries again later)."""
+        from them. ``agent``: the agent's (pid, start ticks) as recorded, for ``terminate``. ``generation``: the
+        reader's (a node that records a newer one ends the lines at once, the handle's ``fenced`` set). Raises
+        LaunchError or OSError when the node cannot be reached now (the caller tries again later)."""
         raise LaunchError(f"the {self.name} backend cannot follow a node's journal again")
+
+    def fence(self, plan: Plan | None, index: int, job_id: str, generation: int | None = None,
+              who: Mapping[str, object] | None = None) -> tuple[dict | None, str | None]:
+        """Node ``index``'s supervisor generation record (``{"generation", "pid", "host", "contact_s", ...}``);
+        with ``generation`` newer than it, that one is recorded first (``who``: pid and host). (answer, None) or
+        (None, why not)."""
+        answer, error = self.node_command(plan, index, "fence", {"job_id": job_id, "node": index,
+                                                                 "generation": generation, **(who or {})}, timeout=30)
+        if answer is not None and "error" in answer:
+            return None, str(answer["error"])[:300]
+        return answer, error
+
+    def job_record(self, index: int, job_id: str) -> tuple[dict | None, str | None]:
+        """The job as its supervisor recorded it in node ``index``'s run directory (of the cluster, plan or not):
+        (record, None) or (None, why not)."""
+        answer, error = self.node_command(None, index, "record", {"job_id": job_id}, timeout=60)
+        if answer is None:
+            return None, error
+        if "error" in answer or not isinstance(answer.get("record"), dict):
+            return None, str(answer.get("error") or "an unreadable answer")[:300]
+        return answer["record"], None
 
     def node_unreachable(self, index: int) -> None:  # noqa: B027 (optional hook: backends with connections use it)
         """Node ``index`` was found lost: later commands to it should give up quickly."""
@@ -444,14 +497,16 @@ class Backend(ABC):
             plan, index, "stacks", {"job_id": plan.job_id, "node": index}, timeout=60)))
 
 
-def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bool, lease: dict | None = None) -> dict:
+def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bool, lease: dict | None = None,
+                  generation: int = 0, record: dict | None = None) -> dict:
     """What the node agent needs to run ``node`` of ``plan`` (see ``launcher.node.agent``); ``lease``: what it
-    leases first (``launcher.backends.leasing.agent_lease``)."""
+    leases first (``launcher.backends.leasing.agent_lease``); ``generation``: its supervisor's; ``record``: the
+    job as recorded, kept in the node's run directory (``StartContext.record``)."""
     return {**({"lease": lease} if lease else {}),
         "job_id": plan.job_id, "node": node.index, "argv": list(node.argv), "env": dict(node.env), "cwd": node.cwd,
         "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
         "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
-        "unattended_s": plan.unattended_s,
+        "unattended_s": plan.unattended_s, "generation": generation, **({"record": record} if record else {}),
     }
 
 
@@ -465,9 +520,9 @@ class AgentStart:
 
 
 def agent_start(plan: Plan, node: NodePlan, grace: float, secrets: Mapping[str, str],
-                lease: dict | None = None) -> AgentStart:
+                lease: dict | None = None, generation: int = 0, record: dict | None = None) -> AgentStart:
     """The ``AgentStart`` of ``node`` of ``plan`` under ``plan.python``."""
-    request = agent_request(plan, node, grace, secrets_on_stdin=True, lease=lease)
+    request = agent_request(plan, node, grace, secrets_on_stdin=True, lease=lease, generation=generation, record=record)
     return AgentStart(stdin_argv(plan.python, "agent"), stdin_request(request) + json.dumps(dict(secrets)).encode() + b"\n")
 
 

@@ -14,7 +14,12 @@ from launcher.cli.output import echo_reason, echo_safe_line, exit_for
 
 @click.command()
 @click.argument("job")
-def attach(job):
+@click.option("--cluster", "cluster_path", metavar="FILE",
+              help="The cluster file the job runs on: attach from another machine or another store (LAUNCH_HOME); "
+                   "a job this store does not know (give its full id) is read back from its nodes.")
+@click.option("--takeover", is_flag=True,
+              help="Take the job from a supervisor that is alive: it is fenced on every node and stops.")
+def attach(job, cluster_path, takeover):
     """Follow JOB, whose supervisor is gone, to its end, as `launch submit` would have.
 
     A job belongs to its nodes, not to the terminal that started it: each node agent keeps a
@@ -25,39 +30,60 @@ def attach(job):
     twice: what the ranks printed meanwhile is shown and kept, their metrics stored), shows
     logs and progress as submit does, restarts as the job's policy says, and records how
     the job ended. Ctrl-C cancels the job, as in submit. Exit code: 0 SUCCEEDED, 1 FAILED,
-    130 CANCELLED.
+    130 CANCELLED, 5 taken over in turn by a newer supervisor.
 
-    Refused while the job's supervisor is alive (it says where: host and PID; `launch status
-    --watch JOB` follows that one), for a job that is not RUNNING, and on the Ray backend
-    (local, SSH and Slurm can be followed again). Left alone, the node agents end the job
-    themselves after watch.unattended_timeout seconds (job spec; default 1800, null: never);
-    on Slurm the job's time limit bounds it, and on Ray the actors end it after that timeout.
+    Exactly one supervisor decides. While the job's supervisor is alive, attach is refused (it
+    says where: host and PID; `launch status --watch JOB` follows that one); with --takeover it
+    takes the job from it: a newer supervisor generation is recorded on every node, the old
+    supervisor's streams and follows are refused, and it stops (no sweep, no cancel, no state
+    written; it says "taken over by a newer supervisor ...", exit 5; a detached keeper does not
+    restart it).
+
+    --cluster FILE attaches from another machine, or another LAUNCH_HOME: a job this store does
+    not know is read back from its nodes (each keeps its plan, specs and attempt, never a
+    secret's value), imported with its whole history (logs and metrics fetched from the
+    journals) and followed to its end. Refused while a supervisor follows it elsewhere, unless
+    --takeover. Secrets the job names are read from this environment, as submit does: if some
+    are missing, attach says which and follows the job without restarting it.
+
+    Refused for a job that is not RUNNING, and on the Ray backend (local, SSH and Slurm can be
+    followed again; --takeover and reading a job back from its nodes: local and SSH). Left
+    alone, the node agents end the job themselves after watch.unattended_timeout seconds (job
+    spec; default 1800, null: never); on Slurm the job's time limit bounds it, and on Ray the
+    actors end it after that timeout.
 
     \b
     Examples:
       launch status                                   # RUNNING, unattended since 14:02 (no supervisor)
       launch attach cifar10-convnet-3f2a1c9e
       launch attach cifar10 > attach.log 2>&1 &       # a unique prefix of the id; plain lines on a pipe
+      launch attach cifar10-convnet-3f2a1c9e --takeover          # from the supervisor on the laptop
+      launch attach cifar10-convnet-3f2a1c9e --cluster lab.yaml  # on another machine
     """
     from launcher.run import orchestrate
+    from launcher.run.identity import SupervisorFenced
     from launcher.store.db import Store
 
     store = Store()
     view = None
-    if sys.stdout.isatty():
-        from launcher.views.progress import open_progress
-
-        row = store.job(job)
-        view = open_progress(sys.stdout, max_steps=row["max_steps"], nnodes=row["nnodes"] or 1, plain=False)
 
     def attached(job_id: str, attempt: int) -> None:
+        nonlocal view
         click.echo(f"job {job_id}: attached; following attempt {attempt}'s nodes from the lines the store has", err=True)
-        if view is not None:
+        if sys.stdout.isatty():
+            from launcher.views.progress import open_progress
+
+            row = store.job(job_id)
+            view = open_progress(sys.stdout, max_steps=row["max_steps"], nnodes=row["nnodes"] or 1, plain=False)
             view.attach(store, job_id)
 
     try:
-        job_id, state = orchestrate.attach(store, job, echo=view.log if view else echo_safe_line,
-                                           warn=lambda text: click.echo(text, err=True), on_attached=attached)
+        job_id, state = orchestrate.attach(store, job, echo=lambda line: view.log(line) if view else echo_safe_line(line),
+                                           warn=lambda text: click.echo(text, err=True), on_attached=attached,
+                                           takeover=takeover, cluster_path=cluster_path)
+    except SupervisorFenced as exc:
+        click.echo(exc.message, err=True)
+        sys.exit(exc.exit_code)
     finally:
         if view is not None:
             view.close()

@@ -55,7 +55,16 @@ import time
 from collections.abc import Callable
 
 from . import leases, proctree
-from .journal import DEFAULT_LIMIT, Journal, Output, contact_path, pid_path, write_atomically
+from .journal import (
+    DEFAULT_LIMIT,
+    RECORD_FILE,
+    Journal,
+    Output,
+    contact_path,
+    fenced_by,
+    pid_path,
+    write_atomically,
+)
 from .rankstreams import on_devices, with_rank_streams
 
 LINE_LIMIT = 64 * 1024
@@ -78,6 +87,10 @@ TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag
 
 class RunDirError(Exception):
     """The run directory cannot be used safely (another user's, a symlink, too open)."""
+
+
+class Fenced(Exception):
+    """The node records a newer supervisor generation than the one that sent this agent: it starts nothing."""
 
 
 def run_root() -> str:
@@ -260,6 +273,11 @@ class Agent:
 
     def start(self, secrets: dict[str, str]) -> None:
         self.run_dir = run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
+        newer = fenced_by(run_dir, self.req["node"], int(self.req.get("generation") or 0))
+        if newer is not None:
+            raise Fenced(f"a newer supervisor (generation {newer['generation']}) is in charge of the job")
+        if self.req.get("record") is not None:  # what `launch attach --cluster` reads back (no secret in it)
+            write_atomically(os.path.join(run_dir, RECORD_FILE), json.dumps(self.req["record"]))
         # the pid file first: a reader that finds this attempt's journal finds this agent's pid
         write_atomically(pid_path(run_dir, self.req["node"]), f"{os.getpid()} {proctree.start_ticks(os.getpid())}\n")
         limit = self.req.get("journal_limit")
@@ -336,12 +354,35 @@ class Agent:
 
     def watch_output(self) -> None:
         """Give stdout up once its reading end is closed (POLLERR/POLLHUP on it), though nothing is being written:
-        it no longer counts as contact. The job carries on (its journal keeps the lines)."""
+        it no longer counts as contact. The job carries on (its journal keeps the lines). While stdout keeps up,
+        its reader's contact is marked in the contact file (`launch attach` reads it); once the node records a
+        newer supervisor generation than this agent's, stdout is closed to the older one (``fence_stdout``)."""
         poller = select.poll()
         poller.register(self.out.fileno(), select.POLLERR | select.POLLHUP)
+        generation = int(self.req.get("generation") or 0)
         while not self.out.broken.is_set():
             if poller.poll(1000):
                 self.out.lose("the reader of stdout is gone")
+            elif self.run_dir is not None:
+                newer = fenced_by(self.run_dir, self.req["node"], generation)
+                if newer is not None:
+                    self.fence_stdout(newer)
+                elif self.out.contact_age() < CONTACT_POLL_S:
+                    _touch(contact_path(self.run_dir, self.req["node"]))
+
+    def fence_stdout(self, newer: dict) -> None:
+        """A newer supervisor took the job: nothing more to the older one's stream, which ends (stdout, and
+        stderr for the real agent, become /dev/null), so that supervisor follows again and is refused."""
+        why = (f"a newer supervisor (generation {newer.get('generation')}, process {newer.get('pid')} on "
+               f"{newer.get('host')}) took the job")
+        self.out.lose(why)
+        self.out.write(f"|launch: node {self.req.get('node')}: {why}; the older one's stream is closed".encode())
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for fd in {self.out.fileno(), *((2,) if self.out.fileno() == 1 else ())}:
+                os.dup2(null, fd)
+        finally:
+            os.close(null)
 
     def since_contact(self) -> float:
         """Seconds since a reader was last in contact: stdout taking the lines, or the contact file touched."""
@@ -503,6 +544,17 @@ def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
     return failed
 
 
+def _touch(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # the run directory removed under us: nothing to mark
+
+
 def _prctl():
     try:
         import ctypes
@@ -546,7 +598,7 @@ def _serve(agent: Agent, go: Callable[[], bool] | None, secrets: dict[str, str])
         return 126
     try:
         agent.start(secrets)
-    except (RunDirError, OSError) as exc:
+    except (RunDirError, Fenced, OSError) as exc:
         out.write(f"|launch: node {req.get('node')}: cannot start: {exc}".encode())
         out.event("exit", {"code": 126, "error": str(exc)})
         return 126

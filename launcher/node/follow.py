@@ -4,8 +4,14 @@ Prints the journal's lines after line ``after``, then tails it, touching the con
 second (the agent's unattended watchdog counts that as contact), until it has printed an ``@exit``
 line. Prints ``@lost {"reason": ...}`` instead when there is no journal, or when the agent is gone
 (its pid, with its start time, from ``node<N>.pid``) and the journal has no ``@exit``, or when a
-new attempt's journal replaced the one followed. Its reader gone, it stops quietly (and so stops
-touching the contact file): never the job. Standard library only: it runs on nodes.
+new attempt's journal replaced the one followed. Prints ``@fenced {generation record}`` and stops
+when the node records a newer supervisor generation than the request's (``--takeover``): the
+reader has been replaced. Its reader gone, it stops quietly (and so stops touching the contact
+file): never the job.
+
+``fence`` reads (and, given a newer ``generation``, writes) a node's generation record; ``record``
+prints the job as its supervisor recorded it on the node (``job.json``: plan, specs, attempt).
+Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
@@ -17,12 +23,22 @@ import time
 
 from . import proctree
 from .agent import RunDirError, job_run_dir, run_root
-from .journal import contact_path, journal_path, pid_path
+from .journal import (
+    RECORD_FILE,
+    contact_path,
+    fenced_by,
+    generation_path,
+    journal_path,
+    pid_path,
+    read_generation,
+    write_atomically,
+)
 
 POLL_S = 0.1
 TOUCH_S = 1.0
 READ_CHUNK = 1 << 20
 EXIT = b"@exit"
+RECORD_LIMIT = 16 * 2**20  # a job record past this is not one launch wrote
 
 
 class ReaderGone(Exception):
@@ -72,6 +88,7 @@ def _touch(path: str) -> None:
 def follow(req: dict, out: int = 1) -> int:
     """Follow the journal ``req`` names (``job_id``, ``node``, ``after``, ``run_root``), printing to fd ``out``."""
     job_id, node, after = req["job_id"], int(req["node"]), max(0, int(req.get("after") or 0))
+    generation = int(req.get("generation") or 0)
 
     def lost(reason: str) -> int:
         _write(out, b"@lost " + json.dumps({"reason": reason}, separators=(",", ":")).encode() + b"\n")
@@ -89,22 +106,33 @@ def follow(req: dict, out: int = 1) -> int:
         except (RunDirError, OSError) as exc:
             return lost(f"cannot read the journal of node {node} of job {job_id}: {exc}")
         try:
-            return _tail(fd, run_dir, node, after, out, lost)
+            return _tail(fd, run_dir, node, after, out, lost, generation)
         finally:
             os.close(fd)
     except ReaderGone:
         return 0
 
 
-def _tail(fd: int, run_dir: str, node: int, after: int, out: int, lost) -> int:
+def _fenced(out: int, newer: dict) -> int:
+    _write(out, b"@fenced " + json.dumps(newer, separators=(",", ":")).encode() + b"\n")
+    return 0
+
+
+def _tail(fd: int, run_dir: str, node: int, after: int, out: int, lost, generation: int = 0) -> int:
     contact = contact_path(run_dir, node)
     poller = select.poll()
     poller.register(out, select.POLLERR | select.POLLHUP)
+    newer = fenced_by(run_dir, node, generation)
+    if newer is not None:  # a newer supervisor is in charge: not one line for this reader, no contact
+        return _fenced(out, newer)
     _touch(contact)
     touched = time.monotonic()
     seq, partial, last_look = 0, b"", ""
     while True:
         if time.monotonic() - touched >= TOUCH_S:
+            newer = fenced_by(run_dir, node, generation)
+            if newer is not None:
+                return _fenced(out, newer)
             _touch(contact)
             touched = time.monotonic()
         chunk = os.read(fd, READ_CHUNK)
@@ -141,3 +169,56 @@ def _tail(fd: int, run_dir: str, node: int, after: int, out: int, lost) -> int:
             continue
         if poller.poll(POLL_S * 1000):
             raise ReaderGone
+
+
+def _existing_run_dir(req: dict) -> str | None:
+    """The job's run directory on this node, checked, if it exists (never created here)."""
+    job_id = req["job_id"]
+    if not os.path.isdir(os.path.join(req.get("run_root") or run_root(), job_id)):
+        return None
+    return job_run_dir(job_id, req.get("run_root"))
+
+
+def _answer(data: dict) -> int:
+    print(json.dumps(data, separators=(",", ":")), flush=True)
+    return 0
+
+
+def fence(req: dict) -> int:
+    """Print node ``node``'s generation record (``job_id``, ``node``) and how long ago a reader was in contact
+    (``contact_s``). With ``generation`` newer than the recorded one, record it first (with ``pid``, ``host``):
+    from then on, ``follow`` and the agent refuse readers of an older generation. ``taken``: it was written."""
+    node = int(req["node"])
+    try:
+        run_dir = _existing_run_dir(req)
+    except (RunDirError, OSError) as exc:
+        return _answer({"error": f"cannot use the run directory of job {req['job_id']}: {exc}"})
+    if run_dir is None or not os.path.exists(journal_path(run_dir, node)):
+        return _answer({"error": f"no journal of node {node} of job {req['job_id']} on this node"})
+    current = read_generation(run_dir, node)
+    wanted = req.get("generation")
+    taken = isinstance(wanted, int) and wanted > current["generation"]
+    if taken:
+        current = {"generation": wanted, "pid": req.get("pid"), "host": req.get("host"), "since": time.time()}
+        write_atomically(generation_path(run_dir, node), json.dumps(current))
+    try:
+        contact_s: float | None = max(0.0, time.time() - os.stat(contact_path(run_dir, node)).st_mtime)
+    except OSError:
+        contact_s = None
+    return _answer({**current, "taken": taken, "contact_s": contact_s, "agent_gone": agent_gone(run_dir, node)})
+
+
+def record(req: dict) -> int:
+    """Print the job as its supervisor recorded it in the run directory (``job.json``), or why not."""
+    try:
+        run_dir = _existing_run_dir(req)
+        if run_dir is None:
+            return _answer({"error": f"no run directory of job {req['job_id']} on this node"})
+        fd = os.open(os.path.join(run_dir, RECORD_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read(RECORD_LIMIT + 1)[:RECORD_LIMIT])
+    except FileNotFoundError:
+        return _answer({"error": f"job {req['job_id']} left no record on this node (started by an older launch?)"})
+    except (RunDirError, OSError, ValueError) as exc:
+        return _answer({"error": f"cannot read the record of job {req['job_id']} on this node: {exc}"})
+    return _answer({"record": data})

@@ -40,6 +40,38 @@ def pid_path(run_dir: str, node: object) -> str:
     return os.path.join(run_dir, f"node{node}.pid")
 
 
+def generation_path(run_dir: str, node: object) -> str:
+    """Which supervisor generation is in charge of the node (``{"generation": N, "pid", "host", "since"}``): a
+    supervisor of an older generation is fenced (docs/JOURNALS.md "Generations")."""
+    return os.path.join(run_dir, f"node{node}.generation")
+
+
+RECORD_FILE = "job.json"  # in the run directory: the job as its supervisor recorded it (`launch attach --cluster`)
+
+
+def read_generation(run_dir: str, node: object) -> dict:
+    """The node's generation record; ``{"generation": 0}`` when none was written (the submitting supervisor's)."""
+    try:
+        with open(generation_path(run_dir, node), "rb") as handle:
+            found = json.loads(handle.read(4096))
+    except (OSError, ValueError):
+        return {"generation": 0}
+    if not isinstance(found, dict) or not isinstance(found.get("generation"), int) or isinstance(found["generation"], bool):
+        return {"generation": 0}
+    return found
+
+
+def is_fenced(recorded: int, mine: int) -> bool:
+    """A supervisor of generation ``mine`` is fenced once a node records a newer one."""
+    return recorded > mine
+
+
+def fenced_by(run_dir: str, node: object, mine: int) -> dict | None:
+    """The newer generation's record that fences a supervisor of generation ``mine``; None while it is in charge."""
+    found = read_generation(run_dir, node)
+    return found if is_fenced(found["generation"], mine) else None
+
+
 def write_atomically(path: str, text: str) -> None:
     """``text`` as the file ``path`` (mode 0600), replaced in one rename: a reader sees the old file or the new."""
     tmp = f"{path}.{os.getpid()}.tmp"

@@ -1,4 +1,4 @@
-"""The node side's commands: ``facts``, ``agent``, ``follow``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks``,
+"""The node side's commands: ``facts``, ``agent``, ``follow``, ``fence``, ``record``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks``,
 ``leases``, ``wait``
 (see ``launcher.node.ship``)."""
 
@@ -26,10 +26,11 @@ def main(argv: list[str]) -> int:
         from . import slurmnode
 
         return slurmnode.main(rest)
-    if command == "follow":
+    if command in ("follow", "fence", "record"):
         from . import follow
 
-        return follow.follow(json.loads(rest[0]))
+        request = json.loads(rest[0])
+        return {"follow": follow.follow, "fence": follow.fence, "record": follow.record}[command](request)
     if command in ("leases", "wait"):
         from . import waiting
 

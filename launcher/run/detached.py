@@ -5,8 +5,9 @@ of its own, so it survives the submitting shell. It is a small keeper: the super
 as its child (``--supervise``). When that child dies while the job has not ended (an OOM kill, a
 crash, a stray ``kill -9``), the keeper files why, sends the job's ``unattended`` notice and starts
 a new child that attaches to the job's node journals (``--attach``), at most ``MAX_REATTACH``
-times: the nodes never noticed, each line is kept once. The keeper imports no torch, holds no
-node connection and decides nothing about the job.
+times: the nodes never noticed, each line is kept once. A child that a newer supervisor took the job
+from (`launch attach --takeover`) exits ``FENCED_EXIT``, saying so: the keeper then stops too, and
+starts nothing. The keeper imports no torch, holds no node connection and decides nothing about the job.
 
 Whatever fails before a supervisor runs (a record that cannot be read, a secret missing, a backend
 that cannot be made) ends the job FAILED with that reason, never a job left PENDING; once it runs,
@@ -22,6 +23,7 @@ import time
 import traceback
 
 from launcher.backends import Backend, get_backend
+from launcher.run.identity import FENCED_EXIT, SupervisorFenced
 from launcher.run.orchestrate import attach, end_unsupervised, make_supervisor
 from launcher.run.recorded import RecordedJob
 from launcher.run.secrets import read_secrets
@@ -53,6 +55,8 @@ def keep(store: Store, job_id: str) -> int:
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     for restart in range(1, MAX_REATTACH + 2):
         code = child.wait()
+        if code == FENCED_EXIT:  # taken over by a newer supervisor: it decides now, nothing to restart
+            return FENCED_EXIT
         row = store.job(job_id)
         if is_terminal(row["state"]):
             return 0 if row["state"] == JobState.SUCCEEDED else 1
@@ -93,17 +97,28 @@ def supervise(store: Store, job_id: str) -> int:
         finally:
             end_unsupervised(store, job_id, f"the detached supervisor could not start: {exc}")
         return 1
-    return 0 if supervisor.run() == JobState.SUCCEEDED else 1
+    try:
+        return 0 if supervisor.run() == JobState.SUCCEEDED else 1
+    except SupervisorFenced as exc:
+        return _fenced(exc)
 
 
 def reattach(store: Store, job_id: str) -> int:
     """Supervise the job again from its nodes' journals, as `launch attach` does (a later child of the keeper)."""
     try:
         _, state = attach(store, job_id, echo=None, warn=lambda text: print(text, file=sys.stderr, flush=True))
+    except SupervisorFenced as exc:
+        return _fenced(exc)
     except Exception:  # noqa: BLE001 - the keeper reads the job's state and says what happened
         traceback.print_exc()
         return 1
     return 0 if state == JobState.SUCCEEDED else 1
+
+
+def _fenced(exc: SupervisorFenced) -> int:
+    """Say in supervisor.log that a newer supervisor took the job; the keeper's code not to restart this one."""
+    print(exc.message, file=sys.stderr, flush=True)
+    return FENCED_EXIT
 
 
 def _child(job_id: str, mode: str) -> subprocess.Popen:

@@ -19,10 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.errors import LaunchError
+from launcher.node.journal import write_atomically
 from launcher.node.proctree import start_ticks
 
 IDENTITY_FILE = "supervisor.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+FENCED_EXIT = 5  # a supervisor that a newer one took the job from (`launch attach --takeover`) exits with this
+
+
+class SupervisorFenced(LaunchError):
+    """A newer supervisor generation took the job: this one stops deciding and writing, and says so."""
+
+    exit_code = FENCED_EXIT
+
+    def __init__(self, job_id: str, newer: dict) -> None:
+        where = f"process {newer.get('pid') or '?'} on {newer.get('host') or '?'}"
+        super().__init__(f"job {job_id}: taken over by a newer supervisor (generation {newer.get('generation')}, "
+                         f"{where}); this one stops here",
+                         hint=f"`launch status {job_id}` shows the job and its supervisor")
+        self.newer = newer
 
 
 def _boot_id() -> str | None:
@@ -32,11 +48,11 @@ def _boot_id() -> str | None:
         return None
 
 
-def record(run_dir: Path, job_id: str) -> None:
-    """Record this process as the supervisor of ``job_id``."""
+def record(run_dir: Path, job_id: str, generation: int = 0) -> None:
+    """Record this process as the supervisor of ``job_id`` (of ``generation``: see ``launch attach --takeover``)."""
     identity = {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()), "boot_id": _boot_id(), "job_id": job_id,
-                "host": socket.gethostname(), "since": time.time()}
-    (run_dir / IDENTITY_FILE).write_text(json.dumps(identity))
+                "host": socket.gethostname(), "since": time.time(), "generation": generation}
+    write_atomically(str(run_dir / IDENTITY_FILE), json.dumps(identity))  # a takeover's reader sees one or the other
 
 
 @dataclass(frozen=True)
@@ -105,9 +121,11 @@ class Supervision:
     pid: int | None = None
     since: float | None = None
     why: str | None = None
+    generation: int | None = None  # 0: the submitting supervisor; each `launch attach` one more
 
     def as_json(self) -> dict[str, Any]:
-        return {"state": self.state, "host": self.host, "pid": self.pid, "since": self.since}
+        return {"state": self.state, "host": self.host, "pid": self.pid, "since": self.since,
+                "generation": self.generation}
 
 
 def described(run_dir: Path, job_id: str, spawned_pid: int | None, alive_at: float | None) -> Supervision:
@@ -118,8 +136,9 @@ def described(run_dir: Path, job_id: str, spawned_pid: int | None, alive_at: flo
     host = identity.get("host") if mine and isinstance(identity.get("host"), str) else None
     pid = identity.get("pid") if mine and isinstance(identity.get("pid"), int) else spawned_pid
     began = identity.get("since") if mine and isinstance(identity.get("since"), (int, float)) else None
+    generation = identity.get("generation", 0) if mine and isinstance(identity.get("generation", 0), int) else None
     if found.pid is not None:
-        return Supervision("attached", host or socket.gethostname(), found.pid, began)
+        return Supervision("attached", host or socket.gethostname(), found.pid, began, generation=generation)
     if found.gone is not None:
-        return Supervision("lost", host, pid, alive_at if alive_at is not None else began, found.gone)
-    return Supervision("unknown", host, pid, None)
+        return Supervision("lost", host, pid, alive_at if alive_at is not None else began, found.gone, generation)
+    return Supervision("unknown", host, pid, None, generation=generation)

@@ -7,6 +7,7 @@ import json
 import os
 import secrets as token
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -186,7 +187,7 @@ def submit(
 def make_supervisor(
     store: Store, plan: Plan, job: JobSpec, cluster: ClusterSpec, run_check: bool, backend: Backend,
     secrets: Mapping[str, str], *, echo: Callable[[str], None] | None = None,
-    warn: Callable[[str], None] | None = None, stage: StageSink = no_stage,
+    warn: Callable[[str], None] | None = None, stage: StageSink = no_stage, generation: int = 0,
 ) -> Supervisor:
     """The supervisor of a recorded job, wired from its specs (the foreground submit and the detached one alike)."""
     from launcher.run.notify import Notifier
@@ -198,7 +199,7 @@ def make_supervisor(
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
         place=placer(job, cluster),
         elastic=elastic_replanner(job, cluster, store, run_check) if job.elastic else None,
-        notifier=Notifier(job.notify, secrets) if job.notify else None,
+        notifier=Notifier(job.notify, secrets) if job.notify else None, generation=generation,
     )
 
 
@@ -414,59 +415,83 @@ def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
 
 def attach(
     store: Store, job_ref: str, *, echo: Callable[[str], None] | None, warn: Callable[[str], None] | None = None,
-    on_attached: Callable[[str, int], None] | None = None,
+    on_attached: Callable[[str, int], None] | None = None, takeover: bool = False, cluster_path: str | None = None,
 ) -> tuple[str, JobState]:
-    """Supervise a running job whose supervisor is gone, here, to its end (`launch attach`); (job id, final state).
+    """Supervise a running job here, to its end (`launch attach`); (job id, final state).
 
-    Refused (LaunchError, saying where it runs) while its supervisor is alive, while one is starting, for a job
-    that is not RUNNING, and on a backend that cannot follow its nodes' journals. Every node is resumed from the
-    journal lines the store has (``nodes.seen``); then it goes on as the job's own supervisor would have.
+    Refused (LaunchError, saying where it runs) while its supervisor is alive unless ``takeover``, while one is
+    starting, for a job that is not RUNNING, and on a backend that cannot follow its nodes' journals. A job this
+    store does not know is read back from its nodes with ``cluster_path`` (``takeover.import_job``). Before it
+    follows, a newer supervisor generation is recorded on the nodes (``takeover.take``): an older supervisor,
+    alive or not, is fenced. Every node is resumed from the journal lines the store has (``nodes.seen``); then it
+    goes on as the job's own supervisor would have. SupervisorFenced if a newer one takes it in turn.
     """
-    import fcntl
 
-    from launcher.run.secrets import read_secrets
+    from launcher.errors import JobNotFound
+    from launcher.run import takeover as fencing
 
-    job = RecordedJob.read(store, job_ref)
+    say = warn or (lambda text: None)
+    imported: str | None = None
+    try:
+        job = RecordedJob.read(store, job_ref)
+    except JobNotFound:
+        if cluster_path is None:
+            raise
+        job, imported = _import_from_nodes(store, job_ref, load_cluster_spec(cluster_path), takeover)
+    else:
+        if cluster_path is not None:
+            fencing.on_cluster(job.cluster, load_cluster_spec(cluster_path), job.id)
     if job.state.terminal:
         raise LaunchError(f"job {job.id} already ended {job.state}; nothing to attach to",
                           hint=f"`launch status {job.id}` shows how it ended; `launch logs {job.id}` its logs")
     run_dir = store.run_dir(job.id)
-    found = _presence(store, job.id)
+    found = identity.Presence(gone=f"imported from its nodes ({imported})") if imported else _presence(store, job.id)
     deadline = time.monotonic() + RECORDS_ITSELF_S
     while found.pid is None and found.gone is None and time.monotonic() < deadline:
         time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
         found = _presence(store, job.id)
-    if found.gone is None:
-        where = identity.described(run_dir, job.id, job.supervisor_pid, None)
-        at = f"process {where.pid or found.pid} on {where.host or 'this machine'}"
+    where = identity.described(run_dir, job.id, job.supervisor_pid, None)
+    at = f"process {where.pid or found.pid} on {where.host or 'this machine'}"
+    if found.gone is None and not (takeover and found.pid is not None):
         raise LaunchError(f"job {job.id} has a supervisor: {at} follows it; only one supervisor decides",
-                          hint=f"`launch status --watch {job.id}` follows it from here; `launch cancel {job.id}` ends it")
+                          hint=f"`launch status --watch {job.id}` follows it from here; `launch attach {job.id} "
+                               f"--takeover` takes the job from it; `launch cancel {job.id}` ends it")
     row = store.job(job.id)
     if row["state"] != JobState.RUNNING:
-        raise LaunchError(f"job {job.id} is {row['state']} and its supervisor is gone ({found.gone}): only a RUNNING "
-                          "job's nodes can be followed again",
+        raise LaunchError(f"job {job.id} is {row['state']}: only a RUNNING job's nodes can be followed again"
+                          + (f" (its supervisor is gone: {found.gone})" if found.gone else ""),
                           hint=f"`launch cancel {job.id}` ends whatever it started")
     backend = get_backend(job.cluster)
-    if not backend.follows:
+    if not backend.follows or (takeover and not backend.fences):
         backend.close()
+        what = "take from a live supervisor" if backend.follows else "follow again"
         raise LaunchError(f"job {job.id} runs on the {job.plan.backend} backend, whose nodes `launch attach` cannot "
-                          "follow again yet (local, SSH and Slurm can)", hint=f"`launch cancel {job.id}` ends it")
+                          f"{what} yet (local and SSH can)", hint=f"`launch cancel {job.id}` ends it")
     lock = open(run_dir / "attach.lock", "a")  # noqa: SIM115 - held until this process ends
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.close()
-        backend.close()
-        raise LaunchError(f"job {job.id}: another `launch attach` is taking it now") from None
-    try:
+        generation = 0
+        if backend.fences:  # before the lock: the supervisor taken over may be an attach holding it
+            generation = fencing.take(backend, job.plan, fencing.read_generations(backend, job.plan),
+                                      every_node=takeover, warn=say)
+        if found.pid is not None:  # taken from a live supervisor: it stops within a second or two
+            _wait_gone(store, job.id, found.pid, say)
+        _lock(lock, job.id, wait=TAKEOVER_WAIT_S if takeover else 0.0)
         again = _presence(store, job.id)
-        if again.gone is None:  # taken between the check and the lock
+        if not imported and again.gone is None and again.pid != found.pid:  # another one took it meanwhile
             raise LaunchError(f"job {job.id} has a supervisor again (process {again.pid})")
-        supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend,
-                                     read_secrets(job.plan.secrets), echo=echo, warn=warn)
+        secrets = _attach_secrets(job, say)
+        if secrets is None:
+            job = dataclasses.replace(job, job=job.job.model_copy(update={"restarts": 0}))
+        supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend, secrets or {},
+                                     echo=echo, warn=warn, generation=generation)
         supervisor.install_signal_handlers()
-        store.add_event(job.id, "attach", f"`launch attach` took the job (pid {os.getpid()}); its supervisor was gone: "
-                        f"{found.gone}")
+        if found.pid is not None:
+            store.add_event(job.id, "takeover", f"`launch attach --takeover` (process {os.getpid()} on "
+                            f"{socket.gethostname()}) took the job from its supervisor ({at}) at generation "
+                            f"{generation}", {"generation": generation, "pid": os.getpid(), "from": at})
+        else:
+            store.add_event(job.id, "attach", f"`launch attach` took the job (pid {os.getpid()}, generation "
+                            f"{generation}); its supervisor was gone: {found.gone}", {"generation": generation})
     except BaseException:
         backend.close()
         lock.close()
@@ -477,6 +502,73 @@ def attach(
         return job.id, supervisor.attach(row["attempt"] or 0)
     finally:
         lock.close()
+
+
+TAKEOVER_WAIT_S = 30.0  # how long a takeover waits for the supervisor it fenced to stop
+
+
+def _import_from_nodes(store: Store, job_id: str, cluster: ClusterSpec, takeover: bool) -> tuple[RecordedJob, str]:
+    """`attach --cluster` of a job this store does not know: read it back from its nodes and import it (refused
+    while a supervisor follows it elsewhere, unless ``takeover``)."""
+    from launcher.run import takeover as fencing
+
+    backend = get_backend(cluster)
+    try:
+        if not backend.fences:
+            raise LaunchError(f"job {job_id} is not in this store, and jobs on the {cluster.backend} backend cannot be "
+                              "read back from their nodes yet (local and SSH clusters can)")
+        found = fencing.parse_record(fencing.read_record(backend, cluster, job_id), job_id, cluster)
+        nodes = fencing.read_generations(backend, found.job.plan)
+        followed = fencing.in_contact(nodes)
+        if followed is not None and not takeover:
+            raise LaunchError(f"job {job_id} is followed by a supervisor elsewhere ({fencing.who(followed)}: node "
+                              f"{followed.index} was in contact {(followed.answer or {}).get('contact_s', 0):.1f} s ago); only one "
+                              "supervisor decides", hint=f"`launch attach {job_id} --cluster FILE --takeover` takes it")
+    finally:
+        backend.close()
+    fencing.import_job(store, found, backend.host(found.job.plan, 0))
+    return found.job, f"node 0, {backend.host(found.job.plan, 0)}"
+
+
+def _wait_gone(store: Store, job_id: str, pid: int, warn: Callable[[str], None]) -> None:
+    """Wait (TAKEOVER_WAIT_S at most) for the supervisor ``pid`` that was just fenced to stop writing the store."""
+    deadline = time.monotonic() + TAKEOVER_WAIT_S
+    while time.monotonic() < deadline:
+        if _presence(store, job_id).pid != pid:
+            return
+        time.sleep(0.1)
+    warn(f"warning: job {job_id}: its former supervisor (process {pid}) has not stopped after {TAKEOVER_WAIT_S:g} s; "
+         "it is fenced on every node and decides nothing, but lines it still relays may be stored twice")
+
+
+def _lock(lock, job_id: str, wait: float) -> None:
+    """Take the job's attach lock, waiting up to ``wait`` seconds (a takeover waits for the attach it fenced)."""
+    import fcntl
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"job {job_id}: another `launch attach` is taking it now") from None
+            time.sleep(0.1)
+
+
+def _attach_secrets(job: RecordedJob, warn: Callable[[str], None]) -> dict[str, str] | None:
+    """The job's secrets from this machine's environment, as submit reads them. They matter only if the job
+    restarts: when some are missing, that is said and None returned (the job is followed, never restarted here)."""
+    from launcher.run.secrets import read_secrets
+
+    if not job.plan.secrets:
+        return {}
+    try:
+        return read_secrets(job.plan.secrets)
+    except SpecError as exc:
+        warn(f"warning: {exc.message}; the job is followed to its end but not restarted from here (a restart "
+             "would start its ranks without them)")
+        return None
 
 
 def _presence(store: Store, job_id: str) -> identity.Presence:

@@ -99,10 +99,13 @@ class Supervisor:
         place: Callable[[Plan, Preflight], Plan] | None = None,
         elastic: ElasticReplanner | None = None,
         notifier: Notifier | None = None,
+        generation: int = 0,
     ) -> None:
         """``replan`` (given with ``leave_out_failed_nodes``) re-plans a restart without the hosts given:
         a host that failed first in two attempts is left out. ``elastic`` (an elastic job) re-plans every
-        restart on the nodes left, without the one lost (``run.elastic``)."""
+        restart on the nodes left, without the one lost (``run.elastic``). ``generation``: this supervisor's
+        (0 for the submitting one; `launch attach` records a newer one on the nodes first): once a node records
+        a newer one, this supervisor is fenced and stops (``SupervisorFenced``), deciding and writing nothing."""
         self.store = store
         self.plan = plan
         self.backend = backend
@@ -117,6 +120,7 @@ class Supervisor:
         self.place = place
         self.elastic = elastic
         self.notifier = notifier
+        self.generation = generation
         self.first_failures: collections.Counter[str] = collections.Counter()
         self.hangs = HangDetector(stall_timeout, plan.max_steps, [n.host for n in plan.nodes]) if stall_timeout else None
         self.live = Liveness(time.time())
@@ -191,8 +195,9 @@ class Supervisor:
     def _supervise(self, resume: int | None) -> JobState:
         job_id = self.plan.job_id
         outcome: Outcome | None = Outcome(JobState.FAILED, "launch internal error: the supervisor was interrupted")
+        fenced: identity.SupervisorFenced | None = None
         try:
-            identity.record(self.run_dir, job_id)
+            identity.record(self.run_dir, job_id, self.generation)
             self.store.update_job(job_id, supervisor_pid=os.getpid(), supervisor_at=time.time())
             if resume is not None:
                 self._resume_attempt = resume
@@ -202,11 +207,17 @@ class Supervisor:
             else:
                 self.store.add_event(job_id, "launching", f"starting {self.plan.nnodes} node(s) on {self.plan.backend}")
                 outcome = self._attempts()
+        except identity.SupervisorFenced as exc:  # a newer supervisor decides now: no sweep, no state, no notice
+            fenced = exc
         except Exception as exc:  # noqa: BLE001 - the job must end, whatever went wrong in launch
             outcome = self._internal_error(exc)
         finally:
             self._guarded("closing the backend", self.backend.close)
-            state = self._finish(outcome)
+            if fenced is None:
+                state = self._finish(outcome)
+        if fenced is not None:
+            self._quiet.set()
+            raise fenced
         return state
 
     def _finish(self, outcome: Outcome | None) -> JobState:
@@ -245,6 +256,8 @@ class Supervisor:
     def _attempts(self, attempt: int = 0) -> Outcome:
         while True:
             outcome = self._run_attempt(attempt)
+            if outcome.failure is not None and outcome.failure.kind == FailureKind.START:
+                self._in_charge()  # the agents of a fenced supervisor refuse to start: its sweep must not follow
             self._sweep()
             self._file_rejected()
             self._file_losses()
@@ -266,6 +279,7 @@ class Supervisor:
                 problem = self._go_elastic(failure, attempt)
                 if problem:
                     return outcome.with_reason(f"{outcome.reason}; {problem}")
+            self._in_charge()  # a supervisor taken over restarts nothing
             attempt += 1
             self.store.add_event(
                 self.plan.job_id, "restarting",
@@ -378,6 +392,7 @@ class Supervisor:
             self.live = Liveness(time.time())
         self._out_of_contact = {}
         while True:
+            self._fenced(watchers)
             self._observe()
             self._heartbeat()
             self._collect_exits(watchers, attempt, exits)
@@ -391,15 +406,17 @@ class Supervisor:
                 self._drain(watchers)
                 return Outcome(JobState.SUCCEEDED)
             if self._cancel.is_set():
+                self._in_charge()
                 self._teardown(watchers)
                 self._record_exits(watchers, attempt, exits)
                 return Outcome(JobState.CANCELLED, self._cancel_reason)
             hung = self.hangs.check(self.live, time.time()) if self.hangs else None
             if hung is not None:
+                self._in_charge()
                 self._quiet.set()
                 self.store.add_event(job_id, "hung" if hung.kind == FailureKind.HANG else "stalled", hung.reason or "",
                                      hung.model_dump(mode="json"))
-                taken = stacks.collect(self.backend, self.plan, self.store, attempt)
+                taken = stacks.collect(self.backend, self.plan, self.store, attempt, self.live)
                 if taken.odd_one_out:
                     hung = hung.model_copy(update={"reason": f"{hung.reason}; {taken.odd_one_out}"})
                 self._teardown(watchers)
@@ -427,7 +444,8 @@ class Supervisor:
         scheduler = SchedulerEvents(self.store, job_id, self._warn)
         context = StartContext(run_dir=self.run_dir, secrets=self.secrets, grace=self.grace, stage=self.stage,
                                submitted=scheduler.submitted, queued=scheduler.queued, allocated=scheduler.allocated,
-                               cancelled=self._cancel, place=self.place, leased=scheduler.leased)
+                               cancelled=self._cancel, place=self.place, leased=scheduler.leased,
+                               generation=self.generation, record=self._record(attempt))
         try:
             planned = self.plan
             self.plan, handles = self.backend.start(self.plan, context)
@@ -450,12 +468,40 @@ class Supervisor:
             watchers.append(NodeWatcher(handle, node.host, log_path, relay, follow=self._follower()))
         return watchers
 
+    def _record(self, attempt: int) -> dict | None:
+        """The job as the nodes keep it (``job.json``: what `launch attach --cluster` reads back); None if unreadable."""
+        from launcher.run.takeover import node_record
+
+        try:
+            return node_record(self.store.job(self.plan.job_id), self.plan, attempt)
+        except Exception as exc:  # noqa: BLE001 - a record the nodes cannot keep must not stop the job
+            self.internal_note(f"the job's record for its nodes could not be made: {exc!r}")
+            return None
+
     def _follower(self):
         """How a watcher follows its node again (None where the backend cannot)."""
         if not self.backend.follows:
             return None
-        backend, plan = self.backend, self.plan
-        return lambda index, after, agent: backend.follow(plan, index, after, agent)
+        backend, plan, generation = self.backend, self.plan, self.generation
+        return lambda index, after, agent: backend.follow(plan, index, after, agent, generation)
+
+    def _fenced(self, watchers: list[NodeWatcher]) -> None:
+        """SupervisorFenced once a watcher's node refused it for a newer supervisor generation."""
+        for watcher in watchers:
+            if watcher.fenced is not None:
+                raise identity.SupervisorFenced(self.plan.job_id, watcher.fenced)
+
+    def _in_charge(self) -> None:
+        """Before a cancel or hang teardown, a restart, or the sweep after a failed start: SupervisorFenced if any
+        node records a newer supervisor generation (a Ctrl-C of a supervisor that was just taken over ends nothing;
+        its streams tell it within a second or two anyway). A node that cannot be asked does not stop the teardown."""
+        if not self.backend.fences:
+            return
+        job_id = self.plan.job_id
+        answers = self.backend.on_nodes(self.plan, lambda index: self.backend.fence(self.plan, index, job_id)[0])
+        for answer in answers:
+            if answer is not None and isinstance(answer.get("generation"), int) and answer["generation"] > self.generation:
+                raise identity.SupervisorFenced(job_id, answer)
 
     def _new_relay(self, attempt: int) -> Relay:
         self._relay = Relay(
@@ -483,7 +529,7 @@ class Supervisor:
             resume = Resume(seen, row.get("log_bytes") if isinstance(row.get("log_bytes"), int) else None, agent)
             handle: NodeHandle
             try:
-                handle = self.backend.follow(self.plan, node.index, seen, agent)
+                handle = self.backend.follow(self.plan, node.index, seen, agent, self.generation)
             except Exception as exc:  # noqa: BLE001 - unreachable now: its watcher tries again, the loop decides
                 handle = _Unreached(node.index, agent, f"{exc}"[:300])
             log_path = Path(row.get("log_path") or self.run_dir / f"attempt{attempt}-node{node.index}.log")

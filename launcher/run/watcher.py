@@ -159,6 +159,7 @@ class NodeWatcher:
         self._reported: int | None = None
         self._log_error: OSError = OSError("its log file was not opened")
         self.errors = 0
+        self.fenced: dict | None = None  # the newer generation's record once the node refused this reader
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"node{handle.index}")
         self._thread.start()
 
@@ -185,6 +186,10 @@ class NodeWatcher:
             while True:
                 got = self._read(handle, log)
                 self._mark()
+                fenced = getattr(handle, "fenced", None)
+                if fenced is not None:  # a newer supervisor took the job: its loop stops this one
+                    self.fenced = fenced
+                    return
                 if self._follow is None or self._stop.is_set() or handle.poll() is not None:
                     return
                 prior = self._after_try

@@ -126,3 +126,79 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
     assert all(sorted(steps) == by_rank[0] == sorted(set(by_rank[0])) and len(steps) == STEPS
                for steps in by_rank.values()), by_rank
     assert proctree.job_pids(job_id) == []
+
+
+TAKEN_STEPS, GATE_STEP = 50, 30
+
+
+def _rank0_steps(home: Path, job_id: str) -> list[int]:
+    return [int(m) for m in re.findall(r"step (\d+) of rank 0", run_cli(home, "logs", job_id, "--rank", "0").stdout)]
+
+
+def _each_step_once(home: Path, job_id: str, steps: int) -> None:
+    """Every rank-0 step line once and in order in `launch logs`; every step's record of each rank once."""
+    assert _rank0_steps(home, job_id) == list(range(steps))
+    by_rank: dict[int, list[int]] = {}
+    for record in Store(home).metrics(job_id):
+        by_rank.setdefault(record.rank, []).append(record.step)
+    assert sorted(by_rank) == [0, 1] and all(sorted(got) == list(range(1, steps + 1)) for got in by_rank.values()), by_rank
+
+
+def test_takeover_fences_a_live_supervisor_and_another_store_reads_the_job_back_from_its_nodes(tmp_path, home):
+    """`launch attach --takeover` while the detached supervisor lives: the old one stops, saying why, its keeper
+    restarts nothing, the job ends once. A fresh LAUNCH_HOME with --cluster is refused while the new supervisor
+    follows, and once the job ended reads it back from the nodes with its whole history."""
+    gate, other = tmp_path / "gate", tmp_path / "other-home"
+    spec = write_yaml(tmp_path / "job.yaml", {
+        "name": "takeover", "entrypoint": ["python", str(STEP_LINES)], "batch": {"micro_batch": 8},
+        "resources": {"nodes": 2, "nproc_per_node": 1}, "max_steps": TAKEN_STEPS,
+        "env": {"STEPS": str(TAKEN_STEPS), "STEP_S": "0.1", "GATE_FILE": str(gate), "GATE_STEP": str(GATE_STEP)},
+    })
+    job_id = run_cli(home, "submit", str(spec), "--detach").stdout.strip()
+    try:
+        assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 3, timeout=180)
+        old = status_json(home, job_id)["supervisor"]
+        assert old["state"] == "attached" and old["generation"] == 0
+        keeper = _parent(old["pid"])
+        began = time.monotonic()
+        proc = subprocess.Popen(launch_argv("attach", job_id, "--takeover"), env=cli_env(home),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        new = wait_for(lambda: _new_supervisor(home, job_id, old["pid"]), timeout=120)
+        assert new and new["pid"] == proc.pid and new["generation"] == 1, new
+        took = time.monotonic() - began
+        assert wait_for(lambda: not _alive(old["pid"]) and not _alive(keeper), timeout=60)
+        said = (home / "runs" / job_id / "supervisor.log").read_text()
+        assert (f"job {job_id}: taken over by a newer supervisor (generation 1, process {proc.pid} on "
+                in said and "this one stops here" in said), said[-2000:]
+
+        refused = run_cli(other, "attach", job_id, "--cluster", "cluster.yaml")
+        assert refused.returncode == 1 and "is followed by a supervisor elsewhere (generation 1" in refused.stderr, \
+            refused.stderr
+        unknown = run_cli(other, "attach", "takeover-00000000", "--cluster", "cluster.yaml")
+        assert unknown.returncode == 1 and "its nodes do not know it either" in unknown.stderr, unknown.stderr
+        assert Store(other).job_ids() == []
+
+        gate.touch()
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0 and f"job {job_id}: SUCCEEDED" in err, err + out[-2000:]
+        print(f"takeover: the new supervisor in charge {took:.1f} s after `launch attach --takeover` started")
+    finally:
+        gate.touch()
+        run_cli(home, "cancel", job_id)
+
+    done = status_json(home, job_id)
+    assert done["state"] == "SUCCEEDED" and done["supervisor"] is None
+    kinds = [event["kind"] for event in done["events"]]
+    assert kinds.count("takeover") == 1 and kinds.count("succeeded") == 1, kinds
+    assert not {"supervisor_restarted", "supervisor_lost", "cancelled", "failed", "restarting"} & set(kinds), kinds
+    _each_step_once(home, job_id, TAKEN_STEPS)
+
+    began = time.monotonic()
+    fetched = run_cli(other, "attach", job_id, "--cluster", "cluster.yaml")
+    fetched_s = time.monotonic() - began
+    assert fetched.returncode == 0 and f"job {job_id}: SUCCEEDED" in fetched.stderr, fetched.stderr
+    again = status_json(other, job_id)
+    assert again["state"] == "SUCCEEDED" and "imported" in [event["kind"] for event in again["events"]]
+    _each_step_once(other, job_id, TAKEN_STEPS)
+    print(f"--cluster: {TAKEN_STEPS} steps of 2 nodes read back into a fresh store in {fetched_s:.1f} s")
+    assert proctree.job_pids(job_id) == []

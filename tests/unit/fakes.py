@@ -112,7 +112,7 @@ class FakeBackend(Backend):
     def follows(self) -> bool:  # type: ignore[override]
         return any(script.broken for attempt in self.attempts for script in attempt)
 
-    def follow(self, plan, index, after, agent=None):
+    def follow(self, plan, index, after, agent=None, generation=0):
         self.followed.append((index, after))
         raise OSError(f"h{index + 1}: cannot connect: connection refused")
 

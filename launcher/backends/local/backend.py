@@ -36,6 +36,8 @@ from launcher.node.ship import node_argv
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
+STDOUT_CLOSED_WAIT_S = 5.0  # an agent whose stdout closed exits within this, unless it was fenced (it goes on)
+
 
 class LocalNode:
     """A node agent in its own session on this machine."""
@@ -47,6 +49,7 @@ class LocalNode:
         self._proc = proc
         self._first: list[str] = []
         self.leased: str | None = None  # what the agent holds (``slots 0-1``)
+        self.error: str | None = None
 
     def wait_leased(self) -> None:
         """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
@@ -82,7 +85,10 @@ class LocalNode:
         for raw in iter(self._proc.stdout.readline, b""):
             yield raw.decode("utf-8", "replace").rstrip("\n")
         self._proc.stdout.close()
-        self._proc.wait()  # its stdout closes as it exits: its code is known when the stream ends
+        try:  # its stdout closes as it exits (its code is then known), or when a newer supervisor took the job
+            self._proc.wait(STDOUT_CLOSED_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.error = "the agent closed its output without exiting"  # followed again: its journal says why
 
     def poll(self) -> int | None:
         code = self._proc.poll()
@@ -199,7 +205,7 @@ class LocalBackend(Backend):
             for node in plan.nodes:
                 context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
                 lease = leasing.agent_lease(self, plan, node, order)
-                start = agent_start(plan, node, context.grace, context.secrets, lease)
+                start = agent_start(plan, node, context.grace, context.secrets, lease, context.generation, context.record)
                 try:
                     proc = subprocess.Popen(
                         start.argv, cwd=node.cwd,
@@ -249,10 +255,12 @@ class LocalBackend(Backend):
         return LocalStream(proc)
 
     follows: ClassVar[bool] = True
+    fences: ClassVar[bool] = True
 
-    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None) -> FollowHandle:
+    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
+               generation: int = 0) -> FollowHandle:
         """Node ``index``'s journal after line ``after``: a ``follow`` node command on this machine."""
-        argv = node_argv(plan.python, "follow", follow_request(plan, index, after))
+        argv = node_argv(plan.python, "follow", follow_request(plan, index, after, generation))
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)

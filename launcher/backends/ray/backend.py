@@ -343,7 +343,7 @@ class RayBackend(Backend):
     def _start_agent(self, plan: Plan, node: NodePlan, actor, context: StartContext) -> int:
         """The PID of ``node``'s agent, started by its actor; NodeStartError naming the node if it was not."""
         ray = self.ray
-        start = agent_start(plan, node, context.grace, context.secrets)
+        start = agent_start(plan, node, context.grace, context.secrets, record=context.record)
         tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
         where = f"node {node.index} ({node.host})"
         try:

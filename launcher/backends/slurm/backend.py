@@ -196,7 +196,8 @@ class SlurmBackend(Backend):
                          f"{job.slurm_id} was cancelled")
             placed = context.place(plan, found) if context.place else plan
             for node in placed.nodes:
-                request = {**agent_request(placed, node, context.grace, secrets_on_stdin=False),
+                request = {**agent_request(placed, node, context.grace, secrets_on_stdin=False,
+                                           generation=context.generation, record=context.record),
                            "warn_file": str(folder / WARN_FILE)}
                 write_private(str(folder / f"node{node.index}.run.json"),
                               {"agent": request, "secrets": dict(context.secrets)})
@@ -207,9 +208,11 @@ class SlurmBackend(Backend):
             raise
         return placed, [SlurmNode(node.index, node.host, job, pids[node.index]) for node in placed.nodes]
 
-    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None) -> SlurmNode:
+    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
+               generation: int = 0) -> SlurmNode:
         """`launch attach`: node ``index`` of the job's last Slurm job, its agent's output file read past ``after``
-        lines (the file is on the shared job directory, as when the job was started)."""
+        lines (the file is on the shared job directory, as when the job was started). No generation is checked
+        here (the output file is read directly): `attach --takeover` is refused on Slurm."""
         job = self._jobs.get(plan.job_id) or self._last_job(plan.job_id)
         return SlurmNode(index, plan.nodes[index].host, job, agent[0] if agent else None, skip=after)
 

@@ -266,7 +266,8 @@ class SSHBackend(Backend):
             context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
             conn = self._pool.get(self.targets[node.index])
             tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
-            start = agent_start(plan, node, context.grace, context.secrets, leasing.agent_lease(self, plan, node, order))
+            start = agent_start(plan, node, context.grace, context.secrets, leasing.agent_lease(self, plan, node, order),
+                                context.generation, context.record)
             channel = conn.exec(render_command(start.argv, tag, node.cwd, replace_shell=False), combine=True)
             channel.sendall(start.stdin)
             handle = SSHNode(node.index, self, plan, channel)
@@ -327,12 +328,14 @@ class SSHBackend(Backend):
         return self.targets[index].alias
 
     follows: ClassVar[bool] = True
+    fences: ClassVar[bool] = True
 
-    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None) -> FollowHandle:
+    def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
+               generation: int = 0) -> FollowHandle:
         """Node ``index``'s journal after line ``after``: a channel running ``follow`` on its host (connecting
         again if the connection is gone). LaunchError or a connection error when the host cannot be reached."""
         conn = self._pool.get(self.targets[index])
-        argv = node_argv(plan.python, "follow", follow_request(plan, index, after))
+        argv = node_argv(plan.python, "follow", follow_request(plan, index, after, generation))
         channel = conn.exec(render_command(argv, replace_shell=False))
         channel.shutdown_write()
         host = self.targets[index].alias

@@ -1,0 +1,170 @@
+"""Supervisor generations and a job read back from its nodes (`launch attach --takeover`, `--cluster`): the node
+side's ``fence``, ``record`` and fenced ``follow`` on a real run directory, and the pure parts of the takeover."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import plan_job
+from launcher.backends.base import Followed
+from launcher.errors import LaunchError
+from launcher.node import follow, journal
+from launcher.run import takeover
+from launcher.run.recorded import stored_spec
+from launcher.spec import ClusterSpec, JobSpec
+from launcher.store.db import Store
+from launcher.store.states import JobState
+
+JOB = JobSpec(name="taken", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 1},
+              secrets=["HF_TOKEN"])
+SSH = ClusterSpec.model_validate({"name": "lab", "backend": "ssh", "python": sys.executable,
+                                  "nodes": [{"host": "gpu1"}, {"host": "gpu2"}, {"host": "gpu3"}]})
+JOB_ID = "taken-0000cccc"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A private run root holding the job's run directory with node 0's journal."""
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    (root / JOB_ID).mkdir(mode=0o700)
+    (root / JOB_ID / "node0.journal").write_text("|hello\n")
+    return root
+
+
+def _command(command, req: dict) -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert command(req) == 0
+    return json.loads(out.getvalue())
+
+
+def test_a_generation_fences_only_the_older_ones(tmp_path: Path) -> None:
+    assert journal.read_generation(str(tmp_path), 0) == {"generation": 0}  # none written: the submitting supervisor's
+    assert not journal.is_fenced(0, 0) and journal.is_fenced(1, 0) and not journal.is_fenced(1, 2)
+    for junk in ("", "[1]", '{"generation": "2"}', '{"generation": true}', "not json"):
+        Path(journal.generation_path(str(tmp_path), 0)).write_text(junk)
+        assert journal.fenced_by(str(tmp_path), 0, 0) is None, junk
+    Path(journal.generation_path(str(tmp_path), 0)).write_text('{"generation": 2, "pid": 7, "host": "laptop"}')
+    assert journal.fenced_by(str(tmp_path), 0, 1) == {"generation": 2, "pid": 7, "host": "laptop"}
+    assert journal.fenced_by(str(tmp_path), 0, 2) is None
+
+
+def test_fence_records_only_a_newer_generation_and_says_who_holds_it(root: Path) -> None:
+    req = {"job_id": JOB_ID, "node": 0, "run_root": str(root)}
+    assert _command(follow.fence, req) | {"contact_s": None} == {
+        "generation": 0, "taken": False, "contact_s": None, "agent_gone": "its pid file is unreadable "
+        f"([Errno 2] No such file or directory: '{root / JOB_ID / 'node0.pid'}')"}
+    took = _command(follow.fence, {**req, "generation": 1, "pid": 42, "host": "login-2"})
+    assert took["taken"] and (took["generation"], took["pid"], took["host"]) == (1, 42, "login-2")
+    again = _command(follow.fence, {**req, "generation": 1, "pid": 43, "host": "login-3"})
+    assert not again["taken"] and (again["generation"], again["pid"]) == (1, 42)  # a racing taker loses
+    assert _command(follow.fence, {**req, "node": 1})["error"].startswith(f"no journal of node 1 of job {JOB_ID}")
+    assert "no journal" in _command(follow.fence, {**req, "job_id": "other-00000000"})["error"]
+    assert not (root / "other-00000000").exists()  # asking never makes a run directory
+
+
+def test_a_follow_of_an_older_generation_gets_fenced_and_no_line(root: Path) -> None:
+    journal.write_atomically(journal.generation_path(str(root / JOB_ID), 0),
+                             json.dumps({"generation": 1, "pid": 42, "host": "login-2"}))
+    read, write = os.pipe()
+    try:
+        assert follow.follow({"job_id": JOB_ID, "node": 0, "after": 0, "run_root": str(root)}, out=write) == 0
+        os.close(write)
+        said = os.read(read, 65536).decode()
+    finally:
+        os.close(read)
+    assert said.startswith("@fenced ") and "hello" not in said
+    assert not (root / JOB_ID / "node0.contact").exists()  # a fenced reader is no contact
+    seen = Followed("gpu1")
+    assert list(seen.through(iter([said.strip(), "|never passed on"]))) == []
+    assert seen.fenced == {"generation": 1, "pid": 42, "host": "login-2"} and seen.code() is None
+
+
+def test_the_job_record_round_trips_through_a_node_and_keeps_no_secret_value(root: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf-very-secret-value")
+    plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29533)
+    row = {"created_at": 1700000000.0, "spec": stored_spec(JOB, SSH, run_check=True)}
+    journal.write_atomically(str(root / JOB_ID / journal.RECORD_FILE), json.dumps(takeover.node_record(row, plan, 2)))
+    answer = _command(follow.record, {"job_id": JOB_ID, "run_root": str(root)})
+    assert "hf-very-secret-value" not in json.dumps(answer)
+    found = takeover.parse_record(answer["record"], JOB_ID, SSH)
+    assert found.attempt == 2 and found.created_at == 1700000000.0
+    assert found.job.plan == plan and found.job.job == JOB and found.job.state == JobState.RUNNING
+    assert [n.host for n in found.job.cluster.nodes] == ["gpu1", "gpu2", "gpu3"]
+
+    store = Store(tmp_path / "home")
+    takeover.import_job(store, found, "gpu1")
+    job = store.job(JOB_ID)
+    assert (job["state"], job["attempt"], job["created_at"]) == ("RUNNING", 2, 1700000000.0)
+    assert [(n["attempt"], n["node"], n["seen"], n["host"]) for n in store.nodes(JOB_ID)] == [
+        (2, 0, 0, "gpu1"), (2, 1, 0, "gpu2")]
+    assert [e["kind"] for e in store.events(JOB_ID)] == ["imported"]
+
+    assert _command(follow.record, {"job_id": "gone-00000000", "run_root": str(root)})["error"] == \
+        "no run directory of job gone-00000000 on this node"
+
+
+def test_a_record_read_back_must_be_this_jobs_on_this_cluster() -> None:
+    plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29533)
+    record = takeover.node_record({"spec": stored_spec(JOB, SSH, run_check=False)}, plan, 0)
+    with pytest.raises(LaunchError, match="hold a record of job 'taken-0000cccc', not taken-0000dddd"):
+        takeover.parse_record(record, "taken-0000dddd", SSH)
+    other = SSH.model_copy(update={"nodes": SSH.nodes[1:]})
+    with pytest.raises(LaunchError, match="ran on cluster 'lab', which is not the cluster of this file: its hosts gpu1"):
+        takeover.parse_record(record, JOB_ID, other)
+    with pytest.raises(LaunchError, match="it is named 'lab', this file 'lab2'"):
+        takeover.parse_record(record, JOB_ID, SSH.model_copy(update={"name": "lab2"}))
+    local = ClusterSpec(name="lab", backend="local")
+    with pytest.raises(LaunchError, match="ran on a ssh cluster \\(lab\\), not on the local cluster"):
+        takeover.parse_record(record, JOB_ID, local)
+    with pytest.raises(LaunchError, match="cannot be read back"):
+        takeover.parse_record({**record, "plan": {"job_id": JOB_ID}}, JOB_ID, SSH)
+    smaller = SSH.model_copy(update={"nodes": SSH.nodes[1:]})  # left out a node: a subset of the file's hosts
+    shrunk = takeover.node_record({"spec": stored_spec(JOB, smaller, run_check=False)}, plan, 3)
+    assert [n.host for n in takeover.parse_record(shrunk, JOB_ID, SSH).job.cluster.nodes] == ["gpu2", "gpu3"]
+
+
+class _Nodes:
+    """A backend whose nodes answer ``record`` as given (a record, or an error text)."""
+
+    def __init__(self, *answers: dict | str) -> None:
+        self.answers = answers
+
+    def job_record(self, index: int, job_id: str):
+        answer = self.answers[index]
+        return (answer, None) if isinstance(answer, dict) else (None, answer)
+
+    def host(self, plan, index: int) -> str:
+        return f"gpu{index + 1}"
+
+
+def test_reading_a_job_back_names_what_each_node_said() -> None:
+    cluster = SSH.model_copy(update={"nodes": SSH.nodes[:2]})
+    unknown = _Nodes(f"no run directory of job {JOB_ID} on this node", f"no run directory of job {JOB_ID} on this node")
+    with pytest.raises(LaunchError, match=f"job {JOB_ID} is not known to this store, and its nodes do not know it"):
+        takeover.read_record(unknown, cluster, JOB_ID)  # type: ignore[arg-type]
+    with pytest.raises(LaunchError, match="cannot be read back from its nodes: gpu1: gpu1: cannot connect"):
+        takeover.read_record(_Nodes("gpu1: cannot connect", "no run directory"), cluster, JOB_ID)  # type: ignore[arg-type]
+    assert takeover.read_record(_Nodes("gpu1: cannot connect", {"job_id": JOB_ID}), cluster, JOB_ID) == {"job_id": JOB_ID}  # type: ignore[arg-type]
+
+
+def test_the_next_generation_and_a_reader_in_contact() -> None:
+    def node(index: int, answer: dict | None) -> takeover.NodeGeneration:
+        return takeover.NodeGeneration(index, f"gpu{index + 1}", answer, None if answer else "unreachable")
+
+    nodes = [node(0, {"generation": 2, "contact_s": 40.0, "agent_gone": None}), node(1, None),
+             node(2, {"generation": 3, "contact_s": 0.4, "agent_gone": "the agent (pid 9) has exited"})]
+    assert takeover.next_generation(nodes) == 4 and takeover.next_generation([]) == 1
+    assert takeover.in_contact(nodes) is None  # fresh contact, but with its agent gone: the job ended there
+    fresh = node(3, {"generation": 3, "contact_s": 0.5, "agent_gone": None, "pid": 7, "host": "login-2"})
+    assert takeover.in_contact([*nodes, fresh]) is fresh
+    assert takeover.who(fresh) == "generation 3, process 7 on login-2"
