@@ -168,3 +168,99 @@ def test_the_next_generation_and_a_reader_in_contact() -> None:
     fresh = node(3, {"generation": 3, "contact_s": 0.5, "agent_gone": None, "pid": 7, "host": "login-2"})
     assert takeover.in_contact([*nodes, fresh]) is fresh
     assert takeover.who(fresh) == "generation 3, process 7 on login-2"
+
+
+# a supervisor taken over (fake backend: no process)
+
+NEWER = {"generation": 1, "pid": 4242, "host": "login-2"}
+TWO = ClusterSpec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
+                  nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 1} for i in (1, 2)])
+
+
+def _fenced_backend(scripts, answer_fence: bool):
+    from launcher.backends.base import Followed as Read
+    from tests.unit.fakes import FakeBackend
+
+    class Handle:
+        """A follow the node refused: no line, no exit, the newer generation's record."""
+
+        def __init__(self, index: int) -> None:
+            self.index, self.pid, self.lost_reason, self.error = index, None, None, None
+            self._read = Read(f"h{index + 1}")
+
+        def lines(self):
+            yield from self._read.through(iter(["@fenced " + json.dumps(NEWER), "|not passed on"]))
+
+        @property
+        def fenced(self):
+            return self._read.fenced
+
+        def poll(self):
+            return None
+
+        def terminate(self, grace: float) -> None:
+            raise AssertionError("a fenced supervisor terminates nothing")
+
+    class Fenced(FakeBackend):
+        fences = answer_fence
+
+        def follow(self, plan, index, after, agent=None, generation=0):
+            assert generation == 0
+            self.followed.append((index, after))
+            return Handle(index)
+
+        def fence(self, plan, index, job_id, generation=None, who=None):
+            return dict(NEWER), None
+
+    return Fenced(TWO, [scripts])
+
+
+def _recorded(tmp_path: Path, job_id: str):
+    from launcher.run.orchestrate import stored_spec as spec_of
+
+    spec = JobSpec(name="unit", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 1})
+    plan = plan_job(spec, TWO, job_id, rdzv_port=29500)
+    store = Store(tmp_path / "home")
+    store.create_job(plan, spec_of(spec, TWO, run_check=True))
+    return store, plan
+
+
+def test_a_supervisor_whose_follow_is_fenced_stops_without_writing_an_end(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.run import identity
+    from launcher.run import watcher as watcher_module
+    from launcher.run.supervisor import Supervisor
+    from tests.unit.fakes import NodeScript, record
+
+    monkeypatch.setattr(watcher_module, "retry_delay", lambda tries: 0.01)
+    store, plan = _recorded(tmp_path, "unit-0000f0f0")
+    backend = _fenced_backend([NodeScript(lines=[record(0, 1)], code=None), NodeScript(lines=[], broken=True)], False)
+    with pytest.raises(identity.SupervisorFenced) as raised:
+        Supervisor(store, plan, backend, grace=0.1).run()
+    assert str(raised.value).startswith("job unit-0000f0f0: taken over by a newer supervisor (generation 1, process 4242 "
+                                        "on login-2); this one stops here")
+    assert raised.value.exit_code == identity.FENCED_EXIT
+    row = store.job(plan.job_id)
+    assert row["state"] == "RUNNING" and row["ended_at"] is None
+    assert backend.swept_nodes == 0 and backend.closed and backend.followed == [(1, 0)]
+    assert not any(node.terminated for node in backend.started[0])
+    kinds = [event["kind"] for event in store.events(plan.job_id)]
+    assert not {"succeeded", "failed", "cancelled", "sweep", "restarting"} & set(kinds), kinds
+    backend.started[0][0].terminate(0.1)  # end the fake node's stream
+
+
+def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) -> None:
+    from launcher.run import identity
+    from launcher.run.supervisor import Supervisor
+    from tests.unit.fakes import NodeScript
+
+    store, plan = _recorded(tmp_path, "unit-0000f1f1")
+    backend = _fenced_backend([NodeScript(code=None), NodeScript(code=None)], True)
+    supervisor = Supervisor(store, plan, backend, grace=0.1)
+    supervisor.request_cancel("cancelled (Ctrl-C)")  # seen by the loop before any stream told it
+    with pytest.raises(identity.SupervisorFenced):
+        supervisor.run()
+    assert store.job(plan.job_id)["state"] == "RUNNING" and backend.swept_nodes == 0
+    assert not any(node.terminated for node in backend.started[0])
+    for node in backend.started[0]:
+        node.terminate(0.1)  # end the fake nodes' streams
