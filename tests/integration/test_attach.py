@@ -163,8 +163,11 @@ def test_takeover_fences_a_live_supervisor_and_another_store_reads_the_job_back_
         began = time.monotonic()
         proc = subprocess.Popen(launch_argv("attach", job_id, "--takeover"), env=cli_env(home),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        new = wait_for(lambda: _new_supervisor(home, job_id, old["pid"]), timeout=120)
-        assert new and new["pid"] == proc.pid and new["generation"] == 1, new
+        new = wait_for(lambda: _new_supervisor(home, job_id, old["pid"]) or proc.poll() is not None, timeout=180)
+        if not isinstance(new, dict):
+            proc.terminate()
+            pytest.fail(f"no new supervisor ({new}): {proc.communicate(timeout=60)[1][-3000:]}")
+        assert new["pid"] == proc.pid and new["generation"] == 1, new
         took = time.monotonic() - began
         assert wait_for(lambda: not _alive(old["pid"]) and not _alive(keeper), timeout=60)
         said = (home / "runs" / job_id / "supervisor.log").read_text()

@@ -36,7 +36,7 @@ from launcher.node.ship import node_argv
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
-STDOUT_CLOSED_WAIT_S = 5.0  # an agent whose stdout closed exits within this, unless it was fenced (it goes on)
+STDOUT_CLOSED_WAIT_S = 1.0  # an agent whose stdout closed exits within this, unless fenced (else: followed again)
 
 
 class LocalNode:
