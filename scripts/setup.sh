@@ -16,21 +16,8 @@ extras=train
 [[ $want_test == 1 ]] && extras=dev
 stamp="$VENV/.installed-$extras-$(sha1sum pyproject.toml | cut -c1-12)"
 
-if [[ ! -x $VENV/bin/python ]]; then
-  echo "setup: creating $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV"
-fi
-if [[ ! -f $stamp && ! -f $VENV/.installed-dev-$(sha1sum pyproject.toml | cut -c1-12) ]]; then
-  echo "setup: installing launch[$extras] (first time only; a minute or two; log in $VENV/setup.log)"
-  log="$VENV/setup.log"
-  {
-    "$VENV/bin/python" -m pip install --upgrade pip &&
-    { "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install "torch==2.13.0"; } &&
-    "$VENV/bin/python" -m pip install -e ".[$extras]"
-  } >"$log" 2>&1 || { tail -n 30 "$log"; echo "setup: pip install failed (full log: $log)" >&2; exit 1; }
-  "$VENV/bin/python" -c "import launcher, torch" && touch "$stamp"
-fi
-
+APT_LOG=${TMPDIR:-/tmp}/launch-setup-apt.log
+apt_pid=
 if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   missing=()
   command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
@@ -46,10 +33,33 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   # The OpenSSH fan-out tool that scripts/bench_fanout.py measures launch against, on the same hosts.
   command -v pdsh >/dev/null || missing+=(pdsh)
   if (( ${#missing[@]} )); then
-    echo "setup: apt-get install ${missing[*]}"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Debian's packages install while pip fills the venv (in a fresh CI machine each takes a minute or more)
+    echo "setup: apt-get install ${missing[*]} (log in $APT_LOG)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    } >"$APT_LOG" 2>&1 &
+    apt_pid=$!
   fi
+fi
+
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "setup: creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+if [[ ! -f $stamp && ! -f $VENV/.installed-dev-$(sha1sum pyproject.toml | cut -c1-12) ]]; then
+  echo "setup: installing launch[$extras] (first time only; a minute or two; log in $VENV/setup.log)"
+  log="$VENV/setup.log"
+  {
+    "$VENV/bin/python" -m pip install --upgrade pip &&
+    { "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install "torch==2.13.0"; } &&
+    "$VENV/bin/python" -m pip install -e ".[$extras]"
+  } >"$log" 2>&1 || { tail -n 30 "$log"; echo "setup: pip install failed (full log: $log)" >&2; exit 1; }
+  "$VENV/bin/python" -c "import launcher, torch" && touch "$stamp"
+fi
+
+if [[ -n $apt_pid ]]; then
+  wait "$apt_pid" || { tail -n 30 "$APT_LOG"; echo "setup: apt-get install failed (full log: $APT_LOG)" >&2; exit 1; }
+fi
+if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   # podman's default runtime, crun, fails on these machines' hybrid cgroups: runc, through a drop-in file
   "$VENV/bin/python" -c "from tools.container_image import RUNTIME_CONF, ensure_runtime_conf as ensure
 if ensure(): print(f'setup: wrote {RUNTIME_CONF} (podman uses runc)')"
