@@ -1,4 +1,4 @@
-"""Users' own programs on users' own machines: real torchrun, DeepSpeed, namespaced SSH hosts.
+"""Users' own programs on this machine: real torchrun and DeepSpeed (on two SSH hosts: test_user_programs_ssh.py).
 
 The programs in tests/programs/ are written in other people's conventions (their argparse with
 ``--local_rank``, their ``init_process_group``, ``deepspeed.initialize`` with a config flag, their
@@ -16,7 +16,6 @@ import pytest
 from launcher.node import proctree
 from tests.helpers import ROOT, TORCH_EXTENSIONS_DIR, cli_env, run_cli, status_json, wait_for, wait_for_state, write_yaml
 from tests.memory_cgroup import memory_cgroup as limited_memory_cgroup
-from tests.testbed_fixture import needs_root
 
 pytestmark = pytest.mark.slow
 PROGRAMS = ROOT / "tests" / "programs"
@@ -59,7 +58,9 @@ def test_a_collective_one_rank_never_joins_is_called_hung_with_every_ranks_stack
     assert sorted(stacks) == [0, 1, 2]
     assert all("barrier" in stacks[rank] for rank in (0, 1)) and "barrier" not in stacks[2]
     text = run_cli(home, "status", _job_id(result)).stdout
-    assert "1 rank(s): rank 2" in text and "2 rank(s): rank 0" in text
+    assert "  ranks 0-1: barrier <- <module> hang.py:13" in text, "the verdict's classes, the largest first"
+    assert "  rank 2 (node 0 localhost, local rank 2): <module> hang.py:12" in text
+    assert "stand apart: rank 2 of 3, on node 0 (localhost)" in text
     assert "Traceback" not in result.stdout, "the agents' teardown tracebacks stay in the node logs"
     assert proctree.job_pids(_job_id(result)) == []
 
@@ -156,34 +157,3 @@ def test_an_oom_kill_under_the_deepspeed_launcher_is_named_and_not_restarted(tmp
     assert failure["rank"] == 1
     assert obj["attempt"] == 0 and "not restarted: this failure would repeat" in obj["reason"]
     assert [e["kind"] for e in obj["events"]].count("restarting") == 0
-
-
-@needs_root
-@pytest.mark.testbed
-@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
-def test_users_programs_run_on_two_ssh_hosts(tmp_path, home, testbed, launcher):
-    cluster = write_yaml(tmp_path / "cluster.yaml", {
-        "name": "testbed", "backend": "ssh",
-        "ssh": {"user": "root", "key_file": str(testbed.key_file), "known_hosts": str(testbed.known_hosts),
-                "config_file": str(testbed.ssh_config)},
-        "nodes": [{"host": h.name, "gpus": 0, "slots": 2} for h in testbed.hosts[:2]],
-        "python": PYTHON, "workdir": str(tmp_path),
-    })
-    out = tmp_path / "out"
-    out.mkdir()
-    if launcher == "torchrun":
-        spec = {"entrypoint": ["python", "-u", str(PROGRAMS / "user_ddp.py"), "--out", str(out), "--epochs", "2"]}
-    else:
-        config = tmp_path / "ds.json"
-        config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-                                                   "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}))
-        spec = {"entrypoint": ["python", "-u", str(PROGRAMS / "user_deepspeed.py"), "--out", str(out), "--steps", "2",
-                               "--deepspeed", "--deepspeed_config", str(config)], "launcher": "deepspeed",
-                "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR}}
-    job = write_yaml(tmp_path / "job.yaml", {"name": f"user-{launcher}", "resources": {"nodes": 2, "nproc_per_node": 1},
-                                             **spec})
-    result = run_cli(home, "submit", str(job), "--cluster", str(cluster), timeout=300)
-    assert result.returncode == 0, result.stderr + result.stdout
-    seen = _seen(out)
-    assert sorted(seen) == [0, 1] and {entry["host"] for entry in seen.values()} == {"lt-h1", "lt-h2"}
-    assert all(entry["local_rank_arg"] == 0 for entry in seen.values()), "one rank a node: --local_rank 0 on each"
