@@ -62,7 +62,9 @@ def status(job, as_json, last, limit, watch):
         events = store.events(row["id"])
         kept = stacks.latest(store.run_dir(row["id"]))
         if as_json:
-            click.echo(render.json_text({**obj, "events": events, "stacks": stacks.json_entries(kept) if kept else []}))
+            verdict = _verdict_json(kept, row, events)
+            click.echo(render.json_text({**obj, "events": events, "stacks": stacks.json_entries(kept) if kept else [],
+                                         "verdict": verdict}))
         else:
             out = console()
             for part in render.job_detail(obj, summary, events):
@@ -70,7 +72,9 @@ def status(job, as_json, last, limit, watch):
             if kept:
                 from rich.text import Text
 
-                for line in stacks.report_lines(kept):
+                from launcher.run.verdict import verdict_lines
+
+                for line in verdict_lines(kept, row, events):
                     out.print(Text(safe_text(line, colour=False)))
         return
     jobs = [(r, render.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
@@ -82,6 +86,16 @@ def status(job, as_json, last, limit, watch):
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
         console().print(render.jobs_table(jobs, supervisors))
+
+
+def _verdict_json(kept, row, events) -> dict | None:
+    """``status --json``'s ``verdict``: the stack classes, suspects and evidence of the kept stack report (None
+    without one)."""
+    if kept is None:
+        return None
+    from launcher.run.verdict import verdict_json
+
+    return verdict_json(kept, row, events)
 
 
 def _supervision(store, row) -> dict | None:

@@ -4,24 +4,37 @@ py-spy is looked for next to the job's interpreter (it is in the ``launch[train]
 installed with the node side) and then on PATH. Without it, or without permission to read the
 ranks' memory (ptrace: same user and kernel.yama.ptrace_scope 0 or 1 for a parent, or root, or
 CAP_SYS_PTRACE in a container), each rank's entry says why there is no stack. NCCL's flight
-recorder dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` in the run directory) are listed too.
-Standard library only: it runs on nodes.
+recorder dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` in the run directory) are listed and sent back
+as plain data (``flight``): read by an unpickler that refuses every class (a rank wrote them: they
+are untrusted), bounded, their newest entries only. The node's kernel-log lines about GPUs, memory
+and hung tasks (``kernel``) come with them. Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from . import agent, proctree
+from . import agent, facts, proctree
 
 DUMP_TIMEOUT_S = 20.0
 STACK_LIMIT = 64 * 1024
+TRACE_FILE_LIMIT = 32 * 1024 * 1024  # a flight-recorder dump larger than this is named, not read
+TRACE_ENTRIES = 64  # the newest entries of each rank's dump: where the collectives stopped
+TRACE_FRAMES = 8
+TRACE_VALUES = 200_000  # values in one converted dump, at most (shared references are not followed twice)
+KERNEL_LINES = 8
+KERNEL_PROBLEM = re.compile(
+    r"NVRM|\bXid\b|fallen off the bus|NVLink|Machine check|\bmce:|hung_task|blocked for more than|"
+    r"Out of memory|oom-kill|segfault|NETDEV WATCHDOG|\bmlx5|Link is Down|I/O error", re.I)
 
 
 def py_spy() -> str | None:
@@ -46,7 +59,8 @@ def dump(tool: str | None, pid: int) -> tuple[str | None, str | None]:
 
 
 def collect(job_id: str, run_dir: str | None, node: int | None = None) -> dict:
-    """Each rank's stack (or why not) and the NCCL flight-recorder dumps in ``run_dir``."""
+    """Each rank's stack (or why not), the NCCL flight-recorder dumps in ``run_dir`` and the node's kernel-log
+    lines about problems."""
     tool = py_spy()
     trees = proctree.rank_trees(proctree.job_procs(job_id, node))
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(trees)))) as pool:
@@ -55,7 +69,69 @@ def collect(job_id: str, run_dir: str | None, node: int | None = None) -> dict:
              for tree, (stack, error) in zip(trees, dumps)]
     run_dir = run_dir or os.path.join(agent.run_root(), job_id)
     traces = sorted(glob.glob(os.path.join(run_dir, "nccl_trace_rank_*")))
-    return {"ranks": ranks, "nccl_traces": traces}
+    flight, problems = {}, []
+    for path in traces:
+        suffix = path.rsplit("_", 1)[-1]
+        if suffix.isdigit():
+            dump, problem = read_trace(path)
+            if dump is not None:
+                flight[suffix] = dump
+            else:
+                problems.append(f"{os.path.basename(path)}: {problem}")
+    kernel = [line[:300] for line in facts.kernel_log() if KERNEL_PROBLEM.search(line)][-KERNEL_LINES:]
+    return {"ranks": ranks, "nccl_traces": traces, "flight": flight, "flight_problems": problems, "kernel": kernel}
+
+
+class _NoClasses(pickle.Unpickler):
+    """Plain data only: a dump that names any class or function is refused, never run."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"refused: the dump names {module}.{name}")
+
+
+def read_trace(path: str) -> tuple[dict | None, str | None]:
+    """(the dump as plain JSON-able data, its newest entries only, None) or (None, why not)."""
+    try:
+        if os.path.getsize(path) > TRACE_FILE_LIMIT:
+            return None, f"larger than {TRACE_FILE_LIMIT} bytes: not read"
+        with open(path, "rb") as handle:
+            data = _NoClasses(io.BytesIO(handle.read())).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            KeyError, RecursionError, MemoryError) as exc:
+        return None, f"not readable as a flight-recorder dump: {exc}"[:300]
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        return None, "not a flight-recorder dump (no entries)"
+    budget = [TRACE_VALUES]
+    try:
+        entries = [_trim_entry(entry, budget) for entry in data["entries"][-TRACE_ENTRIES:] if isinstance(entry, dict)]
+        return {"version": str(data.get("version", "")), "pg_config": _plain(data.get("pg_config", {}), budget),
+                "pg_status": _plain(data.get("pg_status", {}), budget), "entries": entries}, None
+    except (ValueError, RecursionError) as exc:
+        return None, f"not converted: {exc}"[:300]
+
+
+def _trim_entry(entry: dict, budget: list[int]) -> dict:
+    frames = entry.get("frames")
+    trimmed = {**entry, "frames": frames[:TRACE_FRAMES] if isinstance(frames, list) else []}
+    return _plain(trimmed, budget)
+
+
+def _plain(value, budget: list[int], depth: int = 0):
+    """JSON-able copy: dicts with text keys, lists for tuples, bytes as text; bounded in size and depth."""
+    budget[0] -= 1
+    if budget[0] < 0 or depth > 32:
+        raise ValueError("the dump is too large or too deep")
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, bytes):
+        return value[:1000].decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(key): _plain(item, budget, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(item, budget, depth + 1) for item in value]
+    return str(value)[:1000]
 
 
 def main(argv: list[str]) -> int:
