@@ -371,18 +371,12 @@ class Agent:
                     _touch(contact_path(self.run_dir, self.req["node"]))
 
     def fence_stdout(self, newer: dict) -> None:
-        """A newer supervisor took the job: nothing more to the older one's stream, which ends (stdout, and
-        stderr for the real agent, become /dev/null), so that supervisor follows again and is refused."""
+        """A newer supervisor took the job: the older one, reading stdout, gets ``@fenced`` (not journaled) after
+        the lines queued for it, then nothing more (it stops on that line); the journal says so and goes on."""
         why = (f"a newer supervisor (generation {newer.get('generation')}, process {newer.get('pid')} on "
                f"{newer.get('host')}) took the job")
-        self.out.lose(why)
-        self.out.write(f"|launch: node {self.req.get('node')}: {why}; the older one's stream is closed".encode())
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            for fd in {self.out.fileno(), *((2,) if self.out.fileno() == 1 else ())}:
-                os.dup2(null, fd)
-        finally:
-            os.close(null)
+        self.out.farewell(b"@fenced " + json.dumps(newer, separators=(",", ":")).encode() + b"\n", why)
+        self.out.write(f"|launch: node {self.req.get('node')}: {why}; the older one's stream was told".encode())
 
     def since_contact(self) -> float:
         """Seconds since a reader was last in contact: stdout taking the lines, or the contact file touched."""

@@ -148,6 +148,7 @@ class Output:
         self._unsent = 0  # bytes queued or being written
         self._waiting_since = time.monotonic()  # the oldest unsent byte's wait began here (or the last write ended)
         self._closing = False
+        self._farewell: str | None = None  # set by ``farewell``: stdout takes nothing more once its queue is sent
         self.journal: Journal | None = None
         self.broken = threading.Event()
         self.why_broken = ""
@@ -171,7 +172,7 @@ class Output:
             data = self.journal.append(lines) if self.journal is not None else b"\n".join(lines) + b"\n"
             if not data:
                 return
-            if self.broken.is_set() or self._closing:
+            if self.broken.is_set() or self._closing or self._farewell is not None:
                 return
             if not self._unsent:
                 self._waiting_since = time.monotonic()
@@ -184,6 +185,19 @@ class Output:
 
     def event(self, kind: str, data: dict) -> None:
         self.write(f"@{kind} ".encode() + json.dumps(data, separators=(",", ":")).encode())
+
+    def farewell(self, data: bytes, why: str) -> None:
+        """Send ``data`` (not journaled: the agent's word to this reader only) after what is queued, then give
+        stdout up (``why``): the journal goes on without it."""
+        with self._lock:
+            if self.broken.is_set() or self._farewell is not None:
+                return
+            self._farewell = why
+            if not self._unsent:
+                self._waiting_since = time.monotonic()
+            self._queue.append(data)
+            self._unsent += len(data)
+            self._ready.notify()
 
     def lose(self, why: str) -> None:
         """Give stdout up (its reader is gone): nothing more is written there."""
@@ -236,3 +250,6 @@ class Output:
             with self._lock:
                 self._unsent -= len(data)
                 self._waiting_since = time.monotonic()
+                if self._farewell is not None and not self._queue:
+                    self._give_up(self._farewell)
+                    return

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launcher.backends import failures
-from launcher.backends.base import NodeHandle
+from launcher.backends.base import NodeHandle, fenced_record
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
@@ -186,9 +186,8 @@ class NodeWatcher:
             while True:
                 got = self._read(handle, log)
                 self._mark()
-                fenced = getattr(handle, "fenced", None)
-                if fenced is not None:  # a newer supervisor took the job: its loop stops this one
-                    self.fenced = fenced
+                self.fenced = self.fenced or getattr(handle, "fenced", None)
+                if self.fenced is not None:  # a newer supervisor took the job: its loop stops this one
                     return
                 if self._follow is None or self._stop.is_set() or handle.poll() is not None:
                     return
@@ -214,6 +213,9 @@ class NodeWatcher:
         got = 0
         try:
             for raw in handle.lines():
+                if raw.startswith("@fenced"):  # the agent's word to this reader, not a journal line
+                    self.fenced = fenced_record(raw)
+                    return got
                 got += 1
                 if got == 1:
                     with self._lock:

@@ -88,6 +88,22 @@ def test_a_follow_of_an_older_generation_gets_fenced_and_no_line(root: Path) -> 
     assert seen.fenced == {"generation": 1, "pid": 42, "host": "login-2"} and seen.code() is None
 
 
+def test_an_agent_fenced_tells_its_old_reader_once_and_journals_on(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    out = journal.Output(write)
+    out.attach(journal.Journal(str(tmp_path), 0))
+    out.write_lines([b"|before"])
+    out.farewell(b'@fenced {"generation":1}\n', "a newer supervisor took the job")
+    out.write_lines([b"|after"])
+    out.close()
+    os.close(write)
+    with os.fdopen(read, "rb") as stream:
+        assert stream.read() == b'|before\n@fenced {"generation":1}\n'
+    assert Path(journal.journal_path(str(tmp_path), 0)).read_bytes() == b"|before\n|after\n"
+    assert out.broken.is_set() and out.why_broken == "a newer supervisor took the job"
+    assert out.contact_age() == float("inf")  # stdout no longer counts as contact: the new reader's follow does
+
+
 def test_the_job_record_round_trips_through_a_node_and_keeps_no_secret_value(root: Path, tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf-very-secret-value")
@@ -247,6 +263,23 @@ def test_a_supervisor_whose_follow_is_fenced_stops_without_writing_an_end(tmp_pa
     kinds = [event["kind"] for event in store.events(plan.job_id)]
     assert not {"succeeded", "failed", "cancelled", "sweep", "restarting"} & set(kinds), kinds
     backend.started[0][0].terminate(0.1)  # end the fake node's stream
+
+
+def test_a_supervisor_whose_agents_stream_says_fenced_stops_at_that_line(tmp_path: Path) -> None:
+    from launcher.run import identity
+    from launcher.run.supervisor import Supervisor
+    from tests.unit.fakes import FakeBackend, NodeScript, record
+
+    store, plan = _recorded(tmp_path, "unit-0000f2f2")
+    backend = FakeBackend(TWO, [[NodeScript(code=None),
+                                 NodeScript(lines=[record(1, 1), "@fenced " + json.dumps(NEWER), record(1, 2)], code=None)]])
+    with pytest.raises(identity.SupervisorFenced, match="generation 1, process 4242 on login-2"):
+        Supervisor(store, plan, backend, grace=0.1).run()
+    assert [r.step for r in store.metrics(plan.job_id)] == [1]  # nothing past the agent's word is taken
+    assert store.nodes(plan.job_id)[1]["seen"] == 1 and store.job(plan.job_id)["state"] == "RUNNING"
+    assert backend.swept_nodes == 0 and not any(node.terminated for node in backend.started[0])
+    for node in backend.started[0]:
+        node.terminate(0.1)
 
 
 def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) -> None:
