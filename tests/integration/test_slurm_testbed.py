@@ -1,14 +1,13 @@
 """The Slurm test cluster itself: real munged, slurmctld and slurmd on the namespaced testbed.
 
-What a user of the ``slurm`` fixture relies on: idle nodes named after the hosts, jobs
-that run on both hosts (torchrun included), a second 2-node job queued behind the first,
-and a cancelled job that leaves nothing behind.
+What a user of the ``slurm`` fixture relies on: idle nodes named after the hosts, jobs that run
+on both hosts, a cancelled job that leaves nothing behind, a drained node that holds jobs back.
+torchrun across the allocation and a second job queued behind the first are what launch's own
+Slurm tests run (test_slurm_backend.py: two nodes with metrics, a job queued behind another).
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 from tests.slurm_fixture import (  # the `slurm` fixture comes from tests/conftest.py
@@ -27,8 +26,6 @@ from tools import testbed as tb
 
 pytestmark = needs_root
 
-PROBE = Path(__file__).resolve().parents[1] / "programs" / "rank_probe.py"
-
 
 def _node_names(cluster: sl.SlurmCluster) -> list[str]:
     return [host.name for host in cluster.nodes]
@@ -37,11 +34,6 @@ def _node_names(cluster: sl.SlurmCluster) -> list[str]:
 def _batch_script(path: Path, *lines: str) -> Path:
     path.write_text("#!/bin/bash\nset -e\n" + "\n".join(lines) + "\n")
     return path
-
-
-def _holding_script(path: Path, release: Path) -> Path:
-    """A 2-node job whose step runs on every node until ``release`` exists."""
-    return _batch_script(path, f"srun --ntasks-per-node=1 bash -c 'while [ ! -e {release} ]; do sleep 0.1; done'")
 
 
 def _job_processes(cluster: sl.SlurmCluster) -> dict[str, list[int]]:
@@ -59,44 +51,6 @@ def test_every_node_is_idle_in_one_partition(slurm: sl.SlurmCluster) -> None:
 def test_srun_runs_on_both_hosts(slurm: sl.SlurmCluster) -> None:
     out = slurm.run(["srun", "-N2", "hostname"]).stdout
     assert sorted(out.split()) == _node_names(slurm)
-
-
-def test_sbatch_torchrun_job_completes_with_a_rank_on_each_host(slurm: sl.SlurmCluster, tmp_path: Path) -> None:
-    script = _batch_script(
-        tmp_path / "torchrun.sh",
-        'MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"srun --ntasks-per-node=1 {sys.executable} -m torch.distributed.run --nnodes=2 --nproc-per-node=1 "
-        '--rdzv-backend=c10d --rdzv-endpoint="$MASTER:29500" --rdzv-id="$SLURM_JOB_ID" '
-        f"{PROBE}",
-    )
-    env = f"ALL,PROBE_OUT={tmp_path},PROBE_STEPS=1"
-    job = submit(slurm, "-N2", f"--export={env}", f"--output={tmp_path}/job.out", str(script))
-    state, _, nodes = wait_for_state(slurm, job, JOB_END_STATES, timeout=120)
-    log = (tmp_path / "job.out").read_text()
-    assert state == "COMPLETED", log
-    assert slurm.run(["scontrol", "show", "hostnames", nodes]).stdout.split() == _node_names(slurm)
-    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert sorted(r["hostname"] for r in reports) == _node_names(slurm)
-    assert [r["identity"]["WORLD_SIZE"] for r in reports] == ["2", "2"]
-    assert [r["all_reduce"] for r in reports] == [1.0, 1.0]  # 0 + 1: the ranks talked over gloo
-
-
-def test_a_second_two_node_job_waits_for_the_first(slurm: sl.SlurmCluster, tmp_path: Path) -> None:
-    release = tmp_path / "release"
-    first = submit(slurm, "-N2", f"--output={tmp_path}/first.out", str(_holding_script(tmp_path / "a.sh", release)))
-    second = submit(slurm, "-N2", f"--output={tmp_path}/second.out", str(_holding_script(tmp_path / "b.sh", release)))
-    try:
-        wait_for_state(slurm, first, ("RUNNING",))
-        # the reason is "None" until the scheduler has looked at the job (about a second)
-        state, reason, nodes = wait_for(lambda: (found := job_state(slurm, second))[1] != "None" and found,
-                                        10, f"a pending reason for job {second}")
-        assert (state, nodes) == ("PENDING", "")
-        assert reason in ("Resources", "Priority")
-        release.touch()
-        assert wait_for_state(slurm, first, JOB_END_STATES)[0] == "COMPLETED"
-        assert wait_for_state(slurm, second, JOB_END_STATES)[0] == "COMPLETED"
-    finally:
-        slurm.run(["scancel", first, second])
 
 
 def test_scancel_ends_a_running_job_and_leaves_nothing_on_the_hosts(slurm: sl.SlurmCluster,
