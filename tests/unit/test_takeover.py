@@ -297,3 +297,17 @@ def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) 
     assert not any(node.terminated for node in backend.started[0])
     for node in backend.started[0]:
         node.terminate(0.1)  # end the fake nodes' streams
+
+
+def test_attach_names_missing_secrets_and_follows_without_restarting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.run.orchestrate import _attach_secrets
+    from launcher.run.recorded import RecordedJob
+
+    plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29533)
+    job = RecordedJob(id=JOB_ID, state=JobState.RUNNING, plan=plan, job=JOB, cluster=SSH, check=True, supervisor_pid=None)
+    said: list[str] = []
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert _attach_secrets(job, said.append) is None
+    assert len(said) == 1 and "HF_TOKEN not set in your environment" in said[0] and "not restarted from here" in said[0]
+    monkeypatch.setenv("HF_TOKEN", "hf-very-secret-value")
+    assert _attach_secrets(job, said.append) == {"HF_TOKEN": "hf-very-secret-value"} and len(said) == 1
