@@ -280,6 +280,60 @@ def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]], supervisors: dict[
     return table
 
 
+class _PlainTable:
+    """A borderless table as ``rich.table.Table(box=None, header_style="bold", title_justify="left")`` draws it,
+    laid out here when every cell is one line and the table fits the console: the same characters, without rich's
+    measuring of every cell, which took seconds for the 1,000 ranks of a large job (docs/BENCHMARKS.md). Anything
+    else is drawn by rich's Table itself."""
+
+    def __init__(self, title: str, columns: tuple[str, ...]) -> None:
+        self.title, self.columns = title, columns
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add_row(self, *cells: Any) -> None:
+        self.rows.append(cells)
+
+    def rich_table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=self.title, box=None, header_style="bold", title_justify="left")
+        for column in self.columns:
+            table.add_column(column)
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.cells import cell_len
+        from rich.text import Text
+
+        rows = [[cell if isinstance(cell, Text) else Text(cell) for cell in row] for row in self.rows]
+        # rich reads a str cell as markup (and :emoji: codes): only plain ones are laid out here
+        plain = all(isinstance(cell, Text) or (isinstance(cell, str) and not any(c in cell for c in "[:"))
+                    for row in self.rows for cell in row) and not any(
+            "\n" in cell.plain or "\t" in cell.plain for row in rows for cell in row)
+        widths = [max([cell_len(name)] + [cell_len(row[i].plain) for row in rows]) for i, name in enumerate(self.columns)]
+        if not plain or sum(width + 2 for width in widths) > options.max_width:
+            yield self.rich_table()
+            return
+        yield Text(self.title, style="table.title")
+        for cells, style in [([Text(name) for name in self.columns], "bold"), *((row, "") for row in rows)]:
+            parts, styled, at = [], [], 0
+            for cell, width in zip(cells, widths):
+                text = cell.plain
+                parts.append(f" {text}{' ' * (width - cell_len(text))} ")
+                if cell.style or cell.spans:
+                    styled.append((at + 1, cell))
+                at += len(parts[-1])
+            line = Text("".join(parts), style=style, no_wrap=True)
+            for start, cell in styled:
+                if cell.style:
+                    line.stylize(cell.style, start, start + len(cell.plain))
+                for span in cell.spans:
+                    line.stylize(span.style, start + span.start, start + span.end)
+            yield line
+
+
 @functools.lru_cache(maxsize=1)
 def _safe_text_class() -> Any:
     """rich's Text whose text goes through ``safe_text``: a stored reason, host or log line cannot move the
@@ -317,8 +371,6 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     Every value from the store is shown as plain text (never as rich markup): a host name,
     reason or failure record cannot change how the page renders.
     """
-    from rich.table import Table
-
     Text = _safe_text_class()
     m = summary
     waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == "QUEUED" and obj.get("queue_reason") else ""
@@ -338,9 +390,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
              f" p95 {_fmt(m.step_time_ms_p95, '.1f', ' ms')}, peak memory {_fmt(m.peak_mem_mb, '.0f', ' MB')}"
              f", GPU util {_fmt(m.gpu_util, '.0%')}, loss {_fmt(m.loss, '.4f')}"),
     ]
-    nodes = Table(title="nodes", box=None, header_style="bold", title_justify="left")
-    for column in ("ATTEMPT", "NODE", "HOST", "ADDRESS", "STATE", "PID", "EXIT"):
-        nodes.add_column(column)
+    nodes = _PlainTable("nodes", ("ATTEMPT", "NODE", "HOST", "ADDRESS", "STATE", "PID", "EXIT"))
     for n in obj.get("nodes", []):
         nodes.add_row(*(Text(_fmt(n.get(k), "")) for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
     out.append(nodes)
@@ -348,9 +398,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
         values = ", ".join(f"{k}={v} ({net['sources'][k]})" for k, v in net["env"].items())
         out.append(Text(f"  node {net['node']} {net['host']} {net['address']} -> MASTER_ADDR {net['master_addr']}: {values}"))
     if m.per_rank:
-        ranks = Table(title="ranks", box=None, header_style="bold", title_justify="left")
-        for column in ("RANK", "NODE", "HOST", "SAMPLES/S", "STEP P50", "PEAK MEM", "STEPS"):
-            ranks.add_column(column)
+        ranks = _PlainTable("ranks", ("RANK", "NODE", "HOST", "SAMPLES/S", "STEP P50", "PEAK MEM", "STEPS"))
         for r in m.per_rank:
             ranks.add_row(
                 str(r.rank), _fmt(r.node, ""), Text(_fmt(r.host, "")), _fmt(r.samples_per_sec),
