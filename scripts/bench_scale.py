@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_fanout import LAUNCH, cluster_yaml, load_avg, prepare_work, run_launch  # noqa: E402
+from bench_supervisor import bring_down  # noqa: E402
 
 from launcher.node import proctree  # noqa: E402
 from tools import testbed  # noqa: E402
@@ -136,7 +137,7 @@ def main() -> int:
         print(json.dumps(row), flush=True)
     finally:
         t = time.perf_counter()
-        testbed.down(bed.base_dir, NAMES)
+        bring_down(bed, NAMES)
         results["down_s"] = time.perf_counter() - t
         listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         results["namespaces_left"] = [line.split()[0] for line in listing.splitlines() if line.startswith(NAMES.prefix)]

@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,55 @@ def threads(pid: int) -> int:
         return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return 0
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """utime + stime of each thread of ``pid``, seconds."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
+_THREAD = re.compile(r'^Thread (\d+) \(([^)]*)\): "(.*)"$')
+
+
+def threads_by_role(pid: int, used: dict[int, float], seconds: float) -> list[str]:
+    """The window's CPU by what each thread is (one ``py-spy dump``: its name and the frames that say what it runs,
+    its innermost launcher/ and paramiko/ functions), as lines. py-spy ``record`` of this 129-thread process at
+    the bed's load never came back (it falls behind and writes nothing when stopped), so this is the profile."""
+    try:
+        dump = subprocess.run([PYSPY, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+                              timeout=120).stdout
+    except subprocess.TimeoutExpired:
+        dump = ""
+    role: dict[int, str] = {}
+    tid: int | None = None
+    frames: list[str] = []
+
+    def close() -> None:
+        if tid is not None:
+            ours = [f.split(" (")[0] for f in frames if "launcher/" in f or "<launch node" in f]
+            theirs = [f.split(" (")[0] for f in frames if "paramiko/" in f]
+            role[tid] = f"{name}: " + " <- ".join((ours[:1] + ours[-1:]) if ours else theirs[-1:] or ["?"])
+
+    name = ""
+    for line in dump.splitlines():
+        if match := _THREAD.match(line):
+            close()
+            tid, name, frames = int(match.group(1)), re.sub(r"\d+", "N", match.group(3)), []
+        elif tid is not None and line.startswith("    "):
+            frames.append(line.strip())
+    close()
+    by_role: dict[str, list[float]] = {}
+    for thread, cpu in used.items():
+        by_role.setdefault(role.get(thread, "(not in the dump)"), []).append(cpu)
+    rows = sorted(by_role.items(), key=lambda item: -sum(item[1]))
+    return [f"{sum(c):6.2f} s = {sum(c) / seconds:5.1%} of a core, {len(c):3d} thread(s): {r}" for r, c in rows]
 
 
 def parent(pid: int) -> int | None:
@@ -169,14 +219,14 @@ def follow_job(bed: testbed.Testbed, work: Path, args: argparse.Namespace) -> di
     time.sleep(args.settle)
     out["to_every_rank_reporting_s"] = time.time() - t0
     count0 = store._query("SELECT count(*) FROM metrics WHERE job_id = ?", (job_id,))[0][0]
-    c0, k0, w0 = cpu_s(pid), cpu_s(keeper) if keeper else None, time.monotonic()
+    c0, k0, w0, t0s = cpu_s(pid), cpu_s(keeper) if keeper else None, time.monotonic(), thread_cpu(pid)
     rss: list[float] = []
     load_during: list[str] = []
     while time.monotonic() - w0 < args.window:
         rss.append(rss_mib(pid) or 0.0)
         load_during.append(load_avg())
         time.sleep(min(5.0, max(0.0, args.window - (time.monotonic() - w0))))
-    c1, k1, w1 = cpu_s(pid), cpu_s(keeper) if keeper else None, time.monotonic()
+    c1, k1, w1, t1s = cpu_s(pid), cpu_s(keeper) if keeper else None, time.monotonic(), thread_cpu(pid)
     count1 = store._query("SELECT count(*) FROM metrics WHERE job_id = ?", (job_id,))[0][0]
     lines = sum(1 for _ in open(next(iter(sorted(store.run_dir(job_id).glob("attempt0-node0.log"))), os.devnull)))
     if c0 is None or c1 is None:
@@ -187,12 +237,23 @@ def follow_job(bed: testbed.Testbed, work: Path, args: argparse.Namespace) -> di
             "rss_mib": rss, "rss_end_mib": rss_mib(pid), "threads": threads(pid),
             "records_in_window": count1 - count0, "records_per_s": (count1 - count0) / (w1 - w0),
             "node0_log_lines": lines, "load_during": load_during}
+    out["by_thread"] = threads_by_role(pid, {tid: t1s[tid] - t0s.get(tid, 0.0) for tid in t1s}, w1 - w0)
+    print(json.dumps(out), flush=True)
     if args.profile:
         profile = work.parent / "bench-supervisor-profile.txt"
         p0 = cpu_s(pid)
-        subprocess.run([PYSPY, "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--threads",
-                        "--nonblocking", "--duration", str(int(args.profile_s)), "--output", str(profile)],
-                       capture_output=True, timeout=args.profile_s + 60)
+        spy = subprocess.Popen([PYSPY, "record", "--pid", str(pid), "--rate", "50", "--format", "raw",
+                                "--nonblocking", "--duration", str(int(args.profile_s)), "--output", str(profile)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            spy.wait(args.profile_s + 60)
+        except subprocess.TimeoutExpired:
+            spy.terminate()  # py-spy writes what it has on SIGTERM... or not: then the profile is left out
+            try:
+                spy.wait(10)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait()
         out["profile"] = {"file": str(profile), "cpu_s": (cpu_s(pid) or 0) - (p0 or 0), "s": args.profile_s,
                           "top": top_frames(profile)}
     out["status_running"] = time_status(job_id, env, args.rounds)
@@ -227,7 +288,7 @@ def top_frames(path: Path, count: int = 15) -> list[str]:
         leaves[frames[-1]] = leaves.get(frames[-1], 0) + int(n)
         own = next((f for f in reversed(frames) if "launcher/" in f), "(no launcher frame)")
         ours[own] = ours.get(own, 0) + int(n)
-    rows = [f"{total} samples on CPU (100 Hz)"]
+    rows = [f"{total} samples on CPU (50 Hz)"]
     rows += [f"  leaf {c:5d}  {f[:120]}" for f, c in sorted(leaves.items(), key=lambda i: -i[1])[:count]]
     rows += [f"  ours {c:5d}  {f[:120]}" for f, c in sorted(ours.items(), key=lambda i: -i[1])[:count]]
     return rows
@@ -284,6 +345,55 @@ def end_thousand(home: Path, job_id: str) -> float:
     return time.perf_counter() - t
 
 
+def bring_down(bed: testbed.Testbed, names: testbed.Names = NAMES, tries: int = 4) -> None:
+    """``testbed.down``, again while processes outlive its wait for SIGKILL (seconds, at a load of 100 here)."""
+    for attempt in range(tries):
+        try:
+            testbed.down(bed.base_dir, names)
+            return
+        except testbed.TestbedError as exc:
+            print(f"bed: down, try {attempt + 1}: {exc}"[:300], flush=True)
+            time.sleep(2.0)
+    testbed.down(bed.base_dir, names)
+
+
+def idle_transports(bed: testbed.Testbed, count: int, seconds: float) -> list[str]:
+    """CPU of this process holding ``count`` idle paramiko transports to the bed's hosts (nothing sent on them), by
+    how paramiko is set: its own socket poll (every 0.1 s, to notice a close) and launch's keepalive (every 1 s,
+    ``connection.KEEPALIVE_S``). What a supervisor pays per node before a single line arrives."""
+    import paramiko
+
+    from launcher.backends.ssh.connection import KEEPALIVE_S
+
+    clients = []
+    for i in range(count):
+        host = bed.hosts[i % len(bed.hosts)]
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(bed.known_hosts))
+        client.connect(host.address, username="root", key_filename=str(bed.key_file), allow_agent=False,
+                       look_for_keys=False, timeout=30)
+        clients.append(client)
+    transports = [c.get_transport() for c in clients]
+    rows = []
+    for label, poll, keepalive in (("paramiko's poll 0.1 s, keepalive 1 s (as launch runs)", 0.1, KEEPALIVE_S),
+                                   ("poll 0.1 s, no keepalive", 0.1, 0),
+                                   ("poll 1 s, keepalive 1 s", 1.0, KEEPALIVE_S),
+                                   ("poll 1 s, no keepalive", 1.0, 0)):
+        for t in transports:
+            t.sock.settimeout(poll)
+            t.set_keepalive(keepalive)
+        time.sleep(2.0)
+        c0, t0 = cpu_s(os.getpid()) or 0.0, time.monotonic()
+        time.sleep(seconds)
+        used, elapsed = (cpu_s(os.getpid()) or 0.0) - c0, time.monotonic() - t0
+        rows.append(f"{count} idle transports, {label}: {used:.2f} s CPU in {elapsed:.0f} s = {used / elapsed:.1%} "
+                    f"of a core, {used / elapsed / count * 1000:.2f} ms a second a transport (load {load_avg()})")
+        print(rows[-1], flush=True)
+    for c in clients:
+        c.close()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=64)
@@ -294,6 +404,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="then py-spy the supervisor for --profile-s")
     parser.add_argument("--profile-s", type=float, default=20.0)
     parser.add_argument("--work", default="/tmp/bench-supervisor")
+    parser.add_argument("--idle-transports", type=int, default=0,
+                        help="only measure N idle paramiko transports to the bed's hosts (--window s each setting)")
     args = parser.parse_args()
     work = Path(args.work)
     prepare_work(work)
@@ -304,11 +416,14 @@ def main() -> int:
     results["up_s"] = time.perf_counter() - t
     print(f"bed: {args.hosts} hosts up in {results['up_s']:.2f} s (load {load_avg()})", flush=True)
     try:
+        if args.idle_transports:
+            results["idle_transports"] = idle_transports(bed, args.idle_transports, args.window)
+            return 0
         results["follow"] = follow_job(bed, work, args)
         print(json.dumps(results["follow"]), flush=True)
     finally:
         t = time.perf_counter()
-        testbed.down(bed.base_dir, NAMES)
+        bring_down(bed)
         results["down_s"] = time.perf_counter() - t
         listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         results["namespaces_left"] = [line.split()[0] for line in listing.splitlines() if line.startswith(NAMES.prefix)]
@@ -349,6 +464,8 @@ def summarise(results: dict) -> None:
             ms = timing["ms"]
             print(f"  {label:24} " + "  ".join(f"{name} {value:.0f} ms" for name, value in ms.items())
                   + f"  (load {timing['load']})")
+    for row in f.get("by_thread", []):
+        print("  " + row)
     for row in f.get("profile", {}).get("top", []):
         print(row)
 
