@@ -342,6 +342,17 @@ def test_a_20_s_blip_of_the_supervisors_ssh_to_one_host_fails_nothing(testbed: t
     for record in store.metrics(job_id):
         by_rank.setdefault(record.rank, []).append(record.step)
     assert {rank: sorted(got) for rank, got in by_rank.items()} == {0: list(range(1, steps + 1)), 1: list(range(1, steps + 1))}
+
+    # the same job read back from its hosts into a fresh store (another machine's): its whole history, once
+    fresh, began = tmp_path / "fresh-home", time.monotonic()
+    fetched = _launch("attach", job_id, "--cluster", str(tmp_path / "cluster.yaml"), env={"LAUNCH_HOME": str(fresh)},
+                      timeout=180)
+    print(f"attach --cluster: 2 hosts' journals ({steps} steps) read back into a fresh store in "
+          f"{time.monotonic() - began:.1f} s")
+    assert fetched.returncode == 0 and f"job {job_id}: SUCCEEDED" in fetched.stderr, fetched.stderr
+    logs = _launch("logs", job_id, "--rank", "0", env={"LAUNCH_HOME": str(fresh)}).stdout
+    assert [int(m) for m in re.findall(r"step (\d+) of rank 0", logs)] == list(range(1, steps + 1))
+    assert sorted(r.step for r in Store(fresh).metrics(job_id) if r.rank == 1) == list(range(1, steps + 1))
     _assert_clean(testbed, job_id)
 
 
