@@ -507,6 +507,7 @@ def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bo
         "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
         "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
         "unattended_s": plan.unattended_s, "generation": generation, **({"record": record} if record else {}),
+        **({"rendezvous_port": plan.rendezvous.port} if node.index == 0 else {}),
     }
 
 

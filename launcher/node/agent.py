@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import leases, proctree
+from . import leases, proctree, rendezvous
 from .journal import (
     DEFAULT_LIMIT,
     RECORD_FILE,
@@ -172,8 +172,10 @@ def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
 class Sampler:
     """Measures the job's ranks from outside every SAMPLE_S seconds and reports them as ``@sample``."""
 
-    def __init__(self, job_id: str, node: int | None, out: Output, gpus: int, every: float = SAMPLE_S) -> None:
+    def __init__(self, job_id: str, node: int | None, out: Output, gpus: int, every: float = SAMPLE_S,
+                 rendezvous_port: int | None = None) -> None:
         self.job_id, self.node, self.out, self.gpus, self.every = job_id, node, out, gpus, every
+        self.rendezvous_port = rendezvous_port  # node 0's: count the agents that joined while no rank exists
         self.peaks: dict[int, int] = {}
         self.stop = threading.Event()
 
@@ -187,6 +189,8 @@ class Sampler:
     def sample(self) -> None:
         trees = proctree.rank_trees(proctree.job_procs(self.job_id, self.node))
         if not trees:
+            if self.rendezvous_port:
+                self.out.event("sample", {"t": time.time(), "ranks": [], "joined": rendezvous.joined(self.rendezvous_port)})
             return
         gpu_mem, gpu_util = _gpu_usage() if self.gpus else ({}, {})
         ranks = []
@@ -407,7 +411,7 @@ class Agent:
         """Relay and sample until the command exits and its output is drained; the agent's exit status."""
         assert self.proc is not None and self.proc.stdout is not None
         sampler = Sampler(self.job_id, self.node, self.out, int(self.req.get("gpus", 0)),
-                          float(self.req.get("sample_s", SAMPLE_S)))
+                          float(self.req.get("sample_s", SAMPLE_S)), self.req.get("rendezvous_port"))
         relayed = threading.Event()
         targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed),
                    lambda: self.watch_contact(relayed)]

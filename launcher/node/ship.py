@@ -19,7 +19,8 @@ from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
 
-NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting", "agent",
+NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting", "rendezvous",
+                "agent",
                 "follow", "stacks", "slurmnode", "main")  # in import order
 
 PACKAGE = "launch_node"

@@ -33,7 +33,7 @@ from launcher.backends.base import NodeHandle, fenced_record
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
-from launcher.run.liveness import Observation, Output, Progress, Sample
+from launcher.run.liveness import Joined, Observation, Output, Progress, Sample
 from launcher.store.db import Store
 from launcher.store.logcap import CappedLog
 from launcher.store.records import Seen
@@ -41,6 +41,7 @@ from launcher.views.terminal import safe_text
 
 _RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
 TAIL_LINES = 200
+MAX_JOINED = 1_000_000  # node 0's count of rendezvous connections is rank output's kin: bounded
 MARK_S = 1.0  # how often the count of lines received is stored when only output lines come
 Follow = Callable[[int, int, "tuple[int, int | None] | None"], NodeHandle]  # (node, after, agent) -> a handle
 
@@ -367,6 +368,9 @@ class NodeWatcher:
                 self._pids.add(sample.pid)
         for sample in samples:
             relay.observed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now))
+        joined = data.get("joined")
+        if node == 0 and type(joined) is int and 0 <= joined <= MAX_JOINED:
+            relay.observed.put(Joined(joined, now))
         try:
             relay.store.add_samples(relay.job_id, relay.attempt, samples, seen=self._seen(log))
             self._marked = self.count
