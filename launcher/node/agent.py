@@ -28,7 +28,11 @@ runs that launcher with each rank's output on a pipe of its own (``rankstreams``
 The job does not depend on the reader: when stdout breaks (the supervisor or its connection is
 gone) the agent stops writing there and carries on journaling; a reader comes back with the
 ``follow`` command. A reader in contact touches ``node<N>.contact``; stdout taking the lines counts
-too. With ``unattended_s`` set and no contact for that long, the agent ends the job.
+too (and is marked there). With ``unattended_s`` set and no contact for that long, the agent ends the job.
+Once the node records a newer supervisor generation than the request's (``node<N>.generation``,
+`launch attach`), the agent sends its stdout's reader ``@fenced`` (not journaled) and nothing more;
+an agent sent by an older generation starts nothing. The request's ``record`` (the job's plan,
+specs and attempt) is kept as ``job.json`` in the run directory for `launch attach --cluster`.
 
 The agent is its command's child subreaper: whatever a rank starts stays below the agent, even a
 daemon that dropped the job's tag from its environment (``env -i``) and left its parent. When
