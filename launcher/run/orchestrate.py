@@ -432,12 +432,13 @@ def attach(
 
     say = warn or (lambda text: None)
     imported: str | None = None
+    followed: str | None = None  # imported while a supervisor elsewhere followed it (``who``): taken from that one
     try:
         job = RecordedJob.read(store, job_ref)
     except JobNotFound:
         if cluster_path is None:
             raise
-        job, imported = _import_from_nodes(store, job_ref, load_cluster_spec(cluster_path), takeover)
+        job, imported, followed = _import_from_nodes(store, job_ref, load_cluster_spec(cluster_path), takeover)
     else:
         if cluster_path is not None:
             fencing.on_cluster(job.cluster, load_cluster_spec(cluster_path), job.id)
@@ -485,10 +486,11 @@ def attach(
         supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend, secrets or {},
                                      echo=echo, warn=warn, generation=generation)
         supervisor.install_signal_handlers()
-        if found.pid is not None:
+        if found.pid is not None or followed is not None:
+            taken_from = at if found.pid is not None else followed
             store.add_event(job.id, "takeover", f"`launch attach --takeover` (process {os.getpid()} on "
-                            f"{socket.gethostname()}) took the job from its supervisor ({at}) at generation "
-                            f"{generation}", {"generation": generation, "pid": os.getpid(), "from": at})
+                            f"{socket.gethostname()}) took the job from its supervisor ({taken_from}) at generation "
+                            f"{generation}", {"generation": generation, "pid": os.getpid(), "from": taken_from})
         else:
             store.add_event(job.id, "attach", f"`launch attach` took the job (pid {os.getpid()}, generation "
                             f"{generation}); its supervisor was gone: {found.gone}", {"generation": generation})
@@ -507,9 +509,11 @@ def attach(
 TAKEOVER_WAIT_S = 30.0  # how long a takeover waits for the supervisor it fenced to stop
 
 
-def _import_from_nodes(store: Store, job_id: str, cluster: ClusterSpec, takeover: bool) -> tuple[RecordedJob, str]:
+def _import_from_nodes(store: Store, job_id: str, cluster: ClusterSpec,
+                       takeover: bool) -> tuple[RecordedJob, str, str | None]:
     """`attach --cluster` of a job this store does not know: read it back from its nodes and import it (refused
-    while a supervisor follows it elsewhere, unless ``takeover``)."""
+    while a supervisor follows it elsewhere, unless ``takeover``); (the job, where it was read, the supervisor
+    that followed it, if one did)."""
     from launcher.run import takeover as fencing
 
     backend = get_backend(cluster)
@@ -527,7 +531,8 @@ def _import_from_nodes(store: Store, job_id: str, cluster: ClusterSpec, takeover
     finally:
         backend.close()
     fencing.import_job(store, found, backend.host(found.job.plan, 0))
-    return found.job, f"node 0, {backend.host(found.job.plan, 0)}"
+    return (found.job, f"node 0, {backend.host(found.job.plan, 0)}",
+            None if followed is None else fencing.who(followed).partition(", ")[2])
 
 
 def _wait_gone(store: Store, job_id: str, pid: int, warn: Callable[[str], None]) -> None:
