@@ -73,9 +73,9 @@ def collect(job_id: str, run_dir: str | None, node: int | None = None) -> dict:
     for path in traces:
         suffix = path.rsplit("_", 1)[-1]
         if suffix.isdigit():
-            dump, problem = read_trace(path)
-            if dump is not None:
-                flight[suffix] = dump
+            trace, problem = read_trace(path)
+            if trace is not None:
+                flight[suffix] = trace
             else:
                 problems.append(f"{os.path.basename(path)}: {problem}")
     kernel = [line[:300] for line in facts.kernel_log() if KERNEL_PROBLEM.search(line)][-KERNEL_LINES:]

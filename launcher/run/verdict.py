@@ -101,7 +101,9 @@ def _who(report: StackReport, cls: StackClass, devices: dict[int, list[int]]) ->
     if len(text) > RANGE_WIDTH:
         text = text[:RANGE_WIDTH].rsplit(",", 1)[0] + ",..."
     if len(cls.ranks) <= 3:
-        return f"ranks {text} ({'; '.join(_where(report, r, devices) for r in cls.ranks)})"
+        nodes = sorted({n for r in cls.ranks if (n := report.node_of(r)) is not None})
+        where = f"node {nodes[0]} {report.host(nodes[0])}" if len(nodes) == 1 else f"nodes {ranges(nodes)}"
+        return f"ranks {text} ({where})" if nodes else f"ranks {text}"
     return f"ranks {text}"
 
 
@@ -175,7 +177,8 @@ def _suspect_lines(report: StackReport, apart: list[StackClass]) -> list[str]:
     shown = suspects[:SUSPECTS_SHOWN]
     others = [n for n in range(len(report.hosts)) if n not in suspects]
     header = f"  {'NODE':<16} {'RANKS':<14} {'CPU/GPU':<16} {'LAST OUTPUT':<11} KERNEL LOG"
-    lines = [f"suspect nodes, side by side with the {len(others)} other node(s):", header]
+    beside = f", side by side with the {len(others)} other node(s)" if others else ""
+    lines = [f"suspect nodes{beside}:", header]
     details = []
     for node in shown:
         ev = _evidence(report, node, apart_ranks)

@@ -58,7 +58,7 @@ def test_a_collective_one_rank_never_joins_is_called_hung_with_every_ranks_stack
     assert sorted(stacks) == [0, 1, 2]
     assert all("barrier" in stacks[rank] for rank in (0, 1)) and "barrier" not in stacks[2]
     text = run_cli(home, "status", _job_id(result)).stdout
-    assert "  ranks 0-1: barrier <- <module> hang.py:13" in text, "the verdict's classes, the largest first"
+    assert "  ranks 0-1 (node 0 localhost): barrier <- <module> hang.py:13" in text, "the verdict's classes, largest first"
     assert "  rank 2 (node 0 localhost, local rank 2): <module> hang.py:12" in text
     assert "stand apart: rank 2 of 3, on node 0 (localhost)" in text
     assert "Traceback" not in result.stdout, "the agents' teardown tracebacks stay in the node logs"

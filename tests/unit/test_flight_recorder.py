@@ -143,3 +143,27 @@ def test_status_of_a_job_with_a_flight_recorder_verdict_does_not_import_torch(du
         result = subprocess.run([sys.executable, "-c", CHECK.format(argv=argv)], capture_output=True, text=True,
                                 env={"LAUNCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True, cwd=ROOT)
         assert "fr-00000001" in result.stdout and result.stdout.strip().endswith("HEAVY:"), result.stdout
+
+
+def test_the_node_side_sends_a_ranks_stack_with_its_nodes_dumps(dumps: Path, tmp_path: Path) -> None:
+    """`stacks` on a node: a live tagged rank's stack (py-spy, beside this interpreter) and the dumps in the run
+    directory, read back as plain data."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "nccl_trace_rank_3").write_bytes((dumps / "nccl_trace_rank_3").read_bytes())
+    (run_dir / "nccl_trace_rank_9").write_bytes(b"not a pickle")
+    job_id = f"unit-stacks-{os.getpid()}"
+    rank = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                            env={**os.environ, "LAUNCH_JOB_ID": job_id, "LAUNCH_NODE": "0", "RANK": "5",
+                                 "LOCAL_RANK": "1"})
+    try:
+        answer = node_stacks.collect(job_id, str(run_dir), node=0)
+    finally:
+        rank.communicate(b"")
+    [entry] = answer["ranks"]
+    assert (entry["rank"], entry["local_rank"], entry["pid"]) == (5, 1, rank.pid)
+    assert entry["stack"] is not None or entry["error"], "a stack, or why there is none"
+    assert sorted(answer["flight"]) == ["3"] and answer["flight"]["3"]["entries"][-1]["collective_seq_id"] == 3
+    assert answer["flight_problems"] == ["nccl_trace_rank_9: not readable as a flight-recorder dump: "
+                                         "invalid load key, 'n'."]
+    assert isinstance(answer["kernel"], list)
