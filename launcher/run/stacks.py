@@ -73,11 +73,15 @@ class StackReport:
         """The ranks in classes by their main thread's path (``stackclasses``), the largest first; ranks of the
         world without a stack are classes of their own, by the reason."""
         paths, missing = {}, {}
+        parsed: dict[str, tuple] = {}  # stacks alike but for process and thread ids are parsed once
         for entry in self.ranks:
             if entry.rank is None:
                 continue
             if entry.stack:
-                paths[entry.rank] = main_path(entry.stack)
+                key = _key(entry)
+                if key not in parsed:
+                    parsed[key] = main_path(entry.stack)
+                paths[entry.rank] = parsed[key]
             else:
                 missing[entry.rank] = entry.error or "py-spy gave nothing"
         for rank in range(self.world_size or 0):
@@ -100,10 +104,11 @@ class StackReport:
             return rank // (self.world_size // len(self.hosts))
         return None
 
-    def apart(self) -> list[StackClass]:
+    def apart(self, classes: list[StackClass] | None = None) -> list[StackClass]:
         """The classes that stand apart: every class but the largest, when the largest holds more than half the
-        ranks (in a hang the crowd waits in the collective; the few elsewhere are the suspects)."""
-        classes = self.classes()
+        ranks (in a hang the crowd waits in the collective; the few elsewhere are the suspects). ``classes``:
+        ``classes()``'s answer, when the caller has it already."""
+        classes = self.classes() if classes is None else classes
         total = sum(len(c.ranks) for c in classes)
         if len(classes) < 2 or 2 * len(classes[0].ranks) <= total:
             return []
@@ -112,11 +117,12 @@ class StackReport:
     @property
     def odd_one_out(self) -> str | None:
         """"rank 3 on node 1 (h2) stands apart: its stack differs from the other N" (a few ranks named), or None."""
-        apart = [c for c in self.apart() if c.reason is None]
+        classes = self.classes()
+        apart = [c for c in self.apart(classes) if c.reason is None]
         ranks = sorted(r for c in apart for r in c.ranks)
         if not ranks or len(ranks) > APART_SHOWN:
             return None
-        others = sum(len(c.ranks) for c in self.classes()) - len(ranks)
+        others = sum(len(c.ranks) for c in classes) - len(ranks)
         if len(ranks) == 1:
             node = self.node_of(ranks[0])
             return f"rank {ranks[0]} on node {node} ({self.host(node)}) stands apart: its stack differs from the other {others}"

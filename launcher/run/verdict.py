@@ -44,7 +44,7 @@ def verdict_lines(report: StackReport, row: dict[str, Any], events: Sequence[dic
         rest = classes[CLASSES_SHOWN:]
         lines.append(f"  ... {len(rest)} more class(es) of {sum(len(c.ranks) for c in rest)} rank(s) "
                      f"(status --json: verdict.classes)")
-    apart = report.apart()
+    apart = report.apart(classes)
     lines.append(_apart_line(report, apart, classes))
     lines += _suspect_lines(report, apart)
     lines += _flight_lines(report.flight)
@@ -58,7 +58,7 @@ def verdict_json(report: StackReport, row: dict[str, Any], events: Sequence[dict
     """``status --json``'s ``verdict``: every class, the ranks apart, every suspect node's evidence, the flight
     recorder's analysis and the action."""
     classes = report.classes()
-    apart = report.apart()
+    apart = report.apart(classes)
     return {
         "head": _head(row), "attempt": report.attempt, "taken_at": report.taken_at,
         "classes": [c.as_json() for c in classes],
@@ -155,9 +155,18 @@ def _suspects(report: StackReport, apart: list[StackClass]) -> list[int]:
 
 
 def _ranks_of(report: StackReport, node: int) -> list[int]:
-    ranks = {r.rank for r in report.ranks if r.node == node and r.rank is not None}
-    ranks |= {rank for rank, seen in report.activity.items() if seen.get("node") == node}
-    return sorted(ranks)
+    """The node's ranks (where their stacks were taken, or where the supervisor saw them); one pass for all."""
+    by_node: dict[int, set[int]] | None = getattr(report, "_by_node", None)
+    if by_node is None:
+        by_node = {}
+        for entry in report.ranks:
+            if entry.rank is not None:
+                by_node.setdefault(entry.node, set()).add(entry.rank)
+        for rank, seen in report.activity.items():
+            if isinstance(seen.get("node"), int):
+                by_node.setdefault(seen["node"], set()).add(rank)
+        setattr(report, "_by_node", by_node)  # noqa: B010 - a memo beside the report's fields, never saved
+    return sorted(by_node.get(node, ()))
 
 
 def _evidence(report: StackReport, node: int, apart: set[int]) -> dict[str, Any]:
