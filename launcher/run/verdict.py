@@ -198,6 +198,9 @@ def _suspect_lines(report: StackReport, apart: list[StackClass]) -> list[str]:
                      f"{_cell(_age(report, ev['last_output']), 11)} "
                      f"{_cut(_short_kernel(kernel[-1]), 60) if kernel else ('unreachable' if ev['unreached'] else 'nothing')}"
                      + (f" (+{len(kernel) - 1})" if len(kernel) > 1 else ""))
+        busy = _busier(ev["idle_s"])
+        if busy:
+            details.append(f"    node {node} CPU/GPU: {busy}")
         last = ev["last_output"]
         if last:
             details.append(f"    node {node} last output: {_cut(str(last[1]), 110)}")
@@ -225,6 +228,22 @@ def _activity(idle: Any, ranks: Sequence[int]) -> str:
         return "no sample" if ranks else "-"
     unsampled = len(ranks) - len(values)
     return f"idle {_span(values, ' s')}" + (f", {unsampled} unsampled" if unsampled > 0 else "")
+
+
+def _busier(idle: dict[int, Any]) -> str | None:
+    """``rank 512 active 0 s ago, the node's other 7 idle 300 s``: the ranks of a node that worked much more
+    recently than the rest (in a stalled job, the one still computing); None when they are alike."""
+    known = {rank: v for rank, v in idle.items() if isinstance(v, (int, float))}
+    if len(known) < 2 or max(known.values()) < 10:
+        return None
+    newest = max(known.values())
+    active = sorted(rank for rank, v in known.items() if v < newest / 2)
+    if not active or len(active) == len(known):
+        return None
+    rest = [v for rank, v in known.items() if rank not in active]
+    label = "rank" if len(active) == 1 else "ranks"
+    return (f"{label} {_cut(ranges(active), 40)} active {_span([known[r] for r in active], ' s')} ago, the node's "
+            f"other {len(rest)} idle {_span(rest, ' s')}")
 
 
 def _span(values: Sequence[float], unit: str) -> str:

@@ -265,3 +265,22 @@ def test_many_classes_and_suspect_nodes_are_cut_to_one_screen_with_counts() -> N
     assert screen[19] == "  ... 13 more suspect node(s) (status --json: verdict.suspects)"
     assert "    node 100 did not answer: ssh: connect to host n100 port 22: Connection timed out" in screen
     assert screen[-2].endswith("; restarted as attempt 2")
+
+
+def test_a_stalled_jobs_busy_rank_is_set_beside_its_idle_neighbours() -> None:
+    """Stalled: rank 21 still gains CPU time (0-1 s ago) while the 15 others have been idle 290-300 s."""
+    report = StackReport(taken_at=5000.0, attempt=0, world_size=16, hosts=["a", "b"], gpus=[0, 0])
+    for rank in range(16):
+        text = WAITING.format(pid=rank, thread=rank + 7, where="get (queue.py:180)")
+        if rank == 13:
+            text = ELSEWHERE.format(pid=rank)
+        report.ranks.append(RankStack(rank // 8, rank, "ab"[rank // 8], rank, text, local_rank=rank % 8))
+    report.activity = {r: {"node": r // 8, "idle_s": 300.0 - r % 8, "step": 9} for r in range(16)}
+    report.activity[13]["idle_s"] = 0.4
+    row = {"id": "s-1", "state": "FAILED", "reason": "stalled at step 9 on node 1/rank 13: no rank reported progress"}
+    screen = verdict_lines(report, row, [])
+    assert "  rank 13 (node 1 b, local rank 5): backward <- train_step train.py:208" in screen
+    assert "    node 1 CPU/GPU: rank 13 active 0 s ago, the node's other 7 idle 293-300 s" in screen
+    [row_b] = [line for line in screen if line.startswith("  1 b ")]
+    [others] = [line for line in screen if line.startswith("  others (1)")]
+    assert "idle 0-300 s" in row_b and "idle 293-300 s" in others
