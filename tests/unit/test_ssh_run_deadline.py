@@ -69,7 +69,7 @@ class TricklingChannel:
 
 def connection_to(channel: TricklingChannel) -> Connection:
     transport = SimpleNamespace(set_keepalive=lambda seconds: None, open_session=lambda timeout: channel,
-                                is_active=lambda: True)
+                                is_active=lambda: True, sock=SimpleNamespace(settimeout=lambda seconds: None))
     client = SimpleNamespace(get_transport=lambda: transport)
     return Connection(Target("gpu-01", "10.0.0.1", 22, "train"), client, "10.0.0.1")
 

@@ -39,6 +39,11 @@ from launcher.spec.hosts import Hop, check_host, check_port, parse_jump_hosts
 
 KEEPALIVE_S = 1
 DEAD_AFTER_S = 4
+# paramiko's transport thread polls its socket every 0.1 s (to see a close, to send the keepalive): ten socket.timeouts
+# raised and caught in Python a second a connection, 3% of a core for a 64-node job's supervisor with nothing to read
+# (docs/BENCHMARKS.md, "A supervisor that stays light"). Once a second still sends a keepalive every 1-2 s, well
+# within DEAD_AFTER_S; a close does not wait for it (paramiko's stop_thread returns once the packetizer is closed).
+TRANSPORT_POLL_S = 1.0
 MAX_SSH_FILE_BYTES = 64 * 2**20  # a known_hosts or ssh config file: never a FIFO or a device, never unbounded
 MAX_PARALLEL = 32  # the default fan-out cap (SSHSpec.fanout), as pdsh's
 CONNECTION_ERRORS = (OSError, EOFError, paramiko.SSHException)
@@ -330,6 +335,7 @@ class Connection:
         self._peer = peer
         self.transport = client.get_transport()
         self.transport.set_keepalive(KEEPALIVE_S)
+        self.transport.sock.settimeout(TRANSPORT_POLL_S)
 
     @property
     def alive(self) -> bool:
