@@ -17,7 +17,10 @@ The job (``--detach``): 64 nodes x 1 rank, each rank prints a line and writes a 
 and records arrive, the supervisor process (the detached keeper's ``--supervise`` child, the store's
 ``supervisor_pid``) is measured over ``--window`` seconds: utime + stime from ``/proc/PID/stat`` at both ends
 (and its keeper's), RSS every 5 s. `launch status` (list), `status JOB` and `status --json JOB` are timed during
-the run and after the job ended, each against `launch --help` in the same rounds (a ratio).
+the run and after the job ended, each against `launch --help` in the same rounds (a ratio). Where the window's CPU
+went: each thread's utime + stime (``/proc/PID/task``) by what one ``py-spy dump`` says the thread runs (``--profile``
+also tries ``py-spy record``, which at this bed's load did not come back from the 129-thread supervisor).
+``--idle-transports N`` measures only what N idle paramiko transports to the bed's hosts cost this process.
 
 The 1,000-rank job: 1,000 processes (plus 64 agents and launchers) do not fit this machine's 2 cores and
 24 GiB alongside others' runs, so the benchmark writes its rows through the store's own API (``Store``):
@@ -25,7 +28,8 @@ the 64-node job's plan and spec widened to 125 nodes x 8 ranks, node rows, 50,00
 job keeps: 1,000 ranks x 50 steps, copies of the real job's records) and 1,000 ranks' process samples; timed
 while RUNNING (the summary is made from the records) and after it ended (the summary is stored).
 
-    sudo .venv/bin/python scripts/bench_supervisor.py [--duration 110] [--window 60] [--profile]
+    sudo .venv/bin/python scripts/bench_supervisor.py [--duration 170] [--window 60] [--rounds 3]
+    sudo .venv/bin/python scripts/bench_supervisor.py --hosts 4 --idle-transports 64 --window 15
 """
 
 from __future__ import annotations
@@ -397,10 +401,11 @@ def idle_transports(bed: testbed.Testbed, count: int, seconds: float) -> list[st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=110.0, help="seconds each rank ticks")
+    parser.add_argument("--duration", type=float, default=170.0, help="seconds each rank ticks (outlasting "
+                        "the window and the status timings)")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after every rank reported, before the window")
     parser.add_argument("--window", type=float, default=60.0, help="seconds the supervisor is measured")
-    parser.add_argument("--rounds", type=int, default=5, help="runs of each status command")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each status command")
     parser.add_argument("--profile", action="store_true", help="then py-spy the supervisor for --profile-s")
     parser.add_argument("--profile-s", type=float, default=20.0)
     parser.add_argument("--work", default="/tmp/bench-supervisor")
