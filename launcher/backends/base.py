@@ -395,6 +395,10 @@ class Backend(ABC):
     #: the nodes keep a supervisor generation (``fence``) that ``follow`` and the agents check, and the job's
     #: record (``job_record``): `launch attach --takeover` and `--cluster` work
     fences: ClassVar[bool] = False
+    #: seconds more than the supervisor's own settle time (``SETTLE_S``) that the other nodes' verdicts may take to
+    #: arrive after a node's failure, before the first failure is chosen: an engine that learns of a lost node
+    #: by polling (Slurm: squeue and sinfo, at most once a second) takes longer than a node agent's exit
+    verdict_delay_s: ClassVar[float] = 0.0
 
     def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
                generation: int = 0) -> NodeHandle:

@@ -151,6 +151,8 @@ KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str, bool, bool], ...] = tuple(
     )
 )
 ECHOES = frozenset(meaning for _, meaning, echo, _ in KNOWN_ERRORS if echo)
+# A scheduler's verdict on a node it ended because another node of the job failed (Slurm's NODE_FAIL): never the cause
+ENDED_FOR_ANOTHER_NODE = "ended by the scheduler because another node of the job failed"
 _OOM_KILL = re.compile(r"(out of memory: Killed process (\d+)|oom-kill:.*\bpid=(\d+))", re.I)
 _KERNEL_TIME = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
 KILLED_CODES = (-signal.SIGKILL, SHELL_KILLED_EXIT, DEEPSPEED_KILLED_EXIT)
@@ -226,10 +228,13 @@ def precedence(failure: Failure) -> tuple[int, bool, int, int]:
 
     A node lost or killed by the OOM killer comes first, then a rank that failed on its own,
     then ranks that only saw a peer go away, then a node that exited without a failure report
-    we could read (a launcher that names no rank, or a report still in the pipe); within a
+    we could read (a launcher that names no rank, or a report still in the pipe), last a node the
+    scheduler ended because another failed; within a
     class, the one the supervisor observed first (``observed``), then node order.
     """
-    if failure.kind in (FailureKind.LOST, FailureKind.OOM):
+    if failure.reason is not None and failure.reason.startswith(ENDED_FOR_ANOTHER_NODE):
+        klass = 4
+    elif failure.kind in (FailureKind.LOST, FailureKind.OOM):
         klass = 0
     elif failure.rank is None:
         klass = 0 if agent_lost(failure.exit_code) else 3

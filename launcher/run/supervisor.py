@@ -588,7 +588,7 @@ class Supervisor:
     def _first_failure(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, NodeExit]) -> Failure:
         """The failure that came first: other nodes get a moment to report theirs, then
         ``failures.precedence`` picks the cause over its echoes, in the order this supervisor saw them."""
-        deadline = time.monotonic() + SETTLE_S
+        deadline = time.monotonic() + SETTLE_S + self.backend.verdict_delay_s
         while time.monotonic() < deadline and len(exits) < len(watchers):
             time.sleep(POLL_S)
             self._collect_exits(watchers, attempt, exits)

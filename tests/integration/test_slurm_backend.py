@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.node import proctree
 from launcher.store.db import Store
 from tests.container_fixture import needs_podman
 from tests.helpers import kill_supervisor_and_keeper, rank_results
@@ -229,20 +230,55 @@ def test_a_deepspeed_job_runs_one_launcher_per_node(slurm: sl.SlurmCluster, tmp_
     assert all(entry["local_rank_arg"] == 0 for entry in seen), "one rank a node: --local_rank 0 on each"
 
 
-def test_a_node_whose_slurmd_dies_is_named_as_the_first_failure(slurm: sl.SlurmCluster, tmp_path: Path,
-                                                               home: Path) -> None:
+def _rank_pids(job_id: str) -> list[int]:
+    """The job's rank processes on every node (those with RANK in their environment)."""
+    ranks = []
+    for pid in proctree.job_pids(job_id):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(entry.startswith(b"RANK=") for entry in environ):
+            ranks.append(pid)
+    return ranks
+
+
+def test_an_elastic_job_whose_node_fails_is_resubmitted_on_the_node_left_with_the_global_batch_exact(
+        slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
+    """Issue 22 on Slurm: node 2's slurmd dies (NODE_FAIL), named as the attempt's first failure; the job goes on as a
+    new Slurm job of one node, GA 2 -> 4, from its last checkpoint, to exactly max_steps x the global batch."""
     lost = slurm.nodes[1]
-    job_id, _ = _running_held_job(tmp_path, _cluster(tmp_path, slurm), "lost")
-    wait_for(lambda: _status(job_id)["metrics"]["steps"] >= 1, 60, "the job to report a step")
-    scheduler_id = _status(job_id)["scheduler_id"]
+    job = tmp_path / "elastic.yaml"
+    job.write_text(json.dumps({
+        "name": "elastic", "recipe": "convnet", "strategy": "ddp",
+        "batch": {"global_batch": 8, "micro_batch": 2}, "resources": {"nodes": 2, "nproc_per_node": 1},
+        "max_steps": 16, "restarts": 1, "elastic": {"min_nodes": 1}, "metrics": {"every": 1},
+        "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 5}, "watch": {"grace_period": 2},
+    }))
+    job_id = _submit_detached(job, _cluster(tmp_path, slurm))
+    store = Store(home)
+    wait_for(lambda: len({r.rank for r in store.metrics(job_id) if r.step >= 6}) == 2, 240, "both ranks past step 5")
+    for pid in _rank_pids(job_id):  # frozen, so the job cannot end before Slurm calls node 2 failed (about 25 s)
+        os.kill(pid, signal.SIGSTOP)
     with slurmd_killed(slurm, lost):
-        ended = _ended(job_id, timeout=slurm.settings.slurmd_timeout_s * 6)
-        failure = ended["first_failure"]
-        assert ended["state"] == "FAILED"
-        assert (failure["kind"], failure["node"], failure["host"]) == ("lost", 1, lost.name), failure
-        assert "NODE_FAIL" in failure["reason"] and "Not responding" in failure["reason"], failure["reason"]
-        assert job_state(slurm, scheduler_id)[0] == "NODE_FAIL"
-    _assert_nothing_left(slurm, [scheduler_id])
+        ended = _ended(job_id, timeout=slurm.settings.slurmd_timeout_s * 6 + 120)
+    assert ended["state"] == "SUCCEEDED", (ended["reason"], ended["events"][-6:])
+    failed = [e for e in ended["events"] if e["kind"] == "node_failed"]
+    assert len(failed) == 1 and (failed[0]["data"]["node"], failed[0]["data"]["host"]) == (1, lost.name), failed
+    assert "NODE_FAIL" in failed[0]["message"] and "Not responding" in failed[0]["message"], failed[0]["message"]
+    assert failed[0]["data"]["kind"] == "lost" and failed[0]["data"]["transient"], "a lost node can be restarted"
+    shrunk = [e["message"] for e in ended["events"] if e["kind"] == "elastic_restart"]
+    assert len(shrunk) == 1 and shrunk[0].startswith(f"attempt 1: 1 nodes ({lost.name} lost"), shrunk
+    assert shrunk[0].endswith("grad_accum 2 -> 4, global batch 8 kept"), shrunk
+    assert (ended["attempt"], ended["world_size"], ended["grad_accum"], ended["global_batch"]) == (1, 1, 4, 8)
+    ids = [e["data"]["scheduler_id"] for e in ended["events"] if e["kind"] == "submitted"]
+    assert len(set(ids)) == 2 and job_state(slurm, ids[0])[0] == "NODE_FAIL"
+    assert slurm.run(["sacct", "-n", "-X", "-j", ids[1], "-o", "NNodes"], check=False).stdout.split()[:1] in (["1"], [])
+    after = [r for r in store.metrics(job_id) if r.attempt == 1]
+    final = max(after, key=lambda r: r.step)
+    assert {r.rank for r in after} == {0} and {r.extra["grad_accum"] for r in after} == {4}
+    assert final.step == 16 and final.extra["samples_consumed"] == 16 * 8
+    _assert_nothing_left(slurm, ids)
 
 
 def test_the_time_limit_warns_the_ranks_then_ends_the_job_as_a_timeout(slurm: sl.SlurmCluster, tmp_path: Path,

@@ -103,6 +103,9 @@ class SlurmBackend(Backend):
     places_at_start: ClassVar[bool] = True
 
     follows: ClassVar[bool] = True
+    #: a node whose slurmd died: Slurm ends the other nodes' steps (their exits come at once), while the lost
+    #: node's own verdict waits for squeue to say NODE_FAIL and sinfo to say which node is down
+    verdict_delay_s: ClassVar[float] = 4.0
 
     def __init__(self, cluster: ClusterSpec) -> None:
         super().__init__(cluster)

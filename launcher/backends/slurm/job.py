@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from launcher.backends import failures
 from launcher.backends.failures import LOST_NODE_EXIT, Failure, FailureKind
 from launcher.backends.slurm import commands as cli
 
@@ -101,9 +102,9 @@ class SlurmJob:
         except cli.SlurmCommandError:
             return None
         if _down(node_state, node_reason):
-            return Failure(kind=FailureKind.LOST, reason=f"Slurm: node {host} is {node_state} ({node_reason}): a NODE_FAIL, "
-                                                         f"Slurm ends job {self.slurm_id} on every node"
-                                                         f"{slurm_lines(self.folder)}")
+            return Failure(kind=FailureKind.LOST, transient=True,
+                           reason=f"Slurm: node {host} is {node_state} ({node_reason}): a NODE_FAIL, "
+                                  f"Slurm ends job {self.slurm_id} on every node{slurm_lines(self.folder)}")
         return None
 
     def scheduler_failure(self, host: str) -> Failure | None:
@@ -124,9 +125,11 @@ class SlurmJob:
         if state == "NODE_FAIL" or reason == "NodeDown":
             node_state, node_reason = nodes.get(host, ("", ""))
             if _down(node_state, node_reason):
-                return Failure(kind=FailureKind.LOST, reason=f"{words}; node {host} is {node_state}: {node_reason}"
-                                                             f"{slurm_lines(self.folder)}")
-            return None
+                return Failure(kind=FailureKind.LOST, transient=True,
+                               reason=f"{words}; node {host} is {node_state}: {node_reason}{slurm_lines(self.folder)}")
+            down = sorted(name for name, (state, why) in nodes.items() if _down(state, why))
+            return Failure(kind=FailureKind.EXIT, transient=True,
+                           reason=f"{failures.ENDED_FOR_ANOTHER_NODE} ({words}; down: {', '.join(down) or 'unknown'})")
         if state in ("CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"):
             return Failure(kind=FailureKind.LOST, reason=f"{words}{slurm_lines(self.folder)}")
         return None
@@ -142,7 +145,7 @@ class SlurmNode:
         self.pid: int | None = pid
         self.lost_reason: str | None = None
         #: the failure Slurm decided (time limit, node failure), with Slurm's words; trusted
-        self.scheduler_failure: Failure | None = None
+        self._scheduler_failure: Failure | None = None  # Slurm's verdict on this node's end (``scheduler_failure``)
         self._host = host
         self._job = job
         self._code: int | None = None
@@ -178,6 +181,14 @@ class SlurmNode:
                     return
                 time.sleep(POLL_S)
 
+    @property
+    def scheduler_failure(self) -> Failure | None:
+        """Slurm's verdict on this node's failed end, asked again once it is read (the supervisor reads it after its
+        settle time): a node's step that Slurm killed because another node failed ends before squeue says NODE_FAIL."""
+        if self._scheduler_failure is None and self._code not in (None, 0):
+            self._scheduler_failure = self._job.scheduler_failure(self._host)
+        return self._scheduler_failure
+
     def _exited(self, line: str) -> None:
         try:
             code = int(json.loads(line.partition(" ")[2])["code"])
@@ -187,16 +198,16 @@ class SlurmNode:
             if self._code is not None:
                 return
             if code != 0:  # a rank's own failure, unless Slurm decided it (its node down, the time limit, a cancel)
-                self.scheduler_failure = (self._job.scheduler_failure(self._host)
+                self._scheduler_failure = (self._job.scheduler_failure(self._host)
                                           or self._job.node_down(self._host, fresh=True))
                 self._job.peer_failed = True
             self._job.exited.add(self.index)
             self._code = code
 
     def _lost(self) -> None:
-        self.scheduler_failure = self._job.scheduler_failure(self._host)
+        self._scheduler_failure = self._job.scheduler_failure(self._host)
         status = self._job.status()
-        self.lost_reason = (self.scheduler_failure.reason if self.scheduler_failure else None) or (
+        self.lost_reason = (self._scheduler_failure.reason if self._scheduler_failure else None) or (
             f"Slurm: job {self._job.slurm_id} {status.state.value} (Reason={status.reason}) before node "
             f"{self.index}'s agent reported its exit{slurm_lines(self._job.folder)}")
         self._code = LOST_NODE_EXIT
@@ -226,11 +237,11 @@ class SlurmNode:
         if self._code is None and self._job.status().state in (cli.SlurmState.NODE_FAIL, cli.SlurmState.COMPLETING):
             failure = self._job.scheduler_failure(self._host)
             if failure is not None and failure.kind == FailureKind.LOST:
-                self.scheduler_failure, self.lost_reason, self._code = failure, failure.reason, LOST_NODE_EXIT
+                self._scheduler_failure, self.lost_reason, self._code = failure, failure.reason, LOST_NODE_EXIT
         if self._code is None and self._job.peer_failed:
             failure = self._job.node_down(self._host)
             if failure is not None:
-                self.scheduler_failure, self.lost_reason, self._code = failure, failure.reason, LOST_NODE_EXIT
+                self._scheduler_failure, self.lost_reason, self._code = failure, failure.reason, LOST_NODE_EXIT
         return self._code
 
     def terminate(self, grace: float) -> None:
