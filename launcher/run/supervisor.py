@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
@@ -42,6 +42,7 @@ from launcher.run.liveness import HangDetector, Liveness
 from launcher.run.notify import Notifier
 from launcher.run.restarts import node_at_fault, why_not_restart
 from launcher.run.scheduled import SchedulerEvents
+from launcher.run.step import Attempt, CancelAsked, Do, Event, Exited, Fenced, Stalled, step
 from launcher.run.watcher import Lost, NodeWatcher, Relay, Resume
 from launcher.spec.notify import NotifyEvent
 from launcher.store.db import Store
@@ -391,38 +392,64 @@ class Supervisor:
             self.store.add_event(job_id, "running", "all nodes started")
             self.live = Liveness(time.time())
         self._out_of_contact = {}
+        state, fed = Attempt(len(self.plan.nodes)), set[int]()
         while True:
-            self._fenced(watchers)
             self._observe()
             self._heartbeat()
-            self._collect_exits(watchers, attempt, exits)
-            if any(ended.code != 0 for ended in exits.values()):
-                failure = self._first_failure(watchers, attempt, exits)
-                self.store.add_event(job_id, "node_failed", failure.describe(), failure.model_dump(mode="json"))
-                self._teardown(watchers)
-                self._record_exits(watchers, attempt, exits)
-                return Outcome(JobState.FAILED, failure.describe(), failure)
-            if len(exits) == len(self.plan.nodes):
-                self._drain(watchers)
-                return Outcome(JobState.SUCCEEDED)
-            if self._cancel.is_set():
-                self._in_charge()
-                self._teardown(watchers)
-                self._record_exits(watchers, attempt, exits)
-                return Outcome(JobState.CANCELLED, self._cancel_reason)
-            hung = self.hangs.check(self.live, time.time()) if self.hangs else None
-            if hung is not None:
-                self._in_charge()
-                self._quiet.set()
-                self.store.add_event(job_id, "hung" if hung.kind == FailureKind.HANG else "stalled", hung.reason or "",
-                                     hung.model_dump(mode="json"))
-                taken = stacks.collect(self.backend, self.plan, self.store, attempt, self.live)
-                if taken.odd_one_out:
-                    hung = hung.model_copy(update={"reason": f"{hung.reason}; {taken.odd_one_out}"})
-                self._teardown(watchers)
-                self._record_exits(watchers, attempt, exits)
-                return Outcome(JobState.FAILED, hung.describe(), hung)
+            for event in self._events(watchers, attempt, exits, fed):
+                state, do = step(state, event)
+                if do is not Do.WATCH:
+                    return self._act(do, event, watchers, attempt, exits)
             time.sleep(POLL_S)
+
+    def _events(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, NodeExit],
+                fed: set[int]) -> Iterator[Event]:
+        """This round's events in the order ``step`` takes them; each is looked for only once the ones before
+        decided nothing (a hang is judged only when no node ended and nobody cancelled). ``fed``: the nodes whose
+        exit ``step`` has had (a job followed again by `launch attach` starts with the exits the store has)."""
+        fenced = next((watcher.fenced for watcher in watchers if watcher.fenced is not None), None)
+        if fenced is not None:
+            yield Fenced(fenced)
+        self._collect_exits(watchers, attempt, exits)
+        for index in sorted(exits.keys() - fed, key=lambda node: exits[node].observed):
+            fed.add(index)
+            yield Exited(index, exits[index].code)
+        if self._cancel.is_set():
+            yield CancelAsked(self._cancel_reason)
+        hung = self.hangs.check(self.live, time.time()) if self.hangs else None
+        if hung is not None:
+            yield Stalled(hung)
+
+    def _act(self, do: Do, event: Event, watchers: list[NodeWatcher], attempt: int,
+             exits: dict[int, NodeExit]) -> Outcome:
+        """Do what ``step`` decided on ``event``: the attempt's outcome."""
+        job_id = self.plan.job_id
+        if do is Do.STOP and isinstance(event, Fenced):
+            raise identity.SupervisorFenced(job_id, dict(event.by))
+        if do is Do.FAIL:
+            failure = self._first_failure(watchers, attempt, exits)
+            self.store.add_event(job_id, "node_failed", failure.describe(), failure.model_dump(mode="json"))
+            self._teardown(watchers)
+            self._record_exits(watchers, attempt, exits)
+            return Outcome(JobState.FAILED, failure.describe(), failure)
+        if do is Do.SUCCEED:
+            self._drain(watchers)
+            return Outcome(JobState.SUCCEEDED)
+        self._in_charge()
+        if do is Do.HANG and isinstance(event, Stalled):
+            hung = event.failure
+            self._quiet.set()
+            self.store.add_event(job_id, "hung" if hung.kind == FailureKind.HANG else "stalled", hung.reason or "",
+                                 hung.model_dump(mode="json"))
+            taken = stacks.collect(self.backend, self.plan, self.store, attempt, self.live)
+            if taken.odd_one_out:
+                hung = hung.model_copy(update={"reason": f"{hung.reason}; {taken.odd_one_out}"})
+            self._teardown(watchers)
+            self._record_exits(watchers, attempt, exits)
+            return Outcome(JobState.FAILED, hung.describe(), hung)
+        self._teardown(watchers)
+        self._record_exits(watchers, attempt, exits)
+        return Outcome(JobState.CANCELLED, self._cancel_reason)
 
     def _observe(self) -> None:
         """Apply what the watchers observed to this attempt's Liveness (only this loop writes it)."""
@@ -484,12 +511,6 @@ class Supervisor:
             return None
         backend, plan, generation = self.backend, self.plan, self.generation
         return lambda index, after, agent: backend.follow(plan, index, after, agent, generation)
-
-    def _fenced(self, watchers: list[NodeWatcher]) -> None:
-        """SupervisorFenced once a watcher's node refused it for a newer supervisor generation."""
-        for watcher in watchers:
-            if watcher.fenced is not None:
-                raise identity.SupervisorFenced(self.plan.job_id, watcher.fenced)
 
     def _in_charge(self) -> None:
         """Before a cancel or hang teardown, a restart, or the sweep after a failed start: SupervisorFenced if any
