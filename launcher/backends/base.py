@@ -410,12 +410,13 @@ class Backend(ABC):
         raise LaunchError(f"the {self.name} backend cannot follow a node's journal again")
 
     def fence(self, plan: Plan | None, index: int, job_id: str, generation: int | None = None,
-              who: Mapping[str, object] | None = None) -> tuple[dict | None, str | None]:
+              who: Mapping[str, object] | None = None, timeout: float = 30) -> tuple[dict | None, str | None]:
         """Node ``index``'s supervisor generation record (``{"generation", "pid", "host", "contact_s", ...}``);
         with ``generation`` newer than it, that one is recorded first (``who``: pid and host). (answer, None) or
         (None, why not)."""
         answer, error = self.node_command(plan, index, "fence", {"job_id": job_id, "node": index,
-                                                                 "generation": generation, **(who or {})}, timeout=30)
+                                                                 "generation": generation, **(who or {})},
+                                          timeout=timeout)
         if answer is not None and "error" in answer:
             return None, str(answer["error"])[:300]
         return answer, error

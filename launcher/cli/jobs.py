@@ -58,7 +58,10 @@ def status(job, as_json, last, limit, watch):
 
         row = store.job(job)
         summary = render.job_summary(store, row)
-        obj = render.job_object(row, summary, store.nodes(row["id"]), _supervision(store, row))
+        supervision = _supervision(store, row)
+        if supervision is not None and supervision["state"] == "lost":
+            supervision["agents"] = _agents_left(store, row)
+        obj = render.job_object(row, summary, store.nodes(row["id"]), supervision)
         events = store.events(row["id"])
         kept = stacks.latest(store.run_dir(row["id"]))
         if as_json:
@@ -107,6 +110,35 @@ def _supervision(store, row) -> dict | None:
         return None
     said = identity.described(store.runs / row["id"], row["id"], row.get("supervisor_pid"), row.get("supervisor_at"))
     return said.as_json()
+
+
+AGENTS_ASKED_S = 8  # how long `status JOB` waits for each node's answer about a job whose supervisor is gone
+
+
+def _agents_left(store, row) -> dict | None:
+    """For a job whose supervisor is gone (`status JOB` only): each node's agent still running or not, asked of
+    the nodes (``{"running": [...], "ended": [...], "unknown": [...]}`` by node index); None where the backend
+    keeps no generation record to ask (Slurm, Ray) or the job cannot be read back."""
+    from launcher.backends import get_backend
+    from launcher.run.recorded import RecordedJob
+
+    try:
+        job = RecordedJob.read(store, row["id"])
+        backend = get_backend(job.cluster)
+    except Exception:  # noqa: BLE001 - status shows what the store says when the nodes cannot be asked
+        return None
+    try:
+        if not backend.fences:
+            return None
+        answers = backend.on_nodes(job.plan, lambda index: backend.fence(job.plan, index, job.id,
+                                                                         timeout=AGENTS_ASKED_S)[0])
+    finally:
+        backend.close()
+    said: dict[str, list[int]] = {"running": [], "ended": [], "unknown": []}
+    for index, answer in enumerate(answers):
+        gone = answer.get("agent_gone") if isinstance(answer, dict) else None
+        said["unknown" if answer is None else "ended" if gone else "running"].append(index)
+    return said
 
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:

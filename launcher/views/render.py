@@ -187,7 +187,26 @@ def unattended(job: dict[str, Any], supervisor: dict[str, Any] | None) -> str | 
         return None
     since = supervisor.get("since")
     when = time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    return f"{job['state']}, unattended since {when} (no supervisor): launch attach {job['id']}"
+    return f"{job['state']}, unattended since {when} (no supervisor){_agents_said(supervisor.get('agents'))}: " \
+           f"launch attach {job['id']}"
+
+
+def _agents_said(agents: Any) -> str:
+    """What the nodes said of their agents (``status JOB`` asks them), as a clause."""
+    if not isinstance(agents, dict):
+        return ""
+    listed = {word: agents.get(word) for word in ("ended", "running", "unknown")}
+    said = {word: [i for i in value if isinstance(i, int)] if isinstance(value, list) else [] for word, value in listed.items()}
+    nodes = sum(len(indices) for indices in said.values())
+    if not nodes:
+        return ""
+    if len(said["ended"]) == nodes:
+        return "; its agents have ended the job on every node (watch.unattended_timeout: their journals say why)"
+    if len(said["running"]) == nodes:
+        return "; its agents still run the job on every node"
+    how = {"ended": "agents ended on", "running": "running on", "unknown": "not answering on"}
+    return "; " + ", ".join(f"{how[word]} node{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
+                            for word, indices in said.items() if indices)
 
 
 def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, Any]] | None = None,

@@ -89,7 +89,9 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
         wide = cli_env(home, COLUMNS="300")
         said = rf"RUNNING, unattended since \d\d:\d\d \(no supervisor\): launch attach {job_id}"
         assert re.search(said, run_cli(home, "status", env=wide).stdout)
-        assert re.search(said, run_cli(home, "status", job_id, env=wide).stdout)
+        asked = rf"RUNNING, unattended since \d\d:\d\d \(no supervisor\); its agents still run the job on every node: " \
+                rf"launch attach {job_id}"  # `status JOB` asks the nodes
+        assert re.search(asked, run_cli(home, "status", job_id, env=wide).stdout)
         follow = run_cli(home, "logs", job_id, "--follow", timeout=30)
         assert follow.returncode == 1 and f"launch attach {job_id}" in follow.stderr
         journal = Path(agent.run_root()) / job_id / "node0.journal"

@@ -31,6 +31,7 @@ pytestmark = [needs_root, pytest.mark.testbed]
 
 PYTHON = sys.executable
 LAUNCH = str(Path(sys.executable).with_name("launch"))
+WIDE = {"COLUMNS": "300"}  # `launch status` lines unwrapped
 SECRET_NAME = "SSH_TEST_SECRET"  # not LAUNCH_*: those names are launch's own
 HOSTILE = ["semi;colon", "$(touch /tmp/launch-pwned)", "both 'single' and \"double\"", "two  spaces",
            "new\nline", "ünïcödé ☃", "`id` $HOME *", ""]
@@ -233,6 +234,8 @@ def test_a_dead_supervisor_leaves_the_job_to_the_unattended_timeout_and_cancel_r
     agent = _agent_pid(job_id, 1)
     kill_supervisor_and_keeper(Store(home).job(job_id)["supervisor_pid"])
     _wait_for(lambda: not tb.pid_alive(agent), 40, "the agent to end its node once unattended for 5 s")
+    _wait_for(lambda: "its agents have ended the job on every node" in _launch("status", job_id, env=WIDE).stdout, 40,
+              "`launch status JOB` to say what the nodes' agents did")
     cancelled = _launch("cancel", job_id)
     assert cancelled.returncode == 0, cancelled.stderr + cancelled.stdout
     assert _status(job_id)["state"] == "CANCELLED"
