@@ -21,6 +21,7 @@ import pytest
 
 from launcher.node import agent as agent_module
 from launcher.store.db import Store
+from tests.helpers import TORCH_EXTENSIONS_DIR
 from tests.slurm_fixture import wait_for
 from tests.testbed_fixture import needs_root
 from tools import testbed as tb
@@ -86,6 +87,7 @@ def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
         "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
         "max_steps": STEPS, "restarts": 2, "elastic": {"min_nodes": 2}, "metrics": {"every": 1},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 5}, "watch": {"grace_period": 2},
+        "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},  # zero2's ranks load the op the suite built
     }))
     job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), lambda store, job_id: len(
         {r.rank for r in store.metrics(job_id) if r.attempt == 0 and r.step >= KILL_AT}) == 3)
@@ -166,7 +168,7 @@ def test_two_hosts_of_two_and_one_slots_run_three_ranks(testbed: tb.Testbed, tmp
     job = tmp_path / "uneven.yaml"
     job.write_text(json.dumps({
         "name": "uneven", "recipe": "convnet", "launcher": launcher, "strategy": strategy, "max_steps": 3,
-        "metrics": {"every": 1},
+        "metrics": {"every": 1}, "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},  # the suite's built op
         "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 2, "nproc_per_node": "auto"},
     }))
     done = subprocess.run([LAUNCH, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed, (2, 1)))],
