@@ -67,6 +67,7 @@ from .journal import (
     contact_path,
     fenced_by,
     pid_path,
+    touch,
     write_atomically,
 )
 from .rankstreams import on_devices, with_rank_streams
@@ -376,7 +377,7 @@ class Agent:
                 if newer is not None:
                     self.fence_stdout(newer)
                 elif self.out.contact_age() < CONTACT_POLL_S:
-                    _touch(contact_path(self.run_dir, self.req["node"]))
+                    touch(contact_path(self.run_dir, self.req["node"]))
 
     def fence_stdout(self, newer: dict) -> None:
         """A newer supervisor took the job: the older one, reading stdout, gets ``@fenced`` (not journaled) after
@@ -544,17 +545,6 @@ def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
         if done.returncode != 0:
             failed.append(f"{' '.join(argv[:3])}: {(done.stderr or done.stdout).strip()[-200:]}")
     return failed
-
-
-def _touch(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            os.utime(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # the run directory removed under us: nothing to mark
 
 
 def _prctl():

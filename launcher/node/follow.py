@@ -31,6 +31,7 @@ from .journal import (
     journal_path,
     pid_path,
     read_generation,
+    touch,
     write_atomically,
 )
 
@@ -74,17 +75,6 @@ def agent_gone(run_dir: str, node: object) -> str | None:
     return None
 
 
-def _touch(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            os.utime(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # the run directory removed under us: the journal's state says the rest
-
-
 def follow(req: dict, out: int = 1) -> int:
     """Follow the journal ``req`` names (``job_id``, ``node``, ``after``, ``run_root``), printing to fd ``out``."""
     job_id, node, after = req["job_id"], int(req["node"]), max(0, int(req.get("after") or 0))
@@ -125,7 +115,7 @@ def _tail(fd: int, run_dir: str, node: int, after: int, out: int, lost, generati
     newer = fenced_by(run_dir, node, generation)
     if newer is not None:  # a newer supervisor is in charge: not one line for this reader, no contact
         return _fenced(out, newer)
-    _touch(contact)
+    touch(contact)
     touched = time.monotonic()
     seq, partial, last_look = 0, b"", ""
     while True:
@@ -133,7 +123,7 @@ def _tail(fd: int, run_dir: str, node: int, after: int, out: int, lost, generati
             newer = fenced_by(run_dir, node, generation)
             if newer is not None:
                 return _fenced(out, newer)
-            _touch(contact)
+            touch(contact)
             touched = time.monotonic()
         chunk = os.read(fd, READ_CHUNK)
         if chunk:

@@ -72,6 +72,18 @@ def fenced_by(run_dir: str, node: object, mine: int) -> dict | None:
     return found if is_fenced(found["generation"], mine) else None
 
 
+def touch(path: str) -> None:
+    """Mark ``path`` (a contact file) as touched now; a run directory removed meanwhile is not an error."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def write_atomically(path: str, text: str) -> None:
     """``text`` as the file ``path`` (mode 0600), replaced in one rename: a reader sees the old file or the new."""
     tmp = f"{path}.{os.getpid()}.tmp"
