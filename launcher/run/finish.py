@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from launcher.backends.failures import Failure
 from launcher.metrics.aggregate import summarize
-from launcher.run.watcher import Lost
+from launcher.run.filing import Lost
 from launcher.store.db import Store
 from launcher.store.states import JobState
 

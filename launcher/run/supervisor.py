@@ -16,7 +16,6 @@ import collections
 import functools
 import itertools
 import os
-import queue
 import signal
 import sys
 import threading
@@ -37,13 +36,14 @@ from launcher.run import contact, identity, stacks
 from launcher.run.attribution import NodeExit, node_failure
 from launcher.run.elastic import Lost as ElasticLoss
 from launcher.run.elastic import Replanner as ElasticReplanner
+from launcher.run.filing import Filer, Lost
 from launcher.run.finish import Outcome, finish
 from launcher.run.liveness import HangDetector, Liveness
 from launcher.run.notify import Notifier
 from launcher.run.restarts import node_at_fault, why_not_restart
 from launcher.run.scheduled import SchedulerEvents
 from launcher.run.step import Attempt, CancelAsked, Do, Event, Exited, Fenced, Stalled, step
-from launcher.run.watcher import Lost, NodeWatcher, Relay, Resume
+from launcher.run.watcher import NodeWatcher, Relay, Resume
 from launcher.spec.notify import NotifyEvent
 from launcher.store.db import Store
 from launcher.store.states import JobState, NodeState
@@ -130,9 +130,9 @@ class Supervisor:
         self._cancel_reason = ""
         self._quiet = threading.Event()
         self._rejected = RejectedCount()
-        self._rejected_lock = threading.Lock()
         self._sequence = itertools.count().__next__  # the order in which this supervisor observes things
         self._relay: Relay | None = None
+        self._filer: Filer | None = None
         self._lost: dict[int, Lost] = {}
         self._resume_attempt: int | None = None  # `launch attach`: follow this attempt's nodes instead of starting
         self._heartbeat_at = 0.0
@@ -152,8 +152,7 @@ class Supervisor:
 
     def rejected_record(self, node: int, rejected: Rejected) -> None:
         """Count a malformed metric record (never stored); warn once an attempt."""
-        with self._rejected_lock:
-            warning = self._rejected.add(rejected)
+        warning = self._rejected.add(rejected)
         if warning:
             self.warn(f"node {node}: {warning}")
 
@@ -294,24 +293,25 @@ class Supervisor:
 
     def _file_rejected(self) -> None:
         """One event for the attempt's dropped metric records, then count afresh."""
-        with self._rejected_lock:
-            count, self._rejected = self._rejected, RejectedCount()
+        count, self._rejected = self._rejected, RejectedCount()
         if count.count:
             self.store.add_event(self.plan.job_id, "metrics_rejected",
                                  f"{count.count} malformed metric record(s) dropped; first: {count.first}",
                                  {"count": count.count, "first": count.first})
 
     def _file_losses(self) -> None:
-        """What the attempt's watchers could not store: kept for the final reason, and one event if the store takes it."""
-        relay = self._relay
+        """File what the attempt's watchers handed over last; what could not be stored: kept for the final reason,
+        and one event if the store takes it."""
+        self._guarded("filing what the watchers handed over", self._observe)
+        relay, filer = self._relay, self._filer
         lost = relay.losses.take() if relay is not None else None
-        if relay is None or lost is None:
+        if filer is None or lost is None:
             return
-        self._lost[relay.attempt] = lost
-        data = {"attempt": relay.attempt, "records": lost.records, "samples": lost.samples, "lines": lost.lines,
+        self._lost[filer.attempt] = lost
+        data = {"attempt": filer.attempt, "records": lost.records, "samples": lost.samples, "lines": lost.lines,
                 "first_error": lost.first_error}
         self._guarded("filing what was lost", lambda: self.store.add_event(
-            self.plan.job_id, "records_lost", f"attempt {relay.attempt}: {lost.describe()}", data))
+            self.plan.job_id, "records_lost", f"attempt {filer.attempt}: {lost.describe()}", data))
 
     def _sweep(self) -> None:
         report = self.backend.sweep(self.plan, self.grace)
@@ -434,6 +434,7 @@ class Supervisor:
             return Outcome(JobState.FAILED, failure.describe(), failure)
         if do is Do.SUCCEED:
             self._drain(watchers)
+            self._observe()
             return Outcome(JobState.SUCCEEDED)
         self._in_charge()
         if do is Do.HANG and isinstance(event, Stalled):
@@ -452,15 +453,10 @@ class Supervisor:
         return Outcome(JobState.CANCELLED, self._cancel_reason)
 
     def _observe(self) -> None:
-        """Apply what the watchers observed to this attempt's Liveness (only this loop writes it)."""
-        if self._relay is None:
-            return
-        while True:
-            try:
-                seen = self._relay.observed.get_nowait()
-            except queue.Empty:
-                return
-            self.live.apply(seen)
+        """Apply what the watchers handed over: observations to this attempt's Liveness, the rest filed in the store
+        in one transaction (only this loop writes either)."""
+        if self._relay is not None and self._filer is not None:
+            self._filer.take(self._relay.handed, self.live)
 
     def _start_nodes(self, attempt: int) -> list[NodeWatcher] | Failure:
         """Start every node through the backend; a Failure (nothing left running) if any cannot start."""
@@ -525,10 +521,11 @@ class Supervisor:
                 raise identity.SupervisorFenced(job_id, answer)
 
     def _new_relay(self, attempt: int) -> Relay:
-        self._relay = Relay(
-            store=self.store, job_id=self.plan.job_id, attempt=attempt, world_size=self.plan.world_size,
-            secrets=self.secrets, echo=self.echo_line, rejected=self.rejected_record, note=self.internal_note,
-            sequence=self._sequence)
+        self._file_losses()  # what the previous attempt's watchers handed over last
+        self._relay = Relay(world_size=self.plan.world_size, secrets=self.secrets, echo=self.echo_line,
+                            note=self.internal_note, sequence=self._sequence)
+        self._filer = Filer(self.store, self.plan.job_id, attempt, self._relay.losses, self.rejected_record,
+                            self.internal_note)
         return self._relay
 
     def _follow_nodes(self, attempt: int, exits: dict[int, NodeExit]) -> list[NodeWatcher]:

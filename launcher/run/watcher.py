@@ -1,14 +1,14 @@
 """Node watchers: one thread a node reads its agent's framed lines and relays them.
 
-A watcher writes the node's log file, echoes lines, files metric records and samples in the store,
-and describes what it saw for the supervisor's loop (``liveness`` observations, a snapshot of the
-node). It never stops reading on its own errors or the store's: a line it cannot handle, a record
-the store refuses, a log file on a full disk are counted in ``Losses`` and skipped, so the pipe is
-always drained and the ranks never block on a full one.
+A watcher writes the node's log file and echoes its lines; everything else it parses and hands to
+the supervisor's loop, which alone writes the store (``launcher.run.filing``: liveness observations,
+metric records, samples), and it keeps a snapshot of the node. It never stops reading on its own
+errors: a line it cannot handle, a log file on a full disk are counted in ``Losses`` and skipped, so
+the pipe is always drained and the ranks never block on a full one.
 
 It counts the whole lines it received (``seen``: line k of the node's journal is the k-th, see
-docs/JOURNALS.md) and stores the count with the records and samples those lines carried, in one
-transaction, and with the log file's size (``store.records.Seen``). When the stream breaks without
+docs/JOURNALS.md) and hands the count over with the records and samples those lines carried, and
+with the log file's size (``store.records.Seen``): the loop stores them in one transaction. When the stream breaks without
 the agent's ``@exit`` and the backend can follow a node again, the watcher is *out of contact*: it
 follows the journal again from ``seen`` (``launcher.run.contact`` paces the tries; the supervisor's
 loop decides, on evidence, when the node is lost and calls ``give_up``). A watcher that resumes a
@@ -33,8 +33,8 @@ from launcher.backends.base import NodeHandle, fenced_record
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
-from launcher.run.liveness import Joined, Observation, Output, Progress, Sample
-from launcher.store.db import Store
+from launcher.run.filing import AgentStarted, Handed, Losses, Noted, RejectedLine, ToStore
+from launcher.run.liveness import Joined, Output, Progress, Sample
 from launcher.store.logcap import CappedLog
 from launcher.store.records import Seen
 from launcher.views.terminal import safe_text
@@ -70,55 +70,16 @@ def logged_after(path: Path, offset: int | None) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Lost:
-    """What one attempt could not keep: metric records and samples the store refused, log lines not written."""
-
-    records: int
-    samples: int
-    lines: int
-    first_error: str
-
-    def describe(self) -> str:
-        parts = [f"{count} {what}" for count, what in ((self.records, "metric record(s)"), (self.samples, "sample(s)"),
-                                                        (self.lines, "log line(s)")) if count]
-        return f"{', '.join(parts)} could not be stored ({self.first_error})"
-
-
-class Losses:
-    """Counts what the watchers could not store, with the first error; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = {"records": 0, "samples": 0, "lines": 0}
-        self._first: str | None = None
-
-    def add(self, what: str, count: int, exc: BaseException) -> None:
-        with self._lock:
-            self._counts[what] += count
-            self._first = self._first or f"{type(exc).__name__}: {exc}"[:300]
-
-    def take(self) -> Lost | None:
-        """What was lost since the last take (None: nothing), counting afresh."""
-        with self._lock:
-            first, counts = self._first, dict(self._counts)
-            self._first, self._counts = None, dict.fromkeys(counts, 0)
-        return Lost(counts["records"], counts["samples"], counts["lines"], first) if first else None
-
-
-@dataclass(frozen=True)
 class Relay:
-    """Where the watchers of one attempt relay to, and what they share."""
+    """Where the watchers of one attempt relay to, and what they share: they hand everything for the job's
+    rows and its liveness to the supervisor's loop (``handed``, see ``launcher.run.filing``)."""
 
-    store: Store
-    job_id: str
-    attempt: int
     world_size: int
     secrets: Mapping[str, str]
     echo: Callable[[str], None]
-    rejected: Callable[[int, Rejected], None]
     note: Callable[[str], None]  # never raises
     sequence: Callable[[], int]  # the supervisor's order of observations, shared by every node
-    observed: queue.SimpleQueue[Observation] = field(default_factory=queue.SimpleQueue)
+    handed: queue.SimpleQueue[Handed] = field(default_factory=queue.SimpleQueue)
     losses: Losses = field(default_factory=Losses)
 
 
@@ -257,18 +218,16 @@ class NodeWatcher:
         return Seen(self.handle.index, self.count, log.size if log is not None else None)
 
     def _mark(self) -> None:
-        """Store how far the journal was received, if it moved (output lines only are marked now and then)."""
-        if self._marked == self.count:
-            return
-        try:
-            self._relay.store.mark_seen(self._relay.job_id, self._relay.attempt, self._seen(self._log))
+        """Have how far the journal was received stored, if it moved (output lines only are marked now and then)."""
+        if self._marked != self.count:
+            self._relay.handed.put(ToStore(self._seen(self._log)))
             self._marked, self._marked_at = self.count, time.monotonic()
-        except Exception as exc:  # noqa: BLE001 - the store failing must not stop the relay (marked again later)
-            self._relay.note(f"node {self.handle.index}: the count of lines received could not be stored: {exc!r}")
 
     def _open_log(self) -> CappedLog | None:
+        handed = self._relay.handed
         try:
-            return CappedLog(self.log_path, self._relay.store, self._relay.job_id, self.handle.index)
+            return CappedLog(self.log_path, self.handle.index,
+                             lambda kind, message, data: handed.put(Noted(kind, message, data)))
         except OSError as exc:
             self._relay.note(f"node {self.handle.index}: its log file cannot be opened: {exc!r}")
             self._log_error = exc
@@ -286,18 +245,15 @@ class NodeWatcher:
         text = raw[1:] if raw.startswith("|") else raw
         if relay.secrets:
             text = mask(text, dict(relay.secrets))
-        relay.observed.put(Output(now))
+        relay.handed.put(Output(now))
         record = parse_line(text, world_size=relay.world_size, node=node, host=self.host)
         if isinstance(record, Rejected):
-            relay.rejected(node, record)
+            relay.handed.put(RejectedLine(node, record))
             return
         if record is not None:
-            relay.observed.put(Progress(node, record.rank, record.step, now))
-            try:
-                relay.store.add_metrics(relay.job_id, relay.attempt, [record], seen=self._seen(log))
-                self._marked = self.count
-            except Exception as exc:  # noqa: BLE001 - the store (its disk) failing must not stop the relay
-                relay.losses.add("records", 1, exc)
+            relay.handed.put(Progress(node, record.rank, record.step, now))
+            relay.handed.put(ToStore(self._seen(log), records=(record,)))
+            self._marked = self.count
             return
         match = _RANK_PREFIX.match(text)
         self._show(f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}", text, log, now)
@@ -339,8 +295,7 @@ class NodeWatcher:
             ticks = data.get("start_ticks")
             self.handle.pid = int(data["pid"])
             self.agent = (self.handle.pid, ticks if isinstance(ticks, int) else None)
-            self._relay.store.set_node(self._relay.job_id, self._relay.attempt, node, pid=self.agent[0],
-                                       start_ticks=self.agent[1])
+            self._relay.handed.put(AgentStarted(node, *self.agent))
         elif kind == "exit":
             with self._lock:
                 self._agent_exit = int(data["code"])
@@ -367,15 +322,12 @@ class NodeWatcher:
                 self._samples[sample.rank] = sample
                 self._pids.add(sample.pid)
         for sample in samples:
-            relay.observed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now))
+            relay.handed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now))
         joined = data.get("joined")
         if node == 0 and type(joined) is int and 0 <= joined <= MAX_JOINED:
-            relay.observed.put(Joined(joined, now))
-        try:
-            relay.store.add_samples(relay.job_id, relay.attempt, samples, seen=self._seen(log))
-            self._marked = self.count
-        except Exception as exc:  # noqa: BLE001 - the store (its disk) failing must not stop the relay
-            relay.losses.add("samples", len(samples), exc)
+            relay.handed.put(Joined(joined, now))
+        relay.handed.put(ToStore(self._seen(log), samples=tuple(samples)))
+        self._marked = self.count
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)

@@ -88,14 +88,14 @@ class StoreBase:
         with self._lock, self._guard():
             return self._db.execute(sql, params).fetchall()
 
-    def _transaction(self, sql: str, rows: list[tuple], also: tuple[tuple[str, tuple], ...] = ()) -> None:
-        """``sql`` for every row, then each of ``also`` (a statement and its parameters), in one transaction."""
+    def _transaction(self, *statements: tuple[str, list[tuple]]) -> None:
+        """Each statement for each of its parameter rows, in order, in one transaction (none without rows)."""
         with self._lock, self._guard():
             self._db.execute("BEGIN")
             try:
-                self._db.executemany(sql, rows)
-                for statement, params in also:
-                    self._db.execute(statement, params)
+                for sql, rows in statements:
+                    if rows:
+                        self._db.executemany(sql, rows)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -2,7 +2,7 @@
 
 ``CappedLog`` is what the supervisor's relay writes a node's lines through, in place of a plain
 file: it appends up to ``MAX_LOG_BYTES`` for the node and attempt, then writes one last line
-saying so, adds one ``log_capped`` event to the job, and drops the rest (the live tail, the
+saying so, has one ``log_capped`` event added to the job (``on_cap``), and drops the rest (the live tail, the
 verdicts and the metric records are not affected: only what is kept on disk).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ CAPPED = "log_capped"
 class CappedLog:
     """Append text to ``path`` until ``max_bytes``; then one marker line and one ``log_capped`` event."""
 
-    def __init__(self, path: Path, store: Any, job_id: str, node: int, max_bytes: int = MAX_LOG_BYTES) -> None:
-        self.path, self.store, self.job_id, self.node, self.max_bytes = Path(path), store, job_id, node, max_bytes
+    def __init__(self, path: Path, node: int, on_cap: Callable[[str, str, dict[str, Any]], None],
+                 max_bytes: int = MAX_LOG_BYTES) -> None:
+        """``on_cap(kind, message, data)``: the event to add to the job once the cap is reached."""
+        self.path, self.node, self.on_cap, self.max_bytes = Path(path), node, on_cap, max_bytes
         self._handle = open(self.path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in close()
         self.size = os.fstat(self._handle.fileno()).st_size
         self.capped = self.size >= max_bytes
@@ -45,8 +48,7 @@ class CappedLog:
                    "for a node; later lines are not kept")
         self._handle.write(f"{time.time():.3f} [{self.node}] launch: {message}\n")  # as the relay writes lines
         self._handle.flush()
-        self.store.add_event(self.job_id, CAPPED, message, {"node": self.node, "limit": self.max_bytes,
-                                                          "path": str(self.path)})
+        self.on_cap(CAPPED, message, {"node": self.node, "limit": self.max_bytes, "path": str(self.path)})
 
     def flush(self) -> None:
         self._handle.flush()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.metrics.record import MetricRecord, ProcessSample, RankUsage
@@ -31,9 +31,38 @@ class Seen:
     lines: int
     log_bytes: int | None
 
-    def statement(self, job_id: str, attempt: int) -> tuple[str, tuple]:
-        return ("UPDATE nodes SET seen = ?, log_bytes = ? WHERE job_id = ? AND attempt = ? AND node = ?",
-                (self.lines, self.log_bytes, job_id, attempt, self.node))
+    def row(self, job_id: str, attempt: int) -> tuple:
+        return self.lines, self.log_bytes, job_id, attempt, self.node
+
+
+@dataclass
+class Batch:
+    """What the supervisor's loop files in one transaction: metric records and samples of an attempt, and how far
+    each node's journal was received once they were (the last ``Seen`` of each node)."""
+
+    records: list[MetricRecord] = field(default_factory=list)
+    samples: list[ProcessSample] = field(default_factory=list)
+    seen: dict[int, Seen] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.samples or self.seen)
+
+
+SEEN_SQL = "UPDATE nodes SET seen = ?, log_bytes = ? WHERE job_id = ? AND attempt = ? AND node = ?"
+METRICS_SQL = "INSERT INTO metrics (job_id, attempt, node, rank, step, record) VALUES (?,?,?,?,?,?)"
+SAMPLES_SQL = """INSERT INTO samples (job_id, attempt, rank, node, host, pid, t, cpu_s, rss_bytes, rss_peak_bytes,
+   gpu_mem_bytes, gpu_mem_peak_bytes, gpu_util_sum, gpu_util_samples, samples)
+   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)
+   ON CONFLICT (job_id, attempt, rank) DO UPDATE SET
+   node = excluded.node, host = excluded.host, pid = excluded.pid, t = excluded.t,
+   cpu_s = excluded.cpu_s, rss_bytes = excluded.rss_bytes,
+   rss_peak_bytes = max(coalesce(rss_peak_bytes, 0), excluded.rss_peak_bytes),
+   gpu_mem_bytes = excluded.gpu_mem_bytes,
+   gpu_mem_peak_bytes = CASE WHEN excluded.gpu_mem_peak_bytes IS NULL THEN gpu_mem_peak_bytes
+       ELSE max(coalesce(gpu_mem_peak_bytes, 0), excluded.gpu_mem_peak_bytes) END,
+   gpu_util_sum = gpu_util_sum + excluded.gpu_util_sum,
+   gpu_util_samples = gpu_util_samples + excluded.gpu_util_samples,
+   samples = samples + 1"""
 
 
 class RecordsStore(StoreBase):
@@ -80,28 +109,29 @@ class RecordsStore(StoreBase):
 
     def mark_seen(self, job_id: str, attempt: int, seen: Seen) -> None:
         """Record how far node ``seen.node``'s journal was received (see ``Seen``)."""
-        self._execute(*seen.statement(job_id, attempt))
+        self._execute(SEEN_SQL, seen.row(job_id, attempt))
 
-    def add_metrics(self, job_id: str, attempt: int, records: Iterable[MetricRecord | Mapping[str, Any]],
-                    seen: Seen | None = None) -> None:
+    def add_batch(self, job_id: str, attempt: int, batch: Batch) -> None:
+        """File an attempt's records and samples and where each node's journal stands, in one transaction."""
+        if batch:
+            self._transaction((METRICS_SQL, self._metric_rows(job_id, attempt, batch.records)),
+                              (SAMPLES_SQL, self._sample_rows(job_id, attempt, batch.samples)),
+                              (SEEN_SQL, [seen.row(job_id, attempt) for seen in batch.seen.values()]))
+
+    def add_metrics(self, job_id: str, attempt: int, records: Iterable[MetricRecord | Mapping[str, Any]]) -> None:
         """Store metric records of an attempt (one transaction for the batch), each under this job and attempt.
 
         Records come from ``parse_line`` (validated, with the channel's node and host); a mapping is
         read as a stored row is. A job keeps at most ``max_metric_records``: later ones are dropped,
         and a ``metrics_capped`` event says so once.
         """
-        rows = []
-        for item in records:
-            record = item if isinstance(item, MetricRecord) else MetricRecord.from_stored(item)
-            if record is None:
-                continue
-            wire = {**record.to_wire(), "job": job_id}
-            rows.append((job_id, attempt, record.node, record.rank, record.step, json_text(wire)))
-        rows = self._within_metric_cap(job_id, rows)
-        also = (seen.statement(job_id, attempt),) if seen is not None else ()
-        if rows or also:
-            self._transaction("INSERT INTO metrics (job_id, attempt, node, rank, step, record) VALUES (?,?,?,?,?,?)", rows,
-                              also)
+        valid = [item if isinstance(item, MetricRecord) else MetricRecord.from_stored(item) for item in records]
+        self._transaction((METRICS_SQL, self._metric_rows(job_id, attempt, [r for r in valid if r is not None])))
+
+    def _metric_rows(self, job_id: str, attempt: int, records: list[MetricRecord]) -> list[tuple]:
+        rows = [(job_id, attempt, record.node, record.rank, record.step, json_text({**record.to_wire(), "job": job_id}))
+                for record in records]
+        return self._within_metric_cap(job_id, rows)
 
     def metrics(self, job_id: str) -> list[MetricRecord]:
         """A job's records, in arrival order, each with its attempt; rows that are not valid records are left out."""
@@ -114,35 +144,21 @@ class RecordsStore(StoreBase):
                 records.append(record)
         return records
 
-    def add_samples(self, job_id: str, attempt: int, samples: Iterable[ProcessSample], seen: Seen | None = None) -> None:
+    def add_samples(self, job_id: str, attempt: int, samples: Iterable[ProcessSample]) -> None:
         """Fold the node agent's process samples into one row per rank and attempt.
 
         Kept: the latest sample (time, pid, CPU seconds, RSS, GPU memory), the peaks of RSS
         and GPU memory, and the sum and count of GPU utilisation readings (for the mean).
         """
-        rows = [
+        self._transaction((SAMPLES_SQL, self._sample_rows(job_id, attempt, samples)))
+
+    @staticmethod
+    def _sample_rows(job_id: str, attempt: int, samples: Iterable[ProcessSample]) -> list[tuple]:
+        return [
             (job_id, attempt, s.rank, s.node, s.host, s.pid, s.t, s.cpu_s, s.rss_bytes, max(s.rss_peak_bytes, s.rss_bytes),
              s.gpu_mem_bytes, s.gpu_mem_bytes, s.gpu_util or 0.0, int(s.gpu_util is not None))
             for s in samples
         ]
-        also = (seen.statement(job_id, attempt),) if seen is not None else ()
-        if rows or also:
-            self._transaction(
-                """INSERT INTO samples (job_id, attempt, rank, node, host, pid, t, cpu_s, rss_bytes, rss_peak_bytes,
-                   gpu_mem_bytes, gpu_mem_peak_bytes, gpu_util_sum, gpu_util_samples, samples)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)
-                   ON CONFLICT (job_id, attempt, rank) DO UPDATE SET
-                   node = excluded.node, host = excluded.host, pid = excluded.pid, t = excluded.t,
-                   cpu_s = excluded.cpu_s, rss_bytes = excluded.rss_bytes,
-                   rss_peak_bytes = max(coalesce(rss_peak_bytes, 0), excluded.rss_peak_bytes),
-                   gpu_mem_bytes = excluded.gpu_mem_bytes,
-                   gpu_mem_peak_bytes = CASE WHEN excluded.gpu_mem_peak_bytes IS NULL THEN gpu_mem_peak_bytes
-                       ELSE max(coalesce(gpu_mem_peak_bytes, 0), excluded.gpu_mem_peak_bytes) END,
-                   gpu_util_sum = gpu_util_sum + excluded.gpu_util_sum,
-                   gpu_util_samples = gpu_util_samples + excluded.gpu_util_samples,
-                   samples = samples + 1""",
-                rows, also,
-            )
 
     def samples(self, job_id: str) -> list[RankUsage]:
         """What the node agents saw of each rank, per attempt (rows that do not read as valid are left out)."""

@@ -235,7 +235,7 @@ def test_a_node_log_is_capped_with_one_marker_line_and_one_event(tmp_path):
     store = Store(tmp_path / "home")
     store.create_job(_plan("s-000027"), {})
     path = tmp_path / "attempt0-node1.log"
-    with CappedLog(path, store, "s-000027", 1, max_bytes=100) as log:
+    with CappedLog(path, 1, lambda *event: store.add_event("s-000027", *event), max_bytes=100) as log:
         for index in range(50):
             log.write(f"1700000000.000 [1/0] line {index:02d}\n")  # 30 bytes a line
     kept = path.read_text().splitlines()
@@ -243,6 +243,6 @@ def test_a_node_log_is_capped_with_one_marker_line_and_one_event(tmp_path):
     assert kept[3].endswith("[1] launch: node 1: its log reached 100 bytes, the most launch keeps for a node; "
                             "later lines are not kept")
     assert [e["kind"] for e in store.events("s-000027")] == ["log_capped"]
-    with CappedLog(path, store, "s-000027", 1, max_bytes=100) as log:  # a resumed relay finds it full
+    with CappedLog(path, 1, lambda *event: store.add_event("s-000027", *event), max_bytes=100) as log:  # a resumed relay finds it full
         assert log.write("more\n") == 0
     assert len(path.read_text().splitlines()) == 4

@@ -14,7 +14,6 @@ from launcher.backends.base import Followed
 from launcher.node import agent, rendezvous
 from launcher.run.liveness import Joined
 from launcher.run.watcher import NodeWatcher, Relay
-from launcher.store.db import Store
 from tests.unit.test_node_agent import _run_agent
 
 
@@ -71,20 +70,9 @@ class _Node0:
 
 
 def test_node_0s_count_reaches_the_supervisors_liveness_and_a_bad_one_does_not(tmp_path: Path) -> None:
-    from launcher.backends import plan_job
-    from launcher.run.orchestrate import stored_spec
-    from launcher.spec import ClusterSpec, JobSpec
-
-    cluster = ClusterSpec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
-                          nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 1} for i in (1, 2)])
-    spec = JobSpec(name="unit", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 1})
-    plan = plan_job(spec, cluster, "unit-00000003", rdzv_port=29500)
-    store = Store(tmp_path / "home")
-    store.create_job(plan, stored_spec(spec, cluster, run_check=True))
     observed: queue.SimpleQueue = queue.SimpleQueue()
-    relay = Relay(store=store, job_id=plan.job_id, attempt=0, world_size=2, secrets={}, echo=lambda line: None,
-                  rejected=lambda node, rejected: None, note=lambda text: None,
-                  sequence=iter(range(10**6)).__next__, observed=observed)
+    relay = Relay(world_size=2, secrets={}, echo=lambda line: None, note=lambda text: None,
+                  sequence=iter(range(10**6)).__next__, handed=observed)
     lines = ['@sample {"t": 1.0, "ranks": [], "joined": 1}', '@sample {"t": 2.0, "ranks": [], "joined": -4}',
              '@sample {"t": 3.0, "ranks": [], "joined": "2"}', '@sample {"t": 4.0, "ranks": [], "joined": true}',
              '@exit {"code": 0}']

@@ -4,7 +4,6 @@ node again from the lines it had (a fake follow; no sleeps beyond the first retr
 from __future__ import annotations
 
 import json
-import queue
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.run import contact
 from launcher.run import watcher as watcher_module
 from launcher.run.contact import OutOfContact, Pulse, verdict
+from launcher.run.filing import Filer
 from launcher.run.liveness import Liveness
 from launcher.run.orchestrate import stored_spec
 from launcher.run.watcher import NodeWatcher, Relay, Resume
@@ -146,9 +146,15 @@ def relay(tmp_path: Path):
     store.create_job(plan, stored_spec(spec, CLUSTER, run_check=True))
     store.set_node(plan.job_id, 0, 1, host="h2", state="RUNNING")
     echoed: list[str] = []
-    return Relay(store=store, job_id=plan.job_id, attempt=0, world_size=4, secrets={}, echo=echoed.append,
-                 rejected=lambda node, rejected: None, note=lambda text: None, sequence=iter(range(10**6)).__next__,
-                 observed=queue.SimpleQueue()), echoed
+    relay = Relay(world_size=4, secrets={}, echo=echoed.append, note=lambda text: None,
+                  sequence=iter(range(10**6)).__next__)
+    return relay, Filer(store, plan.job_id, 0, relay.losses, lambda node, rejected: None, lambda text: None), echoed
+
+
+def filed(relay: Relay, filer: Filer) -> Store:
+    """What the supervisor's loop does with what the watchers handed over: files it; the store."""
+    filer.take(relay.handed, Liveness(0.0))
+    return filer.store
 
 
 JOURNAL = ['@started {"pid":4242,"start_ticks":99}', output("[2]:hello"), record(2, 1), sample(1.0),
@@ -157,40 +163,43 @@ JOURNAL = ['@started {"pid":4242,"start_ticks":99}', output("[2]:hello"), record
 
 def test_a_broken_stream_is_followed_again_from_the_lines_received(relay, tmp_path, monkeypatch):
     monkeypatch.setattr(watcher_module, "retry_delay", lambda tries: 0.0)
-    relay, echoed = relay
+    relay, filer, echoed = relay
     journal = Journal(JOURNAL, fail=2)
     watcher = NodeWatcher(journal.handle(0, upto=5), "h2", tmp_path / "n1.log", relay, follow=journal.follow)
     watcher.join(10)
     assert watcher.done and watcher.handle.poll() == 0
     assert journal.asked == [(1, 5, (4242, 99))] * 3, "two refused tries, then the journal from line 6"
     assert echoed == ["[1/2] hello", "[1/2] between", "[1/2] bye"]
-    assert [r.step for r in relay.store.metrics(relay.job_id)] == [1, 2]
-    row = relay.store.nodes(relay.job_id, 0)[0]
+    store = filed(relay, filer)
+    assert [r.step for r in store.metrics(filer.job_id)] == [1, 2]
+    row = store.nodes(filer.job_id, 0)[0]
     assert row["seen"] == len(JOURNAL) and row["start_ticks"] == 99
 
 
 def test_a_resumed_watcher_writes_no_line_twice_and_loses_none(relay, tmp_path):
-    relay, echoed = relay
+    relay, filer, echoed = relay
     log = tmp_path / "n1.log"
     first = NodeWatcher(Journal(JOURNAL).handle(0, upto=5), "h2", log, relay)
     first.join(10)
-    assert relay.store.nodes(relay.job_id, 0)[0]["seen"] == 5
+    store, job_id = filed(relay, filer), filer.job_id
+    assert store.nodes(job_id, 0)[0]["seen"] == 5
     # killed after the output line 5 was logged, before it was marked: the store's last mark is the sample's (line 4)
     before = len(log.read_text().splitlines()[0]) + 1
-    relay.store.mark_seen(relay.job_id, 0, Seen(1, 4, before))
-    row = relay.store.nodes(relay.job_id, 0)[0]
+    store.mark_seen(job_id, 0, Seen(1, 4, before))
+    row = store.nodes(job_id, 0)[0]
     resume = Resume(row["seen"], row["log_bytes"], (4242, 99))
     second = NodeWatcher(Journal(JOURNAL).handle(row["seen"]), "h2", log, relay, resume=resume)
     second.join(10)
     shown = [line.partition(" ")[2] for line in log.read_text().splitlines()]
     assert shown == ["[1/2] hello", "[1/2] between", "[1/2] bye"]
-    assert [r.step for r in relay.store.metrics(relay.job_id)] == [1, 2]
-    assert relay.store.nodes(relay.job_id, 0)[0]["seen"] == len(JOURNAL)
+    filed(relay, filer)
+    assert [r.step for r in store.metrics(job_id)] == [1, 2]
+    assert store.nodes(job_id, 0)[0]["seen"] == len(JOURNAL)
 
 
 def test_an_out_of_contact_node_is_described_until_the_loop_gives_up(relay, tmp_path, monkeypatch):
     monkeypatch.setattr(watcher_module, "retry_delay", lambda tries: 0.01)
-    relay, _ = relay
+    relay, _, _ = relay
     journal = Journal(JOURNAL, fail=10**6)
     watcher = NodeWatcher(journal.handle(0, upto=2), "h2", tmp_path / "n1.log", relay, follow=journal.follow)
     for _ in range(500):

@@ -84,7 +84,7 @@ def test_metric_records_the_store_refused_are_said_in_the_reason_and_an_event(
     def refuse(*args, **kwargs):
         raise StoreError("the store could not be written: database or disk is full")
 
-    monkeypatch.setattr(store, "add_metrics", refuse)
+    monkeypatch.setattr(store, "add_batch", refuse)  # the one write of records (and samples, marks) a round
     assert sup.run() == JobState.SUCCEEDED
     row = store.job("unit-00000001")
     assert row["reason"] == ("succeeded, but its record is incomplete: 3 metric record(s) could not be stored "
@@ -106,7 +106,7 @@ def test_a_full_disk_under_launch_home_does_not_hang_the_job_and_its_reason_says
     def full(*args, **kwargs):
         raise StoreError("the store could not be written: database or disk is full")
 
-    monkeypatch.setattr(store, "add_samples", full)
+    monkeypatch.setattr(store, "add_batch", full)  # the one write of records, samples and marks a round
     assert sup.run() == JobState.SUCCEEDED
     row = store.job("unit-00000001")
     assert row["state"] == "SUCCEEDED"
@@ -167,3 +167,30 @@ def test_a_console_that_went_away_loses_nothing(tmp_path: Path) -> None:
     row = store.job("unit-00000001")
     assert row["reason"] is None
     assert (Path(row["run_dir"]) / "attempt0-node1.log").read_text().endswith("[1] epoch 1\n")
+
+
+def test_only_the_loop_writes_the_store_and_it_files_many_lines_a_transaction(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The single writer: the watchers' threads only hand over; the loop files records, samples and marks in one
+    transaction a round, so 400 records of two nodes take far fewer than 400 transactions."""
+    import threading
+
+    usage = sample(1.0, {"rank": 2, "pid": 42, "pids": [42], "cpu_s": 1.0, "rss_bytes": 1, "rss_peak_bytes": 1})
+    node0 = [record(rank, step) for step in range(1, 101) for rank in (0, 1)]
+    node1 = [usage] + [record(rank, step) for step in range(1, 101) for rank in (2, 3)]
+    backend = FakeBackend(CLUSTER, [[NodeScript(node0), NodeScript(node1)]])
+    sup, store = _supervisor(tmp_path, backend)
+    writers: set[str] = set()
+    batches = []
+    for name in ("add_batch", "add_metrics", "add_samples", "mark_seen", "set_node", "add_event", "update_job"):
+        def spy(*args, _real=getattr(store, name), _name=name, **kwargs):
+            writers.add(threading.current_thread().name)
+            if _name == "add_batch":
+                batches.append(args[2])
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(store, name, spy)
+    assert sup.run() == JobState.SUCCEEDED
+    assert writers == {threading.current_thread().name}, "no watcher thread wrote the store"
+    assert len(store.metrics("unit-00000001")) == 400
+    assert sum(len(batch.records) for batch in batches) == 400 and len(batches) < 100
+    assert [row["seen"] for row in store.nodes("unit-00000001", 0)] == [len(node0) + 1, len(node1) + 1], "and @exit"
