@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import cast
 
@@ -49,6 +49,7 @@ from launcher.store.db import Store
 from launcher.store.states import JobState, NodeState
 
 SETTLE_S = 1.0
+DRAIN_S = 5.0  # how long the node watchers may take to read their nodes' last lines, all together
 REPORT_WAIT_S = 5.0  # how long failed nodes' output may take to reach us (their failure reports), under load
 POLL_S = 0.1
 HEARTBEAT_S = 2.0  # how often the loop records that the job's supervisor is alive (jobs.supervisor_at)
@@ -314,6 +315,7 @@ class Supervisor:
             self.plan.job_id, "records_lost", f"attempt {filer.attempt}: {lost.describe()}", data))
 
     def _sweep(self) -> None:
+        self._heartbeat()
         report = self.backend.sweep(self.plan, self.grace)
         for problem in report.problems():
             self.store.add_event(self.plan.job_id, "sweep", problem,
@@ -619,14 +621,19 @@ class Supervisor:
                    key=failures.precedence)
 
     def _teardown(self, watchers: list[NodeWatcher]) -> None:
+        """Stop every node (at most 32 at once); the heartbeat moves as they stop, so `launch cancel` sees progress."""
         self._quiet.set()
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(watchers)))) as pool:
-            list(pool.map(lambda w: w.handle.terminate(self.grace), watchers))
+            for stopped in as_completed([pool.submit(w.handle.terminate, self.grace) for w in watchers]):
+                stopped.result()
+                self._heartbeat()
         self._drain(watchers)
 
     def _drain(self, watchers: list[NodeWatcher]) -> None:
+        """Let the watchers read their nodes' last lines: 5 s for all of them together."""
+        deadline = time.monotonic() + DRAIN_S
         for watcher in watchers:
-            watcher.join(5.0)
+            watcher.join(max(0.0, deadline - time.monotonic()))
 
     def _record_exits(self, watchers: list[NodeWatcher], attempt: int, exits: dict[int, NodeExit]) -> None:
         for watcher in watchers:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,31 @@ def test_cancel_never_calls_a_slow_supervisor_gone(home: Path) -> None:
         slow.kill()
         slow.wait()
     assert supervisor_gone(store, job_id) == f"its process {slow.pid} has exited"
+
+
+STOPPING = ("import signal, sys, time; from pathlib import Path; from launcher.run import identity; "
+            "from launcher.store.db import Store; store = Store(Path(sys.argv[1])); job = sys.argv[2]; "
+            "identity.record(store.run_dir(job), job); "
+            "signal.signal(signal.SIGTERM, lambda *_: None); print('ready', flush=True); signal.pause(); "
+            "[(time.sleep(0.4), store.update_job(job, supervisor_at=time.time())) for node in range(5)]; "
+            "store.transition(job, 'CANCELLED', reason='cancelled by user')")
+
+
+def test_cancel_waits_for_a_supervisor_that_keeps_stopping_nodes(home: Path) -> None:
+    """64 hosts take a while to stop: each one stopped moves the supervisor's heartbeat, and cancel waits on."""
+    store = _recorded(home)
+    job_id = "orphan-0000aaaa"
+    stopping = subprocess.Popen([sys.executable, "-c", STOPPING, str(home), job_id, "launcher.run.detached"],
+                                stdout=subprocess.PIPE, text=True,
+                                cwd=ROOT)
+    try:
+        assert stopping.stdout.readline() == "ready\n"
+        started = time.monotonic()
+        row = cancel(store, job_id, wait=1.0)
+        assert row["state"] == "CANCELLED" and time.monotonic() - started > 1.0, "waited past `wait`, on progress"
+    finally:
+        stopping.kill()
+        stopping.wait()
 
 
 def test_cancel_of_a_job_whose_supervisor_died_cleans_up_and_says_why(home: Path) -> None:

@@ -182,13 +182,19 @@ def test_only_the_loop_writes_the_store_and_it_files_many_lines_a_transaction(
     sup, store = _supervisor(tmp_path, backend)
     writers: set[str] = set()
     batches = []
-    for name in ("add_batch", "add_metrics", "add_samples", "mark_seen", "set_node", "add_event", "update_job"):
-        def spy(*args, _real=getattr(store, name), _name=name, **kwargs):
+
+    def spied(name: str):
+        real = getattr(store, name)
+
+        def spy(*args, **kwargs):
             writers.add(threading.current_thread().name)
-            if _name == "add_batch":
+            if name == "add_batch":
                 batches.append(args[2])
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(store, name, spy)
+            return real(*args, **kwargs)
+        return spy
+
+    for name in ("add_batch", "add_metrics", "add_samples", "mark_seen", "set_node", "add_event", "update_job"):
+        monkeypatch.setattr(store, name, spied(name))
     assert sup.run() == JobState.SUCCEEDED
     assert writers == {threading.current_thread().name}, "no watcher thread wrote the store"
     assert len(store.metrics("unit-00000001")) == 400
