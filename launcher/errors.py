@@ -46,3 +46,19 @@ class JobNotFound(LaunchError):
     """No job in the store matches the id given."""
 
     exit_code = 4
+
+
+FENCED_EXIT = 5  # a supervisor that a newer one took the job from (`launch attach --takeover`) exits with this
+
+
+class SupervisorFenced(LaunchError):
+    """A newer supervisor generation took the job: this one stops deciding and writing, and says so."""
+
+    exit_code = FENCED_EXIT
+
+    def __init__(self, job_id: str, newer: dict) -> None:
+        where = f"process {newer.get('pid') or '?'} on {newer.get('host') or '?'}"
+        super().__init__(f"job {job_id}: taken over by a newer supervisor (generation {newer.get('generation')}, "
+                         f"{where}); this one stops here",
+                         hint=f"`launch status {job_id}` shows the job and its supervisor")
+        self.newer = newer

@@ -25,7 +25,7 @@ from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.stopping import term_then_kill
 from launcher.catalog.strategies import get_strategy
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, SupervisorFenced
 from launcher.node.ship import node_argv, stdin_argv, stdin_request
 from launcher.plan import containers
 from launcher.plan.commands import RECIPE_MODULE
@@ -205,8 +205,8 @@ class FollowHandle:
         term_then_kill(self._signal, lambda wait: self._ended.wait(wait) or self.poll() is not None, grace, kill_wait=5.0)
 
     def _signal(self, sig: int) -> None:
-        self._backend.node_command(self._plan, self.index, "signal",
-                                   {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
+        self._backend.fenced_command(self._plan, self.index, "signal",
+                                     {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
 
 
 def whole_lines(chunks: Iterator[bytes]) -> Iterator[str]:
@@ -297,6 +297,9 @@ class Backend(ABC):
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
+        #: the generation of the supervisor using this backend (None: `launch cancel` of a job without one): the
+        #: nodes refuse its signals and sweeps once they record a newer one (``fenced_command``)
+        self.generation: int | None = None
 
     # planning: pure, no connection
 
@@ -464,6 +467,17 @@ class Backend(ABC):
         except ValueError:
             return None, f"unreadable answer: {lines[-1][:200]}"
 
+    def fenced_command(self, plan: Plan, index: int, command: str, request: dict,
+                       timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
+        """``node_command`` for what only the supervisor in charge may do (signal, end): with this backend's
+        ``generation``, which the node checks; SupervisorFenced when it records a newer one."""
+        if self.generation is not None:
+            request = {**request, "job_id": plan.job_id, "node": index, "generation": self.generation}
+        answer, error = self.node_command(plan, index, command, request, timeout)
+        if answer is not None and isinstance(answer.get("fenced"), dict):
+            raise SupervisorFenced(plan.job_id, answer["fenced"])
+        return answer, error
+
     def on_nodes(self, plan: Plan, step: Callable[[int], object]) -> list:
         """``step(index)`` for every node of the plan, in parallel, results in node order."""
         with ThreadPoolExecutor(max_workers=max(1, min(32, plan.nnodes))) as pool:
@@ -476,9 +490,9 @@ class Backend(ABC):
         def one(index: int) -> NodeSweep:
             host = self.host(plan, index)
             cleanup = [list(c) for c in plan.nodes[index].cleanup] if end else []
-            answer, error = self.node_command(plan, index, "end" if end else "list",
-                                              {"job_id": plan.job_id, "grace": grace, "cleanup": cleanup},
-                                              timeout=grace + 30 + 30 * len(cleanup))
+            answer, error = self.fenced_command(plan, index, "end" if end else "list",
+                                                {"job_id": plan.job_id, "grace": grace, "cleanup": cleanup},
+                                                timeout=grace + 30 + 30 * len(cleanup))
             if answer is None:
                 return NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail=error)
             pids = tuple(answer["pids"])

@@ -60,8 +60,8 @@ def attach(job, cluster_path, takeover):
       launch attach cifar10-convnet-3f2a1c9e --takeover          # from the supervisor on the laptop
       launch attach cifar10-convnet-3f2a1c9e --cluster lab.yaml  # on another machine
     """
+    from launcher.errors import SupervisorFenced
     from launcher.run import orchestrate
-    from launcher.run.identity import SupervisorFenced
     from launcher.store.db import Store
 
     store = Store()

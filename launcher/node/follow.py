@@ -169,6 +169,20 @@ def _existing_run_dir(req: dict) -> str | None:
     return job_run_dir(job_id, req.get("run_root"))
 
 
+def fenced_request(req: dict) -> dict | None:
+    """The newer generation's record when a supervisor of generation ``req["generation"]`` asks something only the
+    one in charge of node ``req["node"]`` may (signal, end); None while it is, or when no generation is given
+    (`launch cancel` of a job whose supervisor is gone)."""
+    generation, node = req.get("generation"), req.get("node")
+    if type(generation) is not int or type(node) is not int:
+        return None
+    try:
+        run_dir = _existing_run_dir(req)
+    except (RunDirError, OSError):
+        return None
+    return fenced_by(run_dir, node, generation) if run_dir is not None else None
+
+
 def _answer(data: dict) -> int:
     print(json.dumps(data, separators=(",", ":")), flush=True)
     return 0

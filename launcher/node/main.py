@@ -40,10 +40,17 @@ def main(argv: list[str]) -> int:
         from . import stacks
 
         return stacks.main(rest)
+    if command in ("list", "end", "signal"):
+        from . import follow
+
+        req = json.loads(rest[0])
+        newer = follow.fenced_request(req)
+        if newer is not None:  # a newer supervisor is in charge: the older one's signals and sweeps are refused
+            print(json.dumps({"fenced": newer}), flush=True)
+            return 0
     if command in ("list", "end"):
         from . import agent, proctree
 
-        req = json.loads(rest[0])
         failed = agent.run_cleanup(req.get("cleanup", []), req["grace"]) if command == "end" else []
         pids = proctree.job_pids(req["job_id"]) if command == "list" else proctree.end_job(req["job_id"], req["grace"])
         print(json.dumps({"pids": pids, "cleanup_failed": failed}), flush=True)
@@ -51,7 +58,6 @@ def main(argv: list[str]) -> int:
     if command == "signal":
         from . import proctree
 
-        req = json.loads(rest[0])
         sent = proctree.signal_if(req["pid"], req["start_ticks"], req["signal"])
         print(json.dumps({"sent": sent}), flush=True)
         return 0

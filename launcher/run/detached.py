@@ -23,7 +23,7 @@ import time
 import traceback
 
 from launcher.backends import Backend, get_backend
-from launcher.run.identity import FENCED_EXIT, SupervisorFenced
+from launcher.errors import FENCED_EXIT, SupervisorFenced
 from launcher.run.orchestrate import attach, end_unsupervised, make_supervisor
 from launcher.run.recorded import RecordedJob
 from launcher.run.secrets import read_secrets

@@ -19,28 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import LaunchError
 from launcher.node.journal import write_atomically
 from launcher.node.proctree import start_ticks
 
 IDENTITY_FILE = "supervisor.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-FENCED_EXIT = 5  # a supervisor that a newer one took the job from (`launch attach --takeover`) exits with this
-
-
-class SupervisorFenced(LaunchError):
-    """A newer supervisor generation took the job: this one stops deciding and writing, and says so."""
-
-    exit_code = FENCED_EXIT
-
-    def __init__(self, job_id: str, newer: dict) -> None:
-        where = f"process {newer.get('pid') or '?'} on {newer.get('host') or '?'}"
-        super().__init__(f"job {job_id}: taken over by a newer supervisor (generation {newer.get('generation')}, "
-                         f"{where}); this one stops here",
-                         hint=f"`launch status {job_id}` shows the job and its supervisor")
-        self.newer = newer
-
-
 def _boot_id() -> str | None:
     try:
         return Path(BOOT_ID).read_text().strip()

@@ -29,7 +29,7 @@ from typing import cast
 from launcher.backends import failures
 from launcher.backends.base import Backend, NodeHandle, Preflight, StageSink, StartContext, no_stage
 from launcher.backends.failures import LOST_NODE_EXIT, Failure, FailureKind
-from launcher.errors import LaunchError, NodeStartError, PreflightError
+from launcher.errors import LaunchError, NodeStartError, PreflightError, SupervisorFenced
 from launcher.metrics.record import Rejected, RejectedCount
 from launcher.plan.planner import Plan
 from launcher.run import contact, identity, stacks
@@ -111,6 +111,7 @@ class Supervisor:
         self.store = store
         self.plan = plan
         self.backend = backend
+        backend.generation = generation  # the nodes refuse this supervisor's signals and sweeps once taken over
         self.echo = echo
         self._warn = warn
         self.stage = stage
@@ -196,7 +197,7 @@ class Supervisor:
     def _supervise(self, resume: int | None) -> JobState:
         job_id = self.plan.job_id
         outcome: Outcome | None = Outcome(JobState.FAILED, "launch internal error: the supervisor was interrupted")
-        fenced: identity.SupervisorFenced | None = None
+        fenced: SupervisorFenced | None = None
         try:
             identity.record(self.run_dir, job_id, self.generation)
             self.store.update_job(job_id, supervisor_pid=os.getpid(), supervisor_at=time.time())
@@ -208,7 +209,7 @@ class Supervisor:
             else:
                 self.store.add_event(job_id, "launching", f"starting {self.plan.nnodes} node(s) on {self.plan.backend}")
                 outcome = self._attempts()
-        except identity.SupervisorFenced as exc:  # a newer supervisor decides now: no sweep, no state, no notice
+        except SupervisorFenced as exc:  # a newer supervisor decides now: no sweep, no state, no notice
             fenced = exc
         except Exception as exc:  # noqa: BLE001 - the job must end, whatever went wrong in launch
             outcome = self._internal_error(exc)
@@ -337,6 +338,7 @@ class Supervisor:
             return f"{host} failed first in two attempts and was left out, but the job cannot restart without it: {exc}"
         self._guarded("closing the backend of the hosts left out", self.backend.close)
         self.plan, self.backend = plan, backend
+        backend.generation = self.generation
         self.store.add_event(
             self.plan.job_id, "node_left_out",
             f"{host} failed first in two attempts: left out; restarting on {', '.join(n.host for n in plan.nodes)}",
@@ -358,6 +360,7 @@ class Supervisor:
             return f"not restarted on fewer nodes: {exc}"
         self._guarded("closing the backend of the previous attempt", self.backend.close)
         self.plan, self.backend, self.place = shrunk.plan, shrunk.backend, shrunk.place or self.place
+        shrunk.backend.generation = self.generation
         if self.hangs is not None:
             self.hangs.hosts = tuple(n.host for n in shrunk.plan.nodes)
         self.store.add_event(self.plan.job_id, "elastic_restart", shrunk.message, shrunk.data)
@@ -427,7 +430,7 @@ class Supervisor:
         """Do what ``step`` decided on ``event``: the attempt's outcome."""
         job_id = self.plan.job_id
         if do is Do.STOP and isinstance(event, Fenced):
-            raise identity.SupervisorFenced(job_id, dict(event.by))
+            raise SupervisorFenced(job_id, dict(event.by))
         if do is Do.FAIL:
             failure = self._first_failure(watchers, attempt, exits)
             self.store.add_event(job_id, "node_failed", failure.describe(), failure.model_dump(mode="json"))
@@ -520,7 +523,7 @@ class Supervisor:
         answers = self.backend.on_nodes(self.plan, lambda index: self.backend.fence(self.plan, index, job_id)[0])
         for answer in answers:
             if answer is not None and isinstance(answer.get("generation"), int) and answer["generation"] > self.generation:
-                raise identity.SupervisorFenced(job_id, answer)
+                raise SupervisorFenced(job_id, answer)
 
     def _new_relay(self, attempt: int) -> Relay:
         self._file_losses()  # what the previous attempt's watchers handed over last

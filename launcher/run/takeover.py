@@ -5,7 +5,7 @@ generation in charge (``node<N>.generation``; none: 0, the submitting supervisor
 records a newer one on every node (the ``fence`` node command) before it follows the job: from then
 on a ``follow`` of an older generation is answered ``@fenced``, and an agent whose stdout goes to
 an older supervisor closes it, so the older one learns within a second or two that it was taken
-over and stops, deciding and writing nothing (``identity.SupervisorFenced``).
+over and stops, deciding and writing nothing (``SupervisorFenced``).
 
 `launch attach JOB --cluster FILE` of a job this store does not know reads the job back from its
 nodes: each agent keeps the job's record (plan, specs, attempt; no secret's value) in its run

@@ -14,7 +14,7 @@ import pytest
 
 from launcher.backends import plan_job
 from launcher.backends.base import Followed
-from launcher.errors import LaunchError
+from launcher.errors import FENCED_EXIT, LaunchError, SupervisorFenced
 from launcher.node import follow, journal
 from launcher.run import takeover
 from launcher.run.recorded import stored_spec
@@ -243,7 +243,6 @@ def _recorded(tmp_path: Path, job_id: str):
 
 def test_a_supervisor_whose_follow_is_fenced_stops_without_writing_an_end(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.run import identity
     from launcher.run import watcher as watcher_module
     from launcher.run.supervisor import Supervisor
     from tests.unit.fakes import NodeScript, record
@@ -251,11 +250,11 @@ def test_a_supervisor_whose_follow_is_fenced_stops_without_writing_an_end(tmp_pa
     monkeypatch.setattr(watcher_module, "retry_delay", lambda tries: 0.01)
     store, plan = _recorded(tmp_path, "unit-0000f0f0")
     backend = _fenced_backend([NodeScript(lines=[record(0, 1)], code=None), NodeScript(lines=[], broken=True)], False)
-    with pytest.raises(identity.SupervisorFenced) as raised:
+    with pytest.raises(SupervisorFenced) as raised:
         Supervisor(store, plan, backend, grace=0.1).run()
     assert str(raised.value).startswith("job unit-0000f0f0: taken over by a newer supervisor (generation 1, process 4242 "
                                         "on login-2); this one stops here")
-    assert raised.value.exit_code == identity.FENCED_EXIT
+    assert raised.value.exit_code == FENCED_EXIT
     row = store.job(plan.job_id)
     assert row["state"] == "RUNNING" and row["ended_at"] is None
     assert backend.swept_nodes == 0 and backend.closed and backend.followed == [(1, 0)]
@@ -266,14 +265,13 @@ def test_a_supervisor_whose_follow_is_fenced_stops_without_writing_an_end(tmp_pa
 
 
 def test_a_supervisor_whose_agents_stream_says_fenced_stops_at_that_line(tmp_path: Path) -> None:
-    from launcher.run import identity
     from launcher.run.supervisor import Supervisor
     from tests.unit.fakes import FakeBackend, NodeScript, record
 
     store, plan = _recorded(tmp_path, "unit-0000f2f2")
     backend = FakeBackend(TWO, [[NodeScript(code=None),
                                  NodeScript(lines=[record(1, 1), "@fenced " + json.dumps(NEWER), record(1, 2)], code=None)]])
-    with pytest.raises(identity.SupervisorFenced, match="generation 1, process 4242 on login-2"):
+    with pytest.raises(SupervisorFenced, match="generation 1, process 4242 on login-2"):
         Supervisor(store, plan, backend, grace=0.1).run()
     assert [r.step for r in store.metrics(plan.job_id)] == [1]  # nothing past the agent's word is taken
     assert store.nodes(plan.job_id)[1]["seen"] == 1 and store.job(plan.job_id)["state"] == "RUNNING"
@@ -283,7 +281,6 @@ def test_a_supervisor_whose_agents_stream_says_fenced_stops_at_that_line(tmp_pat
 
 
 def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) -> None:
-    from launcher.run import identity
     from launcher.run.supervisor import Supervisor
     from tests.unit.fakes import NodeScript
 
@@ -291,7 +288,7 @@ def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) 
     backend = _fenced_backend([NodeScript(code=None), NodeScript(code=None)], True)
     supervisor = Supervisor(store, plan, backend, grace=0.1)
     supervisor.request_cancel("cancelled (Ctrl-C)")  # seen by the loop before any stream told it
-    with pytest.raises(identity.SupervisorFenced):
+    with pytest.raises(SupervisorFenced):
         supervisor.run()
     assert store.job(plan.job_id)["state"] == "RUNNING" and backend.swept_nodes == 0
     assert not any(node.terminated for node in backend.started[0])
@@ -311,3 +308,56 @@ def test_attach_names_missing_secrets_and_follows_without_restarting(monkeypatch
     assert len(said) == 1 and "HF_TOKEN not set in your environment" in said[0] and "not restarted from here" in said[0]
     monkeypatch.setenv("HF_TOKEN", "hf-very-secret-value")
     assert _attach_secrets(job, said.append) == {"HF_TOKEN": "hf-very-secret-value"} and len(said) == 1
+
+
+def test_a_node_refuses_the_signals_and_sweeps_of_an_older_generation(root: Path) -> None:
+    """After a takeover the old supervisor's next contact is refused: its TERM to an agent and its sweep too, not
+    only its follow. `launch cancel` of a job without a supervisor (no generation) is never refused."""
+    import signal
+    import subprocess
+
+    from launcher.node import main as node_main
+    from launcher.node.proctree import start_ticks
+
+    journal.write_atomically(journal.generation_path(str(root / JOB_ID), 0),
+                             json.dumps({"generation": 1, "pid": 42, "host": "login-2"}))
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        term = {"job_id": JOB_ID, "node": 0, "run_root": str(root), "pid": agent.pid,
+                "start_ticks": start_ticks(agent.pid), "signal": int(signal.SIGTERM)}
+
+        def said(command: str, req: dict) -> dict:
+            out = io.StringIO()
+            with redirect_stdout(out):
+                assert node_main.main([command, json.dumps(req)]) == 0
+            return json.loads(out.getvalue())
+
+        assert said("signal", {**term, "generation": 0}) == {"fenced": {"generation": 1, "pid": 42, "host": "login-2"}}
+        assert said("end", {"job_id": JOB_ID, "node": 0, "run_root": str(root), "grace": 0.1, "generation": 0}) == {
+            "fenced": {"generation": 1, "pid": 42, "host": "login-2"}}
+        assert agent.poll() is None, "the old supervisor's TERM was not sent"
+        assert said("signal", {**term, "generation": 1}) == {"sent": True}
+        assert agent.wait(10) == -signal.SIGTERM
+    finally:
+        agent.kill()
+        agent.wait()
+    assert "fenced" not in said("end", {"job_id": JOB_ID, "run_root": str(root), "grace": 0.1})  # launch cancel's
+
+
+def test_a_supervisors_sweep_carries_its_generation_and_stops_it_when_refused() -> None:
+    from launcher.backends import get_backend, plan_job
+
+    backend = get_backend(SSH)
+    plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29500)
+    asked: list[dict] = []
+
+    def node_command(plan, index, command, request, timeout=30.0):
+        asked.append(request)
+        return {"fenced": {"generation": 2, "pid": 7, "host": "login-3"}}, None
+
+    backend.node_command = node_command  # type: ignore[method-assign]
+    backend.generation = 1
+    with pytest.raises(SupervisorFenced, match="generation 2, process 7 on login-3"):
+        backend.sweep(plan, 0.1)
+    assert {(r["job_id"], r["node"], r["generation"]) for r in asked} <= {(JOB_ID, 0, 1), (JOB_ID, 1, 1)}
+    backend.close()

@@ -142,8 +142,8 @@ class SSHNode:
 
     def _signal(self, sig: int) -> None:
         """Send ``sig`` to the agent, by PID and start time (a PID reused since is left alone)."""
-        self._backend.node_command(self._plan, self.index, "signal",
-                                   {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
+        self._backend.fenced_command(self._plan, self.index, "signal",
+                                     {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
 
 
 def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
