@@ -156,16 +156,21 @@ def hint(problems: Sequence[str]) -> str | None:
     return BUSY_HINT if problems and all(isinstance(p, BusyLine) for p in problems) else None
 
 
-def probe(backend: Backend, plan: Plan, hosts: Sequence[HostLease] | None = None) -> list[str]:
-    """Who holds the devices the plan needs, one line a holder ([] when every host has them free now)."""
-    order = time.time()
+def preflight_request(backend: Backend, plan: Plan, index: int) -> dict | None:
+    """What node ``index``'s preflight probe asks of its host's leases, besides its facts (None: nothing, as for a
+    job that waits for them, a host whose leases another node of the plan probes, or a backend without leases)."""
+    if plan.queue == "wait":
+        return None
+    lease = next((lease for lease in host_leases(backend, plan) if lease.index == index), None)
+    return None if lease is None else _request(plan, lease.kind, lease.count, lease.capacity, time.time())
 
-    def one(lease: HostLease) -> list[str]:
-        answer, error = backend.node_command(plan, lease.index, "leases",
-                                             _request(plan, lease.kind, lease.count, lease.capacity, order), timeout=60)
-        return _answer_problems(lease.host, answer, error, plan.allow_shared_gpus)
 
-    return [BusyLine(line) for lines in map(one, host_leases(backend, plan) if hosts is None else hosts) for line in lines]
+def preflight_problems(host: str, plan: Plan, facts_answer: dict) -> list[str]:
+    """Who holds what the plan needs on ``host``, from the answer of a probe sent ``preflight_request``."""
+    leases = facts_answer.get("leases")
+    if not isinstance(leases, dict):
+        return [f"{host}: cannot read its leases: the probe did not say"]
+    return [BusyLine(line) for line in _answer_problems(host, leases, None, plan.allow_shared_gpus)]
 
 
 def devices_text(kind: object, devices: Sequence[int]) -> str:

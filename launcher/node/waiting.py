@@ -30,11 +30,16 @@ def state(req: dict) -> dict:
             "free": len(free), "wanted": int(req.get("count", 0)), "ahead": [t.as_json() for t in before]}
 
 
-def probe(req: dict) -> int:
+def answer(req: dict) -> dict:
+    """``state``, or ``{"error": why}`` when this host's leases cannot be read."""
     try:
-        print(json.dumps(state(req)), flush=True)
+        return state(req)
     except (leases.LeaseError, OSError) as exc:
-        print(json.dumps({"error": str(exc)}), flush=True)
+        return {"error": str(exc)}
+
+
+def probe(req: dict) -> int:
+    print(json.dumps(answer(req)), flush=True)
     return 0
 
 

@@ -182,14 +182,20 @@ class LocalBackend(Backend):
         return "localhost"
 
     def _facts(self, plan: Plan) -> Preflight:
-        answer, error = self.node_command(plan, 0, "facts", facts_request(plan, 0), timeout=FACTS_TIMEOUT_S)
+        """This machine's facts and, in the same probe, who holds the slots or GPUs the job needs."""
+        wanted = leasing.preflight_request(self, plan, 0)
+        request = {**facts_request(plan, 0), **({"leases": wanted} if wanted else {})}
+        answer, error = self.node_command(plan, 0, "facts", request, timeout=FACTS_TIMEOUT_S)
         if answer is None:
             return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
                                        " (cluster.yaml python)"])
         facts, problem = parse_facts("localhost", answer)
         if facts is None:
             return Preflight(problems=[problem or "localhost: no facts"])
-        return Preflight(problems=node_problems("localhost", plan, facts), facts={0: facts})
+        problems = node_problems("localhost", plan, facts)
+        if not problems and wanted:
+            problems = leasing.preflight_problems("localhost", plan, answer)
+        return Preflight(problems=problems, facts={0: facts}, hint=leasing.hint(problems))
 
     def lease_devices(self, plan: Plan | None, index: int) -> tuple[str, int]:
         local = self.cluster.local
@@ -239,11 +245,7 @@ class LocalBackend(Backend):
 
     def preflight(self, plan: Plan) -> Preflight:
         """The facts of this machine, and (unless the job waits for them) who holds the slots or GPUs it needs."""
-        found = self._facts(plan)
-        if not found.problems and plan.queue != "wait":
-            found.problems.extend(leasing.probe(self, plan))
-            found.hint = leasing.hint(found.problems)
-        return found
+        return self._facts(plan)
 
     def stream_command(self, plan: Plan, index: int, command: str, request: dict) -> LocalStream:
         argv = node_argv(plan.python, command, request)

@@ -232,6 +232,9 @@ class SSHBackend(Backend):
         )
         if self.cluster.sync_workdir:
             request["workdir"] = None  # made by the sync at start
+        wanted = leasing.preflight_request(self, plan, index)
+        if wanted:
+            request["leases"] = wanted  # who holds what the job needs here, in the same probe
         host = self.targets[index].alias
         answer, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
         if answer is None:
@@ -244,8 +247,8 @@ class SSHBackend(Backend):
             return address, NodeNetwork("", address), [problem or f"{host}: no facts"], NodeFacts()
         network = NodeNetwork(facts.dev or "", address, facts.hcas)
         problems = node_problems(host, plan, facts, node, spec.gpus)
-        if not problems and plan.queue != "wait":
-            problems = leasing.probe(self, plan, [lease for lease in leasing.host_leases(self, plan) if lease.index == index])
+        if not problems and wanted:
+            problems = leasing.preflight_problems(host, plan, answer)
         return address, network, problems, facts
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, Sequence[SSHNode]]:
