@@ -11,7 +11,10 @@ the bare module, so every rank writes its own shard, FSDP2 never gathers a full
 model, and DDP, DataParallel and FSDP2 checkpoints resume under one another and
 at another world size (DCP reshards on load). With the step goes the data
 position in global samples consumed (``Position``), which does not depend on
-the world size.
+the world size. A DeepSpeed checkpoint saved at another data-parallel world size
+(ZeRO-2, ZeRO-3, with or without offload) is converted once, by rank 0, with
+DeepSpeed's ``ds_to_universal`` into ``<tag>_universal`` and loaded from there
+(fp32 weights and Adam moments resliced for this world size).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from launcher.catalog.strategies import CheckpointFormat, names
 from launcher.recipes.strategies import DeepSpeedTrainer, TorchTrainer, Trainer
 
 LATEST = "latest"
+LATEST_UNIVERSAL = "latest_universal"  # DeepSpeed's pointer to the newest universal checkpoint
 DEEPSPEED_MARKER = "*model_states.pt"
 DCP_MARKER = ".metadata"
 ZERO_OPTIM_FILES = "*zero_pp_rank_*_mp_rank_00_optim_states.pt"  # one a data-parallel rank
@@ -137,6 +141,8 @@ def _at_this_world_size(trainer: DeepSpeedTrainer, path: Path) -> str:
                                   f"ds_to_universal could not convert it for {dist.get_world_size()}: "
                                   f"{(done.stderr or done.stdout).strip()[-500:]}")
         os.replace(partial, universal)
+        # ds_to_universal points latest_universal at the folder it wrote, the partial one renamed just now
+        _write_latest(path.parent, universal.name, LATEST_UNIVERSAL)
     dist.barrier()
     trainer.engine._config.load_universal_checkpoint = True  # DeepSpeed reads this flag when it loads
     return universal.name
@@ -152,7 +158,7 @@ def _meta(trainer: TorchTrainer, at: Position) -> dict:
     return {"step": at.step, "samples": at.samples, "scaler": scaler.state_dict() if scaler is not None else {}}
 
 
-def _write_latest(directory: Path, tag: str) -> None:
-    temporary = directory / f".{LATEST}.tmp"
+def _write_latest(directory: Path, tag: str, name: str = LATEST) -> None:
+    temporary = directory / f".{name}.tmp"
     temporary.write_text(tag + "\n")
-    os.replace(temporary, directory / LATEST)
+    os.replace(temporary, directory / name)
