@@ -23,37 +23,50 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from launcher.metrics.record import MetricRecord, RankUsage
+    from launcher.metrics.record import RankUsage
     from launcher.metrics.summary import RankSummary
 
 MB = 1024 * 1024
 
 
+class Fields(Protocol):
+    """What the figures read of a set of metric records (one rank's in an attempt, or the whole attempt's): from the
+    records themselves (``aggregate.RecordFields``) or from the store's running summary (``tally``), which keeps
+    only what the built-in figures read and raises ``tally.NotKept`` for anything else."""
+
+    @property
+    def count(self) -> int:
+        """How many records."""
+
+    def values(self, name: str, steady: bool = False) -> Sequence[float]:
+        """The known numeric values of a field (or program-added key); ``steady``: of the records past warm-up only
+        (all of them when none is)."""
+
+    def last(self, name: str, nonzero: bool = False) -> float | None:
+        """The latest known value of a field (``nonzero``: the latest that is not 0)."""
+
+    def maximum(self, name: str) -> float | None:
+        """The largest known value of a field."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RankData:
-    """One rank's part of an attempt: its records, those past warm-up, and its process samples."""
+    """One rank's part of an attempt: its records and its process samples."""
 
-    records: Sequence[MetricRecord]
-    steady: Sequence[MetricRecord]
+    records: Fields
     usage: RankUsage | None
 
 
 @dataclasses.dataclass(frozen=True)
 class AttemptData:
-    """An attempt's records (all ranks), those past warm-up, its per-rank summaries and process samples."""
+    """An attempt's records (all ranks), its per-rank summaries and process samples."""
 
-    records: Sequence[MetricRecord]
-    steady: Sequence[MetricRecord]
+    records: Fields
     per_rank: Sequence[RankSummary]
     usage: Sequence[RankUsage]
-
-
-def steady(records: Sequence[MetricRecord]) -> list[MetricRecord]:
-    """Records past warm-up (all of them when a run was too short to have any)."""
-    return [r for r in records if not r.warmup] or list(records)
 
 
 # formatting of table cells
@@ -99,27 +112,22 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def values(records: Sequence[MetricRecord], name: str) -> list[float]:
-    """The numeric values of a field (or program-added key) over records, unknowns left out."""
-    return [v for v in (r.number(name) for r in records) if v is not None]
-
-
 # Aggregations of one field, for a job (AttemptData) or a rank (RankData) alike.
 
 
 def last(name: str) -> Callable[[AttemptData | RankData], float | None]:
     """The latest known value of a field."""
-    return lambda data: next(iter(values(list(reversed(data.records)), name)), None)
+    return lambda data: data.records.last(name)
 
 
 def mean(name: str) -> Callable[[AttemptData | RankData], float | None]:
     """The mean of a field over the records past warm-up."""
-    return lambda data: _fmean(values(data.steady, name))
+    return lambda data: _fmean(data.records.values(name, steady=True))
 
 
 def maximum(name: str) -> Callable[[AttemptData | RankData], float | None]:
     """The largest value of a field."""
-    return lambda data: max(values(data.records, name), default=None)
+    return lambda data: data.records.maximum(name)
 
 
 def _fmean(numbers: Sequence[float]) -> float | None:
@@ -134,10 +142,10 @@ def _rate(name: str) -> Callable[[RankData], float | None]:
     """Rank figure: a count field summed past warm-up over the seconds it took (None without records)."""
 
     def rate(rank: RankData) -> float | None:
-        if not rank.records:
+        if not rank.records.count:
             return None
-        seconds = sum(values(rank.steady, "interval_s")) or 1e-9
-        return sum(values(rank.steady, name)) / seconds
+        seconds = sum(rank.records.values("interval_s", steady=True)) or 1e-9
+        return sum(rank.records.values(name, steady=True)) / seconds
 
     return rate
 
@@ -157,37 +165,37 @@ def _max_ranks(name: str) -> Callable[[AttemptData], float | None]:
 
 
 def _rank_step_p50(rank: RankData) -> float | None:
-    return _ms(percentile(values(rank.steady, "step_time_s"), 50))
+    return _ms(percentile(rank.records.values("step_time_s", steady=True), 50))
 
 
 def _rank_peak_mem(rank: RankData) -> float | None:
     """The Reporter's peak when the rank reported one, else the node agent's sampled peak."""
-    reported = values(rank.records, "mem_peak_bytes")
-    if reported:
-        return max(reported) / MB
+    reported = rank.records.maximum("mem_peak_bytes")
+    if reported is not None:
+        return reported / MB
     sampled = rank.usage.peak_mem_bytes if rank.usage is not None else None
     return None if sampled is None else sampled / MB
 
 
 def _step_p(q: float) -> Callable[[AttemptData], float | None]:
-    return lambda data: _ms(percentile(values(data.steady, "step_time_s"), q))
+    return lambda data: _ms(percentile(data.records.values("step_time_s", steady=True), q))
 
 
 def _steps_per_sec(data: AttemptData) -> float | None:
-    p50 = percentile(values(data.steady, "step_time_s"), 50)
+    p50 = percentile(data.records.values("step_time_s", steady=True), 50)
     return 1.0 / p50 if p50 else None
 
 
 def _gpu_util(data: AttemptData) -> float | None:
     """The ranks' own NVML readings past warm-up, else the node agent's sampled means."""
-    reported = values(data.steady, "gpu_util")
+    reported = data.records.values("gpu_util", steady=True)
     if reported:
         return statistics.fmean(reported)
     return _fmean([u.gpu_util_mean for u in data.usage if u.gpu_util_mean is not None])
 
 
 def _last_flops(data: AttemptData) -> float | None:
-    return next((v for v in reversed(values(data.records, "flops_per_sample")) if v), None)
+    return data.records.last("flops_per_sample", nonzero=True)
 
 
 @dataclasses.dataclass(frozen=True)
