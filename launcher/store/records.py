@@ -1,9 +1,10 @@
 """A job's events, metric records and process samples in the store.
 
 Metric records come from ranks (untrusted) and are bounded: at most ``MAX_METRIC_RECORDS`` a job
-(``launch metrics`` reads them all), the rest dropped with one ``metrics_capped`` event. Samples
-are folded into one row per rank and attempt, so a long job does not grow the store. A row that
-does not read as valid is left out.
+(``launch metrics`` reads them all), the rest dropped with one ``metrics_capped`` event. The records
+kept are tallied as they are stored, in the same transaction (``store.tally``): `launch status` of a
+running job reads that running summary, not every record. Samples are folded into one row per rank
+and attempt, so a long job does not grow the store. A row that does not read as valid is left out.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.metrics import tally
 from launcher.metrics.record import MetricRecord, ProcessSample, RankUsage
-from launcher.store.base import StoreBase
-from launcher.store.rows import finite_or_none, json_text, json_value, text_or_none
+from launcher.metrics.summary import JobSummary
+from launcher.store.rows import finite_or_none, json_safe, json_text, json_value, text_or_none
+from launcher.store.tally import TallyStore, tally_statements
 
 MAX_METRIC_RECORDS = 50_000  # a job's records kept: 8 ranks reporting every 10 steps for 60,000 steps
 CAPPED = "metrics_capped"
@@ -65,8 +68,8 @@ SAMPLES_SQL = """INSERT INTO samples (job_id, attempt, rank, node, host, pid, t,
    samples = samples + 1"""
 
 
-class RecordsStore(StoreBase):
-    """Events, metric records and samples (the job rows are ``Store``'s)."""
+class RecordsStore(TallyStore):
+    """Events, metric records and their running summaries, and samples (the job rows are ``Store``'s)."""
 
     max_metric_records = MAX_METRIC_RECORDS
 
@@ -112,26 +115,44 @@ class RecordsStore(StoreBase):
         self._execute(SEEN_SQL, seen.row(job_id, attempt))
 
     def add_batch(self, job_id: str, attempt: int, batch: Batch) -> None:
-        """File an attempt's records and samples and where each node's journal stands, in one transaction."""
+        """File an attempt's records (as ``parse_line`` made them: valid) and their tally, samples and where each
+        node's journal stands, in one transaction."""
         if batch:
-            self._transaction((METRICS_SQL, self._metric_rows(job_id, attempt, batch.records)),
+            self._transaction(*self._metric_statements(job_id, attempt, batch.records),
                               (SAMPLES_SQL, self._sample_rows(job_id, attempt, batch.samples)),
                               (SEEN_SQL, [seen.row(job_id, attempt) for seen in batch.seen.values()]))
 
     def add_metrics(self, job_id: str, attempt: int, records: Iterable[MetricRecord | Mapping[str, Any]]) -> None:
-        """Store metric records of an attempt (one transaction for the batch), each under this job and attempt.
+        """Store metric records of an attempt and their tally (one transaction for the batch), each under this job
+        and attempt.
 
-        Records come from ``parse_line`` (validated, with the channel's node and host); a mapping is
-        read as a stored row is. A job keeps at most ``max_metric_records``: later ones are dropped,
-        and a ``metrics_capped`` event says so once.
+        Each is kept as it reads back: a record (from ``parse_line``, or made by a test or an import) or a
+        mapping is read as a stored row is, and one that does not read as valid is left out, so that the
+        tally counts what the records' readers see. A job keeps at most ``max_metric_records``: later ones
+        are dropped, and a ``metrics_capped`` event says so once.
         """
-        valid = [item if isinstance(item, MetricRecord) else MetricRecord.from_stored(item) for item in records]
-        self._transaction((METRICS_SQL, self._metric_rows(job_id, attempt, [r for r in valid if r is not None])))
+        valid = [MetricRecord.from_stored(json_safe(item.to_wire()) if isinstance(item, MetricRecord) else item)
+                 for item in records]
+        self._transaction(*self._metric_statements(job_id, attempt, [r for r in valid if r is not None]))
 
-    def _metric_rows(self, job_id: str, attempt: int, records: list[MetricRecord]) -> list[tuple]:
-        rows = [(job_id, attempt, record.node, record.rank, record.step, json_text({**record.to_wire(), "job": job_id}))
-                for record in records]
-        return self._within_metric_cap(job_id, rows)
+    def _metric_statements(self, job_id: str, attempt: int, records: list[MetricRecord]) -> list[tuple[str, list[tuple]]]:
+        """The records' rows under the job's cap, and the tally of those kept."""
+        rows = self._within_metric_cap(job_id, [
+            (job_id, attempt, record.node, record.rank, record.step, json_text({**record.to_wire(), "job": job_id}))
+            for record in records])
+        return [(METRICS_SQL, rows), *tally_statements(job_id, attempt, records[:len(rows)])]
+
+    def running_summary(self, job_id: str) -> JobSummary | None:
+        """The summary of a job's latest attempt from its running summary (``metrics.tally``) and its samples; None
+        when the running summary does not count every record stored (records stored before schema 4) or does not
+        keep what a figure reads: summarise the records then."""
+        attempts = self.tallied_attempts(job_id)
+        if attempts is None:
+            return None
+        usage = self.samples(job_id)
+        attempt = max(attempts + [u.attempt for u in usage], default=0)
+        found = self.tally(job_id, attempt)
+        return None if found is None else tally.summary(found, [u for u in usage if u.attempt == attempt])
 
     def metrics(self, job_id: str) -> list[MetricRecord]:
         """A job's records, in arrival order, each with its attempt; rows that are not valid records are left out."""

@@ -109,25 +109,60 @@ CREATE TABLE IF NOT EXISTS samples (
 # pending reason and its own job id (Slurm). Version 3: where a supervisor may resume a node's journal
 # (``nodes.seen``: the whole lines received; ``nodes.log_bytes``: the node's log file then; the agent's
 # ``start_ticks``, to signal it by PID safely) and when the job's supervisor was last alive (``jobs.supervisor_at``).
-SCHEMA_VERSION = 3
+# Version 4: the running summary of each rank's metric records (``store.tally``), for `launch status` of a running
+# job; a job's records stored before it are not tallied, and its summary is made from them.
+SCHEMA_VERSION = 4
 MIGRATIONS: dict[int, str] = {
     0: SCHEMA,
     1: "ALTER TABLE jobs ADD COLUMN queue_reason TEXT; ALTER TABLE jobs ADD COLUMN scheduler_id TEXT",
     2: "ALTER TABLE nodes ADD COLUMN seen INTEGER; ALTER TABLE nodes ADD COLUMN log_bytes INTEGER; "
        "ALTER TABLE nodes ADD COLUMN start_ticks INTEGER; ALTER TABLE jobs ADD COLUMN supervisor_at REAL",
+    3: """
+CREATE TABLE IF NOT EXISTS tally_ranks (
+    job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    node INTEGER,
+    host TEXT,
+    records INTEGER NOT NULL,
+    warmup_records INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    mem_peak_bytes INTEGER,
+    PRIMARY KEY (job_id, attempt, rank)
+);
+CREATE TABLE IF NOT EXISTS tally_values (
+    job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    warmup INTEGER NOT NULL,
+    chunk INTEGER NOT NULL,
+    step_time_s BLOB NOT NULL,
+    interval_s BLOB NOT NULL,
+    samples BLOB NOT NULL,
+    tokens BLOB NOT NULL,
+    gpu_util BLOB NOT NULL,
+    PRIMARY KEY (job_id, attempt, rank, warmup, chunk)
+);
+CREATE TABLE IF NOT EXISTS tally_attempts (
+    job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    loss REAL,
+    flops_per_sample REAL,
+    PRIMARY KEY (job_id, attempt)
+)""",
 }
 
 
 def _columns(table: str) -> set[str]:
-    """The columns ``table`` has once every migration has run (read from SCHEMA and MIGRATIONS)."""
-    body = re.search(rf"CREATE TABLE IF NOT EXISTS {table} \((.*?)\n\)", SCHEMA, re.S)
+    """The columns ``table`` has once every migration has run (read from MIGRATIONS, SCHEMA the first)."""
+    body = re.search(rf"CREATE TABLE IF NOT EXISTS {table} \((.*?)\n\)", "\n".join(MIGRATIONS.values()), re.S)
     assert body is not None, table
     names = {line.split()[0] for line in body.group(1).splitlines() if line.strip() and not line.strip().startswith("PRIMARY")}
     names.update(re.findall(rf"ALTER TABLE {table} ADD COLUMN (\w+)", " ".join(MIGRATIONS.values())))
     return names
 
 
-TABLES = ("jobs", "nodes", "events", "metrics", "samples")
+TABLES = ("jobs", "nodes", "events", "metrics", "samples", "tally_ranks", "tally_values", "tally_attempts")
 REQUIRED_COLUMNS: dict[str, set[str]] = {table: _columns(table) for table in TABLES}
 
 

@@ -145,14 +145,16 @@ def fit_table(rows: list[Any], chosen: str, gpu_gb: float | None):
 
 
 def job_summary(store: Any, job: dict[str, Any]) -> JobSummary:
-    """A job's metric summary: the stored one of a finished job, else live from its records and process samples."""
+    """A job's metric summary: the stored one of a finished job, else live from its running summary (the same
+    figures, a row a rank), or from its records and process samples where that does not cover them all."""
     from launcher.metrics.aggregate import summarize
     from launcher.metrics.summary import JobSummary
     from launcher.store.db import TERMINAL
 
     if job["state"] in TERMINAL and job.get("summary"):
         return JobSummary.from_stored(job["summary"])
-    return summarize(store.metrics(job["id"]), store.samples(job["id"]))
+    running = store.running_summary(job["id"])
+    return running if running is not None else summarize(store.metrics(job["id"]), store.samples(job["id"]))
 
 
 NETWORK_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")

@@ -139,7 +139,7 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     home = tmp_path / "home"
     path = _old_store(home)
     store = Store(home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert store.job("old-000001")["summary"]["loss"] is None, "NaN written by old code reads as unknown"
     assert (store.job("old-000002")["queue_reason"], store.job("old-000002")["scheduler_id"]) == (None, None)
     store.update_job("old-000002", queue_reason="Resources", scheduler_id="17")
@@ -156,6 +156,10 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
                  ["compare", "old-000001", "old-000002", "--json"]):
         main(argv)
         _strict(capsys.readouterr().out)
+    assert Store(home).running_summary("old-000002") is None, "its records were stored before the running summary"
+    main(["status", "old-000002", "--json"])
+    shown = _strict(capsys.readouterr().out)["metrics"]
+    assert (shown["steps"], shown["samples_per_sec"], shown["loss"]) == (20, 160.0, 0.5), "summarised from its records"
     assert Store(home).job("old-000001")["state"] == "SUCCEEDED", "opening a migrated store again changes nothing"
 
 
