@@ -407,6 +407,13 @@ def _read_extras(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def clean_value(value: Any, base: type, bound: Bound | None = None) -> Any:
     """``value`` as a ``base`` (int, float, str or bool) within ``bound``, or None if it is not one."""
+    if value is None:
+        return None
+    kind = type(value)
+    if (kind is int and base is int) or (kind is float and base is float and math.isfinite(value)):  # most values
+        if bound is None or ((bound.low is None or value >= bound.low) and (bound.high is None or value <= bound.high)):
+            return value
+        return None
     if base is bool:
         return value if isinstance(value, bool) else None
     if base is str:
