@@ -326,33 +326,37 @@ class _PlainTable:
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         from rich.cells import cell_len
+        from rich.segment import Segment
         from rich.text import Text
 
-        rows = [[cell if isinstance(cell, Text) else Text(cell) for cell in row] for row in self.rows]
         # rich reads a str cell as markup (and :emoji: codes): only plain ones are laid out here
         plain = all(isinstance(cell, Text) or (isinstance(cell, str) and not any(c in cell for c in "[:"))
-                    for row in self.rows for cell in row) and not any(
-            "\n" in cell.plain or "\t" in cell.plain for row in rows for cell in row)
-        widths = [max([cell_len(name)] + [cell_len(row[i].plain) for row in rows]) for i, name in enumerate(self.columns)]
+                    for row in self.rows for cell in row)
+        texts = [[cell.plain if isinstance(cell, Text) else cell for cell in row] for row in self.rows] if plain else []
+        plain = plain and not any("\n" in text or "\t" in text for row in texts for text in row)
+        widths = [max([cell_len(name)] + [cell_len(row[i]) for row in texts]) for i, name in enumerate(self.columns)]
         if not plain or sum(width + 2 for width in widths) > options.max_width:
             yield self.rich_table()
             return
         yield Text(self.title, style="table.title")
-        for cells, style in [([Text(name) for name in self.columns], "bold"), *((row, "") for row in rows)]:
-            parts, styled, at = [], [], 0
-            for cell, width in zip(cells, widths):
-                text = cell.plain
-                parts.append(f" {text}{' ' * (width - cell_len(text))} ")
-                if cell.style or cell.spans:
-                    styled.append((at + 1, cell))
-                at += len(parts[-1])
+        for cells, shown, style in [(self.columns, self.columns, "bold"), *((row, t, "") for row, t in zip(self.rows, texts))]:
+            parts = [f" {text}{' ' * (width - cell_len(text))} " for text, width in zip(shown, widths)]
+            styled, at = [], 1
+            for cell, part in zip(cells, parts):
+                if isinstance(cell, Text) and (cell.style or cell.spans):
+                    styled.append((at, cell))
+                at += len(part)
+            if not style and not styled:  # the segments rich makes of an unstyled line, without its wrapping
+                yield Segment("".join(parts))
+                yield Segment("\n")
+                continue
             line = Text("".join(parts), style=style, no_wrap=True)
             for start, cell in styled:
                 if cell.style:
                     line.stylize(cell.style, start, start + len(cell.plain))
                 for span in cell.spans:
                     line.stylize(span.style, start + span.start, start + span.end)
-            yield line
+            yield from Text("\n").join([line]).render(console, end="\n")  # what rich renders a line that fits as
 
 
 @functools.lru_cache(maxsize=1)
