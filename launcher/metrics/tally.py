@@ -58,8 +58,14 @@ class Packed:
 
     @classmethod
     def of(cls, records: Sequence[MetricRecord]) -> Packed:
-        fields = RecordFields(records)
-        return cls(*(_pack(code, fields.values(name)) for name, code in KINDS))
+        """Of valid records (as the store keeps them: each field of its type, so a known value is one not None)."""
+        if not records:
+            return EMPTY
+        return cls(*(_pack(code, [v for r in records if (v := getattr(r, name)) is not None]) for name, code in KINDS))
+
+    def columns(self) -> tuple[bytes, ...]:
+        """The packed values in ``KINDS`` order, as stored."""
+        return tuple(getattr(self, name) for name in CODES)
 
     @property
     def count(self) -> int:
@@ -72,6 +78,7 @@ class Packed:
 
 KINDS = tuple((f.name, "q" if f.name in ("samples", "tokens") else "d") for f in dataclasses.fields(Packed))
 CODES = dict(KINDS)
+EMPTY = Packed()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +98,11 @@ class RankTally:
     @classmethod
     def of(cls, rank: int, records: Sequence[MetricRecord]) -> RankTally:
         """The tally of ``records``, one rank's, in arrival order."""
-        fields = RecordFields(records)
-        peak = fields.maximum("mem_peak_bytes")
+        warm = [r for r in records if r.warmup]
         return cls(rank=rank, node=records[-1].node, host=records[-1].host, records=len(records),
-                   warmup_records=sum(r.warmup for r in records), step=int(fields.maximum("step") or 0),
-                   mem_peak_bytes=None if peak is None else int(peak),
-                   warm=Packed.of([r for r in records if r.warmup]), steady=Packed.of([r for r in records if not r.warmup]))
+                   warmup_records=len(warm), step=max(r.step for r in records),
+                   mem_peak_bytes=max((r.mem_peak_bytes for r in records if r.mem_peak_bytes is not None), default=None),
+                   warm=Packed.of(warm), steady=Packed.of([r for r in records if not r.warmup]))
 
     @property
     def count(self) -> int:

@@ -9,6 +9,7 @@ and attempt, so a long job does not grow the store. A row that does not read as 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,16 @@ SAMPLES_SQL = """INSERT INTO samples (job_id, attempt, rank, node, host, pid, t,
    gpu_util_sum = gpu_util_sum + excluded.gpu_util_sum,
    gpu_util_samples = gpu_util_samples + excluded.gpu_util_samples,
    samples = samples + 1"""
+
+
+def _record_text(record: MetricRecord, job_id: str) -> str:
+    """A record's stored JSON: its wire form under the job. A valid record's values are strict JSON as they are
+    (``json_text``'s walk through them, the writer's largest cost a record, only for one that is not)."""
+    wire = {**record.to_wire(), "job": job_id}
+    try:
+        return json.dumps(wire, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return json_text(wire)
 
 
 class RecordsStore(TallyStore):
@@ -138,8 +149,7 @@ class RecordsStore(TallyStore):
     def _metric_statements(self, job_id: str, attempt: int, records: list[MetricRecord]) -> list[tuple[str, list[tuple]]]:
         """The records' rows under the job's cap, and the tally of those kept."""
         rows = self._within_metric_cap(job_id, [
-            (job_id, attempt, record.node, record.rank, record.step, json_text({**record.to_wire(), "job": job_id}))
-            for record in records])
+            (job_id, attempt, record.node, record.rank, record.step, _record_text(record, job_id)) for record in records])
         return [(METRICS_SQL, rows), *tally_statements(job_id, attempt, records[:len(rows)])]
 
     def running_summary(self, job_id: str) -> JobSummary | None:

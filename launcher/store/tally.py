@@ -13,16 +13,14 @@ tally counts: ``tallied_attempts`` says so (None), and the summary is made from 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from launcher.metrics.record import MetricRecord
-from launcher.metrics.tally import KINDS, AttemptTally, Packed, RankTally, fold
+from launcher.metrics.tally import EMPTY, KINDS, AttemptTally, Packed, RankTally, fold
 from launcher.store.base import StoreBase
 
 CHUNK = 256  # records a tally_values row holds, give or take a batch
-EMPTY = Packed()
 
 _NAMES = [name for name, _ in KINDS]
 VALUES_SQL = f"""INSERT INTO tally_values (job_id, attempt, rank, warmup, chunk, {", ".join(_NAMES)})
@@ -48,7 +46,7 @@ def tally_statements(job_id: str, attempt: int, records: Sequence[MetricRecord])
     if not records:
         return []
     added = fold(records)
-    values = [(job_id, attempt, rank.rank, warmup, *dataclasses.astuple(part))
+    values = [(job_id, attempt, rank.rank, warmup, *part.columns())
               for rank in added.ranks for warmup, part in ((1, rank.warm), (0, rank.steady)) if part.count]
     ranks = [(job_id, attempt, rank.rank, rank.node, rank.host, rank.records, rank.warmup_records, rank.step,
               rank.mem_peak_bytes) for rank in added.ranks]
