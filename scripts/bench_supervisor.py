@@ -29,13 +29,10 @@ job keeps: 1,000 ranks x 50 steps, copies of the real job's records) and 1,000 r
 while RUNNING (the summary read from its running summary, ``store/tally.py``) and after it ended (the summary
 stored).
 
-``--store-only`` times only the 1,000-rank job, made from a stand-in for the real job (``synthetic_source``: rank
-0's records as the ticker's Reporter writes them): no bed, no root. It also times the status path in process
-(``status_in_process``: the summary alone and each command, then a cProfile of `status JOB`).
+``bench_status.py`` times the 1,000-rank job alone, without the bed.
 
     sudo .venv/bin/python scripts/bench_supervisor.py [--duration 170] [--window 60] [--rounds 3]
     sudo .venv/bin/python scripts/bench_supervisor.py --hosts 4 --idle-transports 64 --window 15
-    .venv/bin/python scripts/bench_supervisor.py --store-only [--rounds 5]
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ import json
 import os
 import re
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -352,116 +348,6 @@ def thousand_ranks(home: Path, source: str, nodes: int = 125, per_node: int = 8,
     return job_id
 
 
-def synthetic_source(home: Path, steps: int = 50) -> str:
-    """A stand-in for the bed's 64 x 1 job, for ``--store-only``: a 1-node job's plan, spec and records of rank 0 as
-    the ticker's Reporter writes them (every step, no warm-up, about a second a step, 32 samples and 4,096 tokens,
-    loss 1/step, the peak RSS, no GPU) and one process sample; its id."""
-    import random
-
-    from launcher.backends import plan_job
-    from launcher.metrics.record import MetricRecord
-    from launcher.run.recorded import stored_spec
-    from launcher.spec import ClusterSpec, JobSpec
-
-    job = JobSpec(name="ticker", entrypoint=["python", "ticker.py"], resources={"nodes": 1, "nproc_per_node": 1})
-    cluster = ClusterSpec(name="local")
-    job_id = f"ticker-{os.urandom(4).hex()}"
-    store = Store(home)
-    store.create_job(plan_job(job, cluster, job_id, rdzv_port=29500), stored_spec(job, cluster, False))
-    store.transition(job_id, "LAUNCHING", attempt=0)
-    store.transition(job_id, "RUNNING")
-    clock, rng = time.time() - steps, random.Random(23)
-    records = []
-    for step in range(1, steps + 1):
-        elapsed = 1.0 + rng.uniform(-0.004, 0.012)
-        clock += elapsed
-        records.append(MetricRecord(node=0, rank=0, local_rank=0, host="node1", step=step, t=clock, steps=1,
-                                    interval_s=elapsed, step_time_s=elapsed, samples=32, tokens=4096,
-                                    samples_per_sec=32 / elapsed, tokens_per_sec=4096 / elapsed, loss=1.0 / step,
-                                    mem_peak_bytes=58_000_000 + 4096 * step))
-    store.add_metrics(job_id, 0, records)
-    store.add_samples(job_id, 0, [ProcessSample(node=0, rank=0, host="node1", t=clock, pid=4242, cpu_s=3.5,
-                                                rss_bytes=57_000_000, rss_peak_bytes=58_000_000)])
-    return job_id
-
-
-def status_in_process(home: Path, job_id: str, rounds: int) -> dict:
-    """The status path timed inside this process (ms, medians of ``rounds``): the job's summary alone
-    (``render.job_summary``), each status command; then where one `status JOB` spends (cProfile, by cumulative time)."""
-    import contextlib
-    import cProfile
-    import io
-    import pstats
-
-    from launcher.cli.main import main as launch
-    from launcher.views import render
-
-    os.environ["LAUNCH_HOME"] = str(home)
-
-    def run(argv: list[str]) -> None:
-        with contextlib.redirect_stdout(io.StringIO()):
-            try:
-                launch(argv)
-            except SystemExit:
-                pass
-
-    def summary() -> None:
-        store = Store(home)
-        render.job_summary(store, store.job(job_id))
-        store.close()
-
-    steps = {"summary": summary, "status": lambda: run(["status"]), "status JOB": lambda: run(["status", job_id]),
-             "status --json JOB": lambda: run(["status", "--json", job_id])}
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    cpu: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, call in steps.items():
-            t, c = time.perf_counter(), time.process_time()
-            call()
-            times[name].append(time.perf_counter() - t)
-            cpu[name].append(time.process_time() - c)
-    profile = cProfile.Profile()
-    profile.runcall(run, ["status", job_id])
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(r"launcher|sqlite3|json", 14)
-    top = [line for line in text.getvalue().splitlines() if line.strip()][-15:]
-    return {"ms": {name: round(median(t) * 1000, 1) for name, t in times.items()},
-            "cpu_ms": {name: round(median(t) * 1000, 1) for name, t in cpu.items()}, "profile": top, "load": load_avg()}
-
-
-def store_only(work: Path, rounds: int) -> int:
-    """``--store-only``: the 1,000-rank job alone (no bed), running then ended, timed against `launch --help`."""
-    shutil.rmtree(work, ignore_errors=True)
-    home = work / "home"
-    env = {**os.environ, "LAUNCH_HOME": str(home)}
-    results: dict = {"load_before": load_avg(), "cores": os.cpu_count()}
-    t = time.perf_counter()
-    big = thousand_ranks(home, synthetic_source(home))
-    results["write_s"] = time.perf_counter() - t
-    results["status_running"] = time_status(big, env, rounds)
-    results["in_process_running"] = status_in_process(home, big, rounds)
-    results["finish_s"] = end_thousand(home, big)
-    results["status_ended"] = time_status(big, env, rounds)
-    results["in_process_ended"] = status_in_process(home, big, rounds)
-    results["load_after"] = load_avg()
-    (work.parent / "bench-supervisor-store.json").write_text(json.dumps(results, indent=1))
-    print(f"load {results['load_before']} -> {results['load_after']} on {results['cores']} cores; 1,000-rank job "
-          f"written in {results['write_s']:.1f} s, finished in {results['finish_s']:.2f} s")
-    for state in ("running", "ended"):
-        timing = results[f"status_{state}"]
-        for kind in ("ms", "cpu_ms"):
-            ms = timing[kind]
-            print(f"  {state:8} {'wall' if kind == 'ms' else 'CPU ':4} " + "  ".join(
-                f"{name} {value:.0f} ms" + (f" ({value / ms['--help']:.1f}x)" if name != "--help" else "")
-                for name, value in ms.items()) + f"  (load {timing['load']})")
-        inside = results[f"in_process_{state}"]
-        print(f"  {state:8} in process, wall (CPU): " + "  ".join(f"{name} {value:.0f} ({inside['cpu_ms'][name]:.0f}) ms"
-                                                              for name, value in inside["ms"].items()))
-        for line in inside["profile"]:
-            print("    " + line)
-    return 0
-
-
 def end_thousand(home: Path, job_id: str) -> float:
     """End the 1,000-rank job as a supervisor's finish does (summary from the records, then SUCCEEDED); seconds."""
     from launcher.metrics.aggregate import summarize
@@ -537,12 +423,8 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp/bench-supervisor")
     parser.add_argument("--idle-transports", type=int, default=0,
                         help="only measure N idle paramiko transports to the bed's hosts (--window s each setting)")
-    parser.add_argument("--store-only", action="store_true",
-                        help="only the 1,000-rank job, from a stand-in for the bed's job: no bed, no root")
     args = parser.parse_args()
     work = Path(args.work)
-    if args.store_only:
-        return store_only(work, args.rounds)
     prepare_work(work)
     (work / "ticker.py").write_text(TICKER)
     results: dict = {"load_before": load_avg(), "cores": os.cpu_count()}
