@@ -84,9 +84,17 @@ def probe_job(path: Path, name: str = "probe", nodes: int = 1, nproc: int = 2, a
     return write_yaml(path, job)
 
 
-def status_json(home: Path, job_id: str) -> dict:
-    result = run_cli(home, "status", job_id, "--json")
-    assert result.returncode == 0, result.stderr
+def status_json(home: Path | None, job_id: str) -> dict:
+    """`launch status JOB --json` with LAUNCH_HOME=home (None: this process's), the CLI's own command run in this
+    process through click's test runner. Tests poll it while their jobs run: a `launch` process a poll took about
+    half a second of the two cores those jobs needed (the CLI as a process is tested in test_cli*.py)."""
+    from click.testing import CliRunner
+
+    from launcher.cli.main import cli
+
+    env = {"LAUNCH_HOME": str(home)} if home is not None else {}
+    result = CliRunner().invoke(cli, ["status", job_id, "--json"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from launcher.node import agent as agent_module
 from launcher.store.db import Store
-from tests.helpers import TORCH_EXTENSIONS_DIR
+from tests.helpers import TORCH_EXTENSIONS_DIR, status_json
 from tests.slurm_fixture import wait_for
 from tests.testbed_fixture import needs_root
 from tools import testbed as tb
@@ -71,9 +71,7 @@ def _lose_node_2(home: Path, job_file: Path, cluster: Path, reached: Callable[[S
 
 
 def _status(job_id: str) -> dict:
-    done = subprocess.run([LAUNCH, "status", job_id, "--json"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return status_json(None, job_id)  # this test's LAUNCH_HOME, in process (polled)
 
 
 # zero2 and fsdp2 pass here too (figures in docs/RELIABILITY.md); the suite keeps ddp, and each strategy's

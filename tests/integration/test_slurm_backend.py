@@ -16,7 +16,7 @@ import pytest
 from launcher.node import proctree
 from launcher.store.db import Store
 from tests.container_fixture import needs_podman
-from tests.helpers import kill_supervisor_and_keeper, rank_results
+from tests.helpers import kill_supervisor_and_keeper, rank_results, status_json
 from tests.slurm_fixture import (
     JOB_END_STATES,
     job_state,
@@ -110,9 +110,7 @@ def _submit_detached(job: Path, cluster: Path) -> str:
 
 
 def _status(job_id: str) -> dict:
-    done = _launch("status", job_id, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return status_json(None, job_id)  # this test's LAUNCH_HOME, in process (polled)
 
 
 def _ended(job_id: str, timeout: float = 120) -> dict:

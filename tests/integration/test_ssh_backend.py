@@ -23,7 +23,7 @@ from launcher.node import proctree
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
 from launcher.store.db import Store
-from tests.helpers import kill_supervisor_and_keeper, rank_results
+from tests.helpers import kill_supervisor_and_keeper, rank_results, status_json
 from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_blocked, ssh_client, sshd_stopped
 from tools import testbed as tb
 
@@ -131,9 +131,7 @@ def _fingerprint(public_key_line: str) -> str:
 
 
 def _status(job_id: str) -> dict:
-    done = _launch("status", job_id, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return status_json(None, job_id)  # this test's LAUNCH_HOME, in process (polled)
 
 
 def _agent_pid(job_id: str, node: int) -> int:
