@@ -37,8 +37,7 @@ class StoreBase:
             self.runs.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not self.home.is_symlink():  # a link's target is someone's directory: its mode is not launch's to set
                 os.chmod(self.home, 0o700)
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
-            os.close(fd)
+            self._create_private()
         except OSError as exc:
             raise StoreError(f"cannot open the job store in {self.home}: {exc}", hint="set LAUNCH_HOME to a writable directory") from None
         with self._guard():
@@ -48,6 +47,16 @@ class StoreBase:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
+
+    def _create_private(self) -> None:
+        """Create the database file 0600 if it is not there. An existing one is never opened here: closing any
+        descriptor of it drops every POSIX lock this process holds on it, SQLite's included, so a second Store in
+        a process (or a test polling status in process) would let readers in mid-checkpoint ("malformed")."""
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except FileExistsError:
+            return
+        os.close(fd)
 
     def _migrate(self) -> None:
         migrate(self._db, self.path)
