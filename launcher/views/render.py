@@ -184,13 +184,17 @@ def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def unattended(job: dict[str, Any], supervisor: dict[str, Any] | None) -> str | None:
-    """``RUNNING, unattended since HH:MM (no supervisor): launch attach JOB`` for a job whose supervisor is gone."""
+    """``RUNNING, unattended since HH:MM (no supervisor): launch attach JOB`` for a job whose supervisor is gone.
+
+    Only a RUNNING job can be attached to; one that had not started (QUEUED, PENDING) is cleared with
+    ``launch cancel`` and submitted again."""
     if not supervisor or supervisor.get("state") != "lost":
         return None
     since = supervisor.get("since")
     when = time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    remedy = "launch attach" if job["state"] == "RUNNING" else "launch cancel"
     return f"{job['state']}, unattended since {when} (no supervisor){_agents_said(supervisor.get('agents'))}: " \
-           f"launch attach {job['id']}"
+           f"{remedy} {job['id']}"
 
 
 def _agents_said(agents: Any) -> str:
