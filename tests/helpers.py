@@ -33,6 +33,21 @@ def build_deepspeed_comm_op() -> None:
                    check=True, capture_output=True, timeout=600)
 
 
+HOLD = ROOT / "tests" / "programs" / "hold"
+
+
+def hold_env(folder: Path, at_step: int) -> dict[str, str]:
+    """A job's ``env:`` that holds each recipe rank of attempt 0 right after it reports ``at_step``, until the
+    rank is ended (tests/programs/hold): the test then acts at a known step, however fast the machine trains."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"PYTHONPATH": str(HOLD), "TEST_HOLD_AT_STEP": str(at_step), "TEST_HOLD_DIR": str(folder)}
+
+
+def all_held(folder: Path, ranks: int) -> bool:
+    """Every one of ``ranks`` ranks is held by ``hold_env``'s hook."""
+    return all((folder / f"rank{rank}").exists() for rank in range(ranks))
+
+
 def launch_argv(*args: str) -> list[str]:
     """Argv of the `launch` CLI in this interpreter."""
     return [sys.executable, "-m", "launcher", *args]

@@ -21,7 +21,7 @@ import pytest
 
 from launcher.node import agent as agent_module
 from launcher.store.db import Store
-from tests.helpers import TORCH_EXTENSIONS_DIR, status_json
+from tests.helpers import TORCH_EXTENSIONS_DIR, all_held, hold_env, status_json
 from tests.slurm_fixture import wait_for
 from tests.testbed_fixture import needs_root
 from tools import testbed as tb
@@ -31,7 +31,7 @@ pytestmark = [needs_root, pytest.mark.testbed]
 PYTHON = sys.executable
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 STEPS = 30
-KILL_AT = 16  # once every rank reported it: after the checkpoint at 15, before the one at 20, so step 16 runs twice
+KILL_AT = 16  # the ranks are held there: after the checkpoint at 15, before the one at 20, so step 16 runs twice
 
 
 def _cluster(tmp_path: Path, bed: tb.Testbed, slots: tuple[int, ...] = (2, 2, 2)) -> Path:
@@ -74,9 +74,7 @@ def _status(job_id: str) -> dict:
     return status_json(None, job_id)  # this test's LAUNCH_HOME, in process (polled)
 
 
-# zero2 and fsdp2 pass here too (figures in docs/RELIABILITY.md); the suite keeps ddp, and each strategy's
-# resume at another world size is test_strategies.py::test_resume_at_another_world_size_... (cheaper)
-@pytest.mark.parametrize("strategy", ["ddp"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp2"])
 def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
         testbed: tb.Testbed, tmp_path: Path, home: Path, strategy: str) -> None:
     job = tmp_path / "job.yaml"
@@ -85,10 +83,11 @@ def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
         "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
         "max_steps": STEPS, "restarts": 2, "elastic": {"min_nodes": 2}, "metrics": {"every": 1},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 5}, "watch": {"grace_period": 2},
-        "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},  # zero2's ranks load the op the suite built
+        # zero2's ranks load the op the suite built; attempt 0's ranks wait after step KILL_AT until they are ended
+        "env": {"TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR, **hold_env(tmp_path / "held", KILL_AT)},
     }))
-    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), lambda store, job_id: len(
-        {r.rank for r in store.metrics(job_id) if r.attempt == 0 and r.step >= KILL_AT}) == 3)
+    job_id, done = _lose_node_2(home, job, _cluster(tmp_path, testbed), lambda store, job_id: all_held(
+        tmp_path / "held", 3) and len({r.rank for r in store.metrics(job_id) if r.attempt == 0 and r.step == KILL_AT}) == 3)
     assert done.returncode == 0, done.stderr[-4000:]
 
     status = _status(job_id)

@@ -16,7 +16,7 @@ import pytest
 
 from launcher.node import agent as agent_module
 from launcher.store.db import Store
-from tests.helpers import ROOT, cli_env, launch_argv, status_json, wait_for, write_yaml
+from tests.helpers import ROOT, all_held, cli_env, hold_env, launch_argv, status_json, wait_for, write_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
         "name": "elastic-local", "recipe": "convnet", "max_steps": STEPS, "metrics": {"every": 1},
         "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
         "restarts": 1, "elastic": {"min_nodes": 2}, "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 3},
-        "watch": {"grace_period": 2},
+        "watch": {"grace_period": 2}, "env": hold_env(tmp_path / "held", 4),  # attempt 0's ranks wait after step 4
     })
     submit = subprocess.Popen(launch_argv("submit", str(job), "--cluster", str(LOCAL4)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=cli_env(home), cwd=ROOT)
@@ -38,11 +38,10 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
 
         def past_first_checkpoint():
             jobs = store.jobs(limit=1)
-            steps = [r.step for r in store.metrics(jobs[0]["id"]) if r.attempt == 0] if jobs else []
-            return jobs[0]["id"] if max(steps, default=0) >= 4 else None
+            return jobs[0]["id"] if jobs and all_held(tmp_path / "held", 3) else None
 
         job_id = wait_for(past_first_checkpoint, timeout=120)
-        assert job_id, "attempt 0 never reported step 4"
+        assert job_id, "attempt 0's ranks never reached step 4"
         pid_file = Path(agent_module.run_root()) / job_id / "node2.pid"
         os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
         _, err = submit.communicate(timeout=240)

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import proctree
 from launcher.store.db import Store
 from tests.container_fixture import needs_podman
-from tests.helpers import kill_supervisor_and_keeper, rank_results, status_json
+from tests.helpers import all_held, hold_env, kill_supervisor_and_keeper, rank_results, status_json
 from tests.slurm_fixture import (
     JOB_END_STATES,
     job_state,
@@ -228,19 +227,6 @@ def test_a_deepspeed_job_runs_one_launcher_per_node(slurm: sl.SlurmCluster, tmp_
     assert all(entry["local_rank_arg"] == 0 for entry in seen), "one rank a node: --local_rank 0 on each"
 
 
-def _rank_pids(job_id: str) -> list[int]:
-    """The job's rank processes on every node (those with RANK in their environment)."""
-    ranks = []
-    for pid in proctree.job_pids(job_id):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(entry.startswith(b"RANK=") for entry in environ):
-            ranks.append(pid)
-    return ranks
-
-
 def test_an_elastic_job_whose_node_fails_is_resubmitted_on_the_node_left_with_the_global_batch_exact(
         slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
     """Issue 22 on Slurm: node 2's slurmd dies (NODE_FAIL), named as the attempt's first failure; the job goes on as a
@@ -252,12 +238,12 @@ def test_an_elastic_job_whose_node_fails_is_resubmitted_on_the_node_left_with_th
         "batch": {"global_batch": 8, "micro_batch": 2}, "resources": {"nodes": 2, "nproc_per_node": 1},
         "max_steps": 16, "restarts": 1, "elastic": {"min_nodes": 1}, "metrics": {"every": 1},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 5}, "watch": {"grace_period": 2},
+        # attempt 0's ranks wait after step 6, so the job cannot end before Slurm calls node 2 failed (about 25 s)
+        "env": hold_env(tmp_path / "held", 6),
     }))
     job_id = _submit_detached(job, _cluster(tmp_path, slurm))
     store = Store(home)
-    wait_for(lambda: len({r.rank for r in store.metrics(job_id) if r.step >= 6}) == 2, 240, "both ranks past step 5")
-    for pid in _rank_pids(job_id):  # frozen, so the job cannot end before Slurm calls node 2 failed (about 25 s)
-        os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: all_held(tmp_path / "held", 2), 240, "both ranks held after step 6")
     with slurmd_killed(slurm, lost):
         ended = _ended(job_id, timeout=slurm.settings.slurmd_timeout_s * 6 + 120)
     assert ended["state"] == "SUCCEEDED", (ended["reason"], ended["events"][-6:])
