@@ -4,10 +4,12 @@
 Each rank prints a wall-clock timestamp right after ``init_process_group`` and
 one DDP step; a run's "first step" is when the last rank printed it, counted
 from the moment the command was started. The two commands alternate for
-``--repeats`` rounds; medians are compared. Bare torchrun gets
+``--repeats`` rounds; the figure is the median of the rounds' ratios (each round's two runs are
+neighbours in time, so the machine's drift, which moves a run by +-30% here, cancels out), with
+the medians of each given too. Bare torchrun gets
 ``--local-addr 127.0.0.1`` (--standalone hangs where the host name does not
 resolve, as on the CI box). Goal (docs/BENCHMARKS.md): the
-ratio launch / torchrun <= 1.10. The figure is printed last.
+ratio launch / torchrun <= 1.05 (issue 20). The figure is printed last.
 
     python scripts/bench_first_step.py [--repeats 5]
 """
@@ -15,6 +17,7 @@ ratio launch / torchrun <= 1.10. The figure is printed last.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -63,6 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     python = sys.executable
     launch = str(Path(python).with_name("launch"))
+    # launch's own modules as an install leaves them, compiled (where PYTHONDONTWRITEBYTECODE is set, as on the CI
+    # machines, a source checkout would otherwise compile them again at every `launch` start); torch's are already
+    compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "launcher"), quiet=1)
     with tempfile.TemporaryDirectory(prefix="bench-first-step-") as tmp:
         work = Path(tmp)
         (work / "first_step.py").write_text(PROGRAM)
@@ -86,7 +92,9 @@ def main() -> None:
     exits = {name: statistics.median(t for _, t in runs) for name, runs in results.items()}
     print(f"median first step: launch {medians['launch']:.2f} s, torchrun {medians['torchrun']:.2f} s;"
           f" median exit: launch {exits['launch']:.2f} s, torchrun {exits['torchrun']:.2f} s")
-    print(f"submit -> first step, launch / torchrun = {medians['launch'] / medians['torchrun']:.3f}x (goal <= 1.10x)")
+    paired = statistics.median(a[0] / b[0] for a, b in zip(results["launch"], results["torchrun"], strict=True))
+    print(f"ratio of the medians {medians['launch'] / medians['torchrun']:.3f}x")
+    print(f"submit -> first step, launch / torchrun = {paired:.3f}x, the median of the rounds' ratios (goal <= 1.05x)")
 
 
 if __name__ == "__main__":

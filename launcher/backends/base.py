@@ -449,6 +449,10 @@ class Backend(ABC):
         """A long-running node-side command on node ``index`` (``launcher.backends.leasing.NodeStream``)."""
         raise LaunchError(f"the {self.name} backend runs no long node commands")
 
+    def warm(self, plan: Plan) -> None:  # noqa: B027 (optional hook: most backends start nothing ahead)
+        """Get ready to start ``plan`` while preflight runs (the local backend starts its agents' interpreters);
+        what is not used is released by ``close``."""
+
     def close(self) -> None:  # noqa: B027 (optional hook: backends without connections have nothing to release)
         """Release connections."""
 

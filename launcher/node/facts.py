@@ -233,13 +233,16 @@ def collect(req: dict) -> dict:
     return out
 
 
-def main(argv: list[str]) -> int:
+def answer(req: dict) -> dict:
     """The facts of ``collect``; with a ``leases`` request, the answer of ``leases`` too (one probe a host, not two)."""
-    req = json.loads(argv[0])
     out = collect(req)
     if isinstance(req.get("leases"), dict):
         from . import waiting
 
         out["leases"] = waiting.answer(req["leases"])
-    print(json.dumps(out), flush=True)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(answer(json.loads(argv[0]))), flush=True)
     return 0

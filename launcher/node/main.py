@@ -14,6 +14,8 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if rest[:1] == [REQUEST_ON_STDIN]:
         rest = [sys.stdin.readline(), *rest[1:]]
+        if not rest[0]:
+            return 0  # started ahead of its request (the local backend's warm agent) and not needed after all
     if command == "facts":
         from . import facts
 

@@ -6,6 +6,7 @@ process may use and ``local.gpus`` to the GPUs found (see ``launcher.backends.lo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from launcher.backends.base import (
 )
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
-from launcher.node.ship import node_argv
+from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
@@ -121,6 +122,18 @@ class LocalStream:
             self._proc.stdout.close()
 
 
+def _release(agent: subprocess.Popen) -> None:
+    """An agent interpreter that was never given a request: closing its stdin makes it exit, having done nothing."""
+    if agent.stdin is not None:
+        agent.stdin.close()
+    try:
+        agent.wait(STDOUT_CLOSED_WAIT_S)
+    except subprocess.TimeoutExpired:
+        stop_process(agent, STDOUT_CLOSED_WAIT_S)
+    if agent.stdout is not None:
+        agent.stdout.close()
+
+
 class LocalBackend(Backend):
     """Runs the plan's nodes as node agents on this machine (gloo on CPU slots, or local GPUs)."""
 
@@ -185,7 +198,7 @@ class LocalBackend(Backend):
         """This machine's facts and, in the same probe, who holds the slots or GPUs the job needs."""
         wanted = leasing.preflight_request(self, plan, 0)
         request = {**facts_request(plan, 0), **({"leases": wanted} if wanted else {})}
-        answer, error = self.node_command(plan, 0, "facts", request, timeout=FACTS_TIMEOUT_S)
+        answer, error = self._facts_answer(plan, request)
         if answer is None:
             return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
                                        " (cluster.yaml python)"])
@@ -197,6 +210,16 @@ class LocalBackend(Backend):
             problems = leasing.preflight_problems("localhost", plan, answer)
         return Preflight(problems=problems, facts={0: facts}, hint=leasing.hint(problems))
 
+    def _facts_answer(self, plan: Plan, request: dict) -> tuple[dict | None, str | None]:
+        """The facts probe's answer. Under this process's own interpreter it runs here, in process: the node is this
+        machine and the interpreter the same, so the answer is the one a probe process would give, without the
+        ~0.1 s of starting one on the way to the job's start. Any other interpreter is probed by running it."""
+        if plan.python != sys.executable:
+            return self.node_command(plan, 0, "facts", request, timeout=FACTS_TIMEOUT_S)
+        from launcher.node import facts
+
+        return json.loads(json.dumps(facts.answer(request))), None
+
     def lease_devices(self, plan: Plan | None, index: int) -> tuple[str, int]:
         local = self.cluster.local
         return ("gpu", local.gpus) if local.gpus else ("slot", local.slots or 1)
@@ -205,6 +228,48 @@ class LocalBackend(Backend):
         """Every node's agent, once they all hold their leases (waiting for them under ``queue: wait``)."""
         return leasing.start_leased(self, plan, context, lambda order: self._start_agents(plan, context, order))
 
+    def __init__(self, cluster: ClusterSpec) -> None:
+        super().__init__(cluster)
+        self._warm: dict[int, tuple[tuple, subprocess.Popen]] = {}  # node index -> (_agent_key, agent) from ``warm``
+
+    def warm(self, plan: Plan) -> None:
+        """Start every node's agent interpreter now: it loads while preflight and the supervisor's set-up run, then
+        waits for its request (``_start_agents`` writes it). One never given a request reads the end of its stdin
+        when ``close`` closes it, and exits having done nothing (it holds no lease and started nothing)."""
+        for node in plan.nodes:
+            self._warm[node.index] = (self._agent_key(plan, node), self._spawn_agent(plan, node))
+
+    def close(self) -> None:
+        """Let the agents started by ``warm`` and never used go."""
+        warm, self._warm = self._warm, {}
+        for _, proc in warm.values():
+            _release(proc)
+
+    @staticmethod
+    def _agent_key(plan: Plan, node) -> tuple:
+        """What an agent's process is started with: a warm one serves only a node that would be started the same."""
+        return plan.python, node.cwd, plan.job_id, node.index
+
+    def _spawn_agent(self, plan: Plan, node) -> subprocess.Popen:
+        """Node ``node``'s agent interpreter, waiting for its request on stdin."""
+        try:
+            return subprocess.Popen(
+                stdin_argv(plan.python, "agent"), cwd=node.cwd,
+                env={**os.environ, "LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)},
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        except OSError as exc:
+            raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", node.index) from None
+
+    def _agent_process(self, plan: Plan, node) -> subprocess.Popen:
+        """The node's warm agent if ``warm`` started one for it as it would be started now, else a new one."""
+        key, proc = self._warm.pop(node.index, (None, None))
+        if proc is not None and key == self._agent_key(plan, node) and proc.poll() is None:
+            return proc
+        if proc is not None:
+            _release(proc)
+        return self._spawn_agent(plan, node)
+
     def _start_agents(self, plan: Plan, context: StartContext, order: float) -> tuple[Plan, list[LocalNode]]:
         handles: list[LocalNode] = []
         try:
@@ -212,14 +277,7 @@ class LocalBackend(Backend):
                 context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
                 lease = leasing.agent_lease(self, plan, node, order)
                 start = agent_start(plan, node, context.grace, context.secrets, lease, context.generation, context.record)
-                try:
-                    proc = subprocess.Popen(
-                        start.argv, cwd=node.cwd,
-                        env={**os.environ, "LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)},
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                    )
-                except OSError as exc:
-                    raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", node.index) from None
+                proc = self._agent_process(plan, node)
                 handle = LocalNode(node.index, proc)
                 handles.append(handle)
                 assert proc.stdin is not None
