@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -99,18 +100,23 @@ def probe_job(path: Path, name: str = "probe", nodes: int = 1, nproc: int = 2, a
     return write_yaml(path, job)
 
 
-def status_json(home: Path | None, job_id: str) -> dict:
-    """`launch status JOB --json` with LAUNCH_HOME=home (None: this process's), the CLI's own command run in this
-    process through click's test runner. Tests poll it while their jobs run: a `launch` process a poll took about
-    half a second of the two cores those jobs needed (the CLI as a process is tested in test_cli*.py)."""
+def cli_json(home: Path | None, *args: str) -> Any:
+    """The JSON that `launch ARGS` prints, with LAUNCH_HOME=home (None: this process's), the CLI's own command run in
+    this process through click's test runner. Tests poll it while their jobs run: a `launch` process a poll took
+    about half a second of the two cores those jobs needed (the CLI as a process is tested in test_cli*.py)."""
     from click.testing import CliRunner
 
     from launcher.cli.main import cli
 
     env = {"LAUNCH_HOME": str(home)} if home is not None else {}
-    result = CliRunner().invoke(cli, ["status", job_id, "--json"], env=env, catch_exceptions=False)
+    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def status_json(home: Path | None, job_id: str) -> dict:
+    """`launch status JOB --json`, in this process (``cli_json``)."""
+    return cli_json(home, "status", job_id, "--json")
 
 
 def rank_results(home: Path, job_id: str, attempt: str = "*") -> list[dict]:

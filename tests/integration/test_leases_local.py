@@ -22,7 +22,7 @@ from launcher.run import orchestrate
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
 from launcher.store.db import Store
-from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, write_yaml
+from tests.helpers import ROOT, cli_env, cli_json, launch_argv, run_cli, status_json, wait_for, write_yaml
 
 HOLD = ROOT / "tests" / "programs" / "lease_hold.py"
 
@@ -66,8 +66,8 @@ def test_two_one_slot_jobs_share_a_two_slot_host_each_on_its_own_slot_and_a_thir
     assert set(holders) == {0, 1} and set(holders.values()) == jobs, listed
 
     third = _submit(home, _job(tmp_path, "c"), "--cluster", cluster, "--wait")
-    queued = wait_for(lambda: next((j for j in json.loads(run_cli(home, "status", "--json").stdout)
-                                    if j["state"] == "QUEUED"), None), timeout=60)
+    queued = wait_for(lambda: next((j for j in cli_json(home, "status", "--json") if j["state"] == "QUEUED"), None),
+                      timeout=60)
     assert queued and all(f"job {job} (user " in queued["queue_reason"] for job in jobs), queued
     shown = run_cli(home, "queue", "--cluster", cluster).stdout
     assert f"1. job {queued['id']}" in shown, shown
@@ -102,7 +102,7 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     detached = run_cli(home, "submit", _job(tmp_path, "c"), "--cluster", cluster, "--wait", "--detach").stdout.strip()
 
     def queued() -> list[dict]:
-        return [j for j in json.loads(run_cli(home, "status", "--json").stdout) if j["state"] == "QUEUED"]
+        return [j for j in cli_json(home, "status", "--json") if j["state"] == "QUEUED"]
 
     assert wait_for(lambda: len(queued()) == 2, timeout=60), queued()
     assert wait_for(lambda: len(json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)["waiting"]) == 2,
