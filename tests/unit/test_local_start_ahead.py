@@ -6,8 +6,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from launcher.backends import get_backend
 from launcher.backends.base import facts_request
+from launcher.errors import NodeStartError
 from launcher.node import proctree
 from launcher.run.orchestrate import load_cluster_spec, prepare_job
 from launcher.spec.job import JobSpec
@@ -65,3 +68,10 @@ def test_an_agent_started_ahead_serves_only_the_node_it_was_started_for(tmp_path
                 proc.stdin.close()
                 proc.wait(10)
         backend.close()
+
+
+def test_an_agent_in_a_workdir_that_is_gone_names_the_workdir_not_the_interpreter(tmp_path: Path) -> None:
+    prepared = _prepared(tmp_path)
+    gone = prepared.plan.nodes[0].model_copy(update={"cwd": str(tmp_path / "removed")})
+    with pytest.raises(NodeStartError, match=r"workdir .*removed is not a directory"):
+        get_backend(prepared.cluster)._spawn_agent(prepared.plan, gone)

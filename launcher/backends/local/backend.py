@@ -259,6 +259,9 @@ class LocalBackend(Backend):
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             )
         except OSError as exc:
+            if not os.path.isdir(node.cwd):  # Popen's error would name the interpreter, which is there
+                raise NodeStartError(f"localhost: the job's workdir {node.cwd} is not a directory (cluster.yaml workdir)",
+                                     node.index) from None
             raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", node.index) from None
 
     def _agent_process(self, plan: Plan, node) -> subprocess.Popen:
