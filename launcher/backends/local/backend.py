@@ -34,7 +34,7 @@ from launcher.backends.base import (
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
 from launcher.node.ship import node_argv, stdin_argv
-from launcher.plan.planner import Plan
+from launcher.plan.planner import NodePlan, Plan
 from launcher.spec.cluster import ClusterSpec, NodeSpec
 
 STDOUT_CLOSED_WAIT_S = 1.0  # an agent whose stdout closed exits within this, unless fenced (else: followed again)
@@ -142,6 +142,10 @@ class LocalBackend(Backend):
     checks_capacity: ClassVar[bool] = False
     leases: ClassVar[bool] = True
 
+    def __init__(self, cluster: ClusterSpec) -> None:
+        super().__init__(cluster)
+        self._warm: dict[int, tuple[tuple, subprocess.Popen]] = {}  # node index -> (_agent_key, agent) from ``warm``
+
     @classmethod
     def resolve_defaults(cls, cluster: ClusterSpec) -> ClusterSpec:
         """This machine as it is: its usable CPUs as slots, its GPUs, the current directory, this Python."""
@@ -228,10 +232,6 @@ class LocalBackend(Backend):
         """Every node's agent, once they all hold their leases (waiting for them under ``queue: wait``)."""
         return leasing.start_leased(self, plan, context, lambda order: self._start_agents(plan, context, order))
 
-    def __init__(self, cluster: ClusterSpec) -> None:
-        super().__init__(cluster)
-        self._warm: dict[int, tuple[tuple, subprocess.Popen]] = {}  # node index -> (_agent_key, agent) from ``warm``
-
     def warm(self, plan: Plan) -> None:
         """Start every node's agent interpreter now: it loads while preflight and the supervisor's set-up run, then
         waits for its request (``_start_agents`` writes it). One never given a request reads the end of its stdin
@@ -246,11 +246,11 @@ class LocalBackend(Backend):
             _release(proc)
 
     @staticmethod
-    def _agent_key(plan: Plan, node) -> tuple:
+    def _agent_key(plan: Plan, node: NodePlan) -> tuple:
         """What an agent's process is started with: a warm one serves only a node that would be started the same."""
-        return plan.python, node.cwd, plan.job_id, node.index
+        return plan.python, node.cwd, plan.job_id
 
-    def _spawn_agent(self, plan: Plan, node) -> subprocess.Popen:
+    def _spawn_agent(self, plan: Plan, node: NodePlan) -> subprocess.Popen:
         """Node ``node``'s agent interpreter, waiting for its request on stdin."""
         try:
             return subprocess.Popen(
@@ -264,7 +264,7 @@ class LocalBackend(Backend):
                                      node.index) from None
             raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", node.index) from None
 
-    def _agent_process(self, plan: Plan, node) -> subprocess.Popen:
+    def _agent_process(self, plan: Plan, node: NodePlan) -> subprocess.Popen:
         """The node's warm agent if ``warm`` started one for it as it would be started now, else a new one."""
         key, proc = self._warm.pop(node.index, (None, None))
         if proc is not None and key == self._agent_key(plan, node) and proc.poll() is None:
