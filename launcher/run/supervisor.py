@@ -430,6 +430,7 @@ class Supervisor:
         """Do what ``step`` decided on ``event``: the attempt's outcome."""
         job_id = self.plan.job_id
         if do is Do.STOP and isinstance(event, Fenced):
+            self._guarded("filing what came before the fence", self._observe)  # the lines before the agent's word
             raise SupervisorFenced(job_id, dict(event.by))
         if do is Do.FAIL:
             failure = self._first_failure(watchers, attempt, exits)

@@ -276,8 +276,7 @@ def test_a_supervisor_whose_agents_stream_says_fenced_stops_at_that_line(tmp_pat
     assert [r.step for r in store.metrics(plan.job_id)] == [1]  # nothing past the agent's word is taken
     assert store.nodes(plan.job_id)[1]["seen"] == 1 and store.job(plan.job_id)["state"] == "RUNNING"
     assert backend.swept_nodes == 0 and not any(node.terminated for node in backend.started[0])
-    for node in backend.started[0]:
-        node.terminate(0.1)
+    backend.started[0][0].terminate(0.1)  # end node 0's stream (node 1's reader stopped at the fence)
 
 
 def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) -> None:
