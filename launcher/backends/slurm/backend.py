@@ -206,8 +206,7 @@ class SlurmBackend(Backend):
                               {"agent": request, "secrets": dict(context.secrets)})
             pids = self._wait_started(placed, job, context)
         except BaseException:
-            (folder / ABORT_FILE).touch()
-            self._end(job)
+            self._abort(job)
             raise
         return placed, [SlurmNode(node.index, node.host, job, pids[node.index]) for node in placed.nodes]
 
@@ -336,6 +335,17 @@ class SlurmBackend(Backend):
             raise LaunchError("cancelled before the job started")
 
     # ending and confirming
+
+    def _abort(self, job: SlurmJob) -> None:
+        """End a job that did not start. ``scancel`` comes first, so Slurm records it CANCELLED as launch decided
+        (the node side, seeing the abort file first, would end it FAILED); the abort file then ends a node side that
+        Slurm cannot signal; ``_end`` confirms."""
+        try:
+            cli.cancel(job.slurm_id)
+        except cli.SlurmCommandError:
+            pass  # _end asks again, and says so if Slurm still refuses
+        (job.folder / ABORT_FILE).touch()
+        self._end(job)
 
     def _end(self, job: SlurmJob, settle: float = 0.0) -> bool:
         """``scancel`` unless it ends by itself within ``settle`` seconds (a job whose agents all exited: its
