@@ -31,7 +31,8 @@ lint: setup-test
 	$(VENV)/bin/ruff check launcher tests scripts tools
 	$(VENV)/bin/mypy
 
-# DeepSpeed's CPU comm op, built once into TORCH_EXTENSIONS_DIR while the checkers run (a fresh clone's first
-# DeepSpeed test would otherwise build it, with the other worker's first one waiting on torch's build lock).
+# DeepSpeed's CPU ops (the comm op, cpu_adam for zero3_offload), built once into TORCH_EXTENSIONS_DIR while
+# the checkers run (a fresh clone's first DeepSpeed test would otherwise build them, with the other worker's
+# first one waiting on torch's build lock). About 1.5 min of CPU.
 ops: setup-test
-	@$(VENV)/bin/python -c "from tests.helpers import build_deepspeed_comm_op as build; build()"
+	@$(VENV)/bin/python -c "from tests.helpers import build_deepspeed_ops as build; build('comm', 'cpu_adam')"

@@ -22,16 +22,23 @@ HOSTILE = ["semi;colon", "$(touch /tmp/pwned)", "it's", 'say "hi"', "two words",
 TORCH_EXTENSIONS_DIR = os.environ.get("TORCH_EXTENSIONS_DIR", "/tmp/launch-torch-ext")
 
 
-def build_deepspeed_comm_op() -> None:
-    """Build DeepSpeed's CPU shared-memory comm op into TORCH_EXTENSIONS_DIR now, once, on this host.
+# The DeepSpeed ops the suite's CPU ranks load: the shared-memory comm op (every DeepSpeed rank) and
+# cpu_adam (zero3_offload's DeepSpeedCPUAdam).
+DEEPSPEED_OPS = {"comm": "from deepspeed.comm.torch import build_shm_op; build_shm_op()",
+                 "cpu_adam": "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"}
 
-    Every DeepSpeed rank on CPU loads it at start; in a fresh clone the first job builds it, and two
+
+def build_deepspeed_ops(*names: str) -> None:
+    """Build DeepSpeed's CPU ops ``names`` (keys of DEEPSPEED_OPS) into TORCH_EXTENSIONS_DIR now, once, on this host.
+
+    Every DeepSpeed rank on CPU loads the comm op at start; in a fresh clone the first job builds it, and two
     containers on two hosts building into the one shared cache at once can leave one of them without the
     library (torch's build lock does not reach across their mount namespaces reliably)."""
     Path(TORCH_EXTENSIONS_DIR).mkdir(parents=True, exist_ok=True)
-    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},
-                   check=True, capture_output=True, timeout=600)
+    for name in names:
+        subprocess.run([sys.executable, "-c", DEEPSPEED_OPS[name]],
+                       env={**os.environ, "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},
+                       check=True, capture_output=True, timeout=600)
 
 
 HOLD = ROOT / "tests" / "programs" / "hold"

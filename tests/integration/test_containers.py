@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.container_fixture import needs_podman
-from tests.helpers import ROOT, TORCH_EXTENSIONS_DIR, build_deepspeed_comm_op, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.helpers import ROOT, TORCH_EXTENSIONS_DIR, build_deepspeed_ops, run_cli, status_json, wait_for, wait_for_state, write_yaml
 from tests.testbed_fixture import needs_root
 from tools import container_image as ci
 from tools import testbed as tb
@@ -93,7 +93,7 @@ def test_a_deepspeed_job_runs_inside_the_container(tmp_path, home, hosts, contai
                                                "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}))
     out = tmp_path / "out"
     out.mkdir()
-    build_deepspeed_comm_op()  # a fresh clone has no extension cache yet (podman mounts only what exists)
+    build_deepspeed_ops("comm")  # a fresh clone has no extension cache yet (podman mounts only what exists)
     spec = container_image.spec(python=sys.executable, mounts=[*container_image.mounts, f"{TORCH_EXTENSIONS_DIR}:{TORCH_EXTENSIONS_DIR}"])
     job = write_yaml(tmp_path / "job.yaml", {
         "name": "ctr-ds", "launcher": "deepspeed", "resources": {"nodes": 2, "nproc_per_node": 1},

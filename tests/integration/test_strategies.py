@@ -259,10 +259,9 @@ def _step_means(records: list[MetricRecord]) -> dict[int, float]:
     return {step: sum(values) / len(values) for step, values in by_step.items()}
 
 
-# ddp: tests/integration/test_elastic.py, on 3 hosts. zero3_offload loads the same way as zero3 and passes
-# (by hand, issue 22), but its DeepSpeedCPUAdam needs DeepSpeed's cpu_adam op, a build of about 3 minutes of
-# CPU that no other test of the suite needs: more than CI's time allows.
-@pytest.mark.parametrize("strategy", ["fsdp2", "zero2", "zero3"])
+# ddp: tests/integration/test_elastic.py, on 3 hosts. zero3_offload's DeepSpeedCPUAdam loads the cpu_adam op
+# that `make ops` builds (a run without it builds it first, about a minute).
+@pytest.mark.parametrize("strategy", ["fsdp2", "zero2", "zero3", "zero3_offload"])
 def test_resume_at_another_world_size_keeps_the_trajectory_and_the_data(strategy, ddp_baseline, tmp_path):
     # global 16 = micro 4 x GA 2 x 2 ranks; resumed on 1 rank: GA 4 keeps 16 (issue 22)
     common = [*CONVNET, "--strategy", strategy, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
