@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from launcher.backends import plan_job  # noqa: E402
-from launcher.node import agent, journal  # noqa: E402
+from launcher.node import journal, rundir  # noqa: E402
 from launcher.run.orchestrate import load_cluster_spec, new_job_id  # noqa: E402
 from launcher.run.recorded import stored_spec  # noqa: E402
 from launcher.run.takeover import node_record  # noqa: E402
@@ -38,7 +38,7 @@ def main(lines: int) -> None:
                   max_steps=lines // 10)
     job_id = new_job_id("replay")
     plan = plan_job(job, cluster, job_id, rdzv_port=29599)
-    run_dir = agent.job_run_dir(job_id)
+    run_dir = rundir.job_run_dir(job_id)
     journal.write_atomically(os.path.join(run_dir, journal.RECORD_FILE), json.dumps(
         node_record({"created_at": time.time(), "spec": stored_spec(job, cluster, run_check=False)}, plan, 0)))
     journal.write_atomically(journal.pid_path(run_dir, 0), "1 0\n")  # not this agent: gone, as after its exit

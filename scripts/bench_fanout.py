@@ -47,8 +47,8 @@ PROFILE_RATE = 250
 # Where the submitting side's CPU goes: the first of these (file fragment, function fragment) found from a sampled
 # stack's leaf towards its root names the sample's phase.
 PHASES = (
-    ("host key check", "launcher/backends/ssh/connection.py", "check_host_key"),
-    ("known_hosts parse", "launcher/backends/ssh/connection.py", "load_known_hosts"),
+    ("host key check", "launcher/backends/ssh/hostkeys.py", "check_host_key"),
+    ("known_hosts parse", "launcher/backends/ssh/hostkeys.py", "load_known_hosts"),
     ("key exchange (client)", "paramiko/", "kex"),
     ("key exchange (client)", "paramiko/transport.py", "_negotiate_keys"),
     ("key exchange (client)", "paramiko/transport.py", "_activate_"),

@@ -80,7 +80,8 @@ def launch_once(cluster: Path, job: Path) -> tuple[float, float]:
 
 def fan_out_floor(bed: testbed.Testbed, hosts: int) -> float:
     """Seconds to connect to ``hosts`` hosts and run ``true`` on each, in parallel: the fan-out alone."""
-    from launcher.backends.ssh.connection import Pool, SSHSettings, fan_out
+    from launcher.backends.ssh.connection import Pool, fan_out
+    from launcher.backends.ssh.settings import SSHSettings
     from launcher.spec.cluster import SSHSpec
 
     settings = SSHSettings(SSHSpec(user="root", key_file=str(bed.key_file), known_hosts=str(bed.known_hosts),

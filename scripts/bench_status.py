@@ -67,14 +67,14 @@ def synthetic_source(home: Path, steps: int = 50) -> str:
 
 def status_in_process(home: Path, job_id: str, rounds: int) -> dict:
     """The status path timed inside this process (ms, medians of ``rounds``): the job's summary alone
-    (``render.job_summary``), each status command; then where one `status JOB` spends (cProfile, by cumulative time)."""
+    (``jobstatus.job_summary``), each status command; then where one `status JOB` spends (cProfile, by cumulative time)."""
     import contextlib
     import cProfile
     import io
     import pstats
 
     from launcher.cli.main import main as launch
-    from launcher.views import render
+    from launcher.views import jobstatus
 
     os.environ["LAUNCH_HOME"] = str(home)
 
@@ -87,7 +87,7 @@ def status_in_process(home: Path, job_id: str, rounds: int) -> dict:
 
     def summary() -> None:
         store = Store(home)
-        render.job_summary(store, store.job(job_id))
+        jobstatus.job_summary(store, store.job(job_id))
         store.close()
 
     steps = {"summary": summary, "status": lambda: run(["status"]), "status JOB": lambda: run(["status", job_id]),

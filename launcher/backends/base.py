@@ -19,26 +19,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
-from launcher.backends.stopping import term_then_kill
-from launcher.catalog.strategies import get_strategy
 from launcher.errors import LaunchError, SupervisorFenced
-from launcher.node.ship import node_argv, stdin_argv, stdin_request
-from launcher.plan import containers
-from launcher.plan.commands import RECIPE_MODULE
+from launcher.node.ship import node_argv
 from launcher.plan.netenv import NodeNetwork
-from launcher.plan.planner import NodePlan, Plan
+from launcher.plan.planner import Plan
 from launcher.plan.policy import PlanPolicy
 from launcher.spec.cluster import ClusterSpec, NodeSpec
-from launcher.spec.container import ContainerSpec
 from launcher.spec.job import JobSpec
 
 NODE_COMMAND_TIMEOUT_S = 60.0
-FACTS_TIMEOUT_S = 1800.0 + 360.0  # a preflight may pull a container image (launch.node.facts.PULL_TIMEOUT_S)
-HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: the OS, page cache, other work)
 
 
 @dataclass
@@ -132,122 +125,6 @@ class NodeHandle(Protocol):
 
     def terminate(self, grace: float) -> None:
         """End the node's processes of this job: TERM, then KILL after ``grace``."""
-
-
-class Followed:
-    """What a reader of a node's journal (``launch_node follow``) learns from the lines it passes on: the agent's
-    ``@exit`` code, or its ``@lost`` reason (the agent died without one). A backend's follow handle wraps its line
-    stream with ``through`` and answers ``poll`` from ``code``."""
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self.exit: int | None = None
-        self.lost: str | None = None
-        self.fenced: dict | None = None  # the newer generation's record, when the node refused this reader
-
-    def through(self, lines: Iterator[str]) -> Iterator[str]:
-        for line in lines:
-            if line.startswith("@fenced"):  # not a journal line: the node's answer to this reader
-                self.fenced = fenced_record(line)
-                return
-            if line.startswith("@exit "):
-                self.exit = _json_field(line, "code", int)
-            elif line.startswith("@lost"):
-                why = _json_field(line, "reason", str)
-                self.lost = f"{self.host}: its node agent is gone without an exit ({why or 'no reason given'})"
-            yield line
-
-    def code(self) -> int | None:
-        """The agent's exit code, LOST_NODE_EXIT once it is known lost, None while neither is known."""
-        if self.exit is not None:
-            return self.exit
-        return LOST_NODE_EXIT if self.lost is not None else None
-
-
-class FollowHandle:
-    """A node followed through its journal (``Backend.follow``): ``lines`` the journal's lines after those the
-    reader had, until its agent's ``@exit`` (or ``@lost``); ``poll`` answers from them; ``terminate`` signals
-    the agent by PID and start time (when recorded) through the backend's ``signal`` node command.
-    ``error``: why the stream ended when it ended without an answer (the reader then tries again)."""
-
-    def __init__(self, backend: Backend, plan: Plan, index: int, lines: Iterator[str], close: Callable[[], None],
-                 agent: tuple[int, int | None] | None) -> None:
-        self.index = index
-        self.pid: int | None = agent[0] if agent else None
-        self.start_ticks: int | None = agent[1] if agent else None
-        self.lost_reason: str | None = None
-        self.error: str | None = None
-        self._backend, self._plan = backend, plan
-        self._followed = Followed(backend.host(plan, index))
-        self._source, self._close = lines, close
-        self._ended = threading.Event()
-
-    def lines(self) -> Iterator[str]:
-        try:
-            yield from self._followed.through(self._source)
-        finally:
-            self._close()
-            self.lost_reason = self.lost_reason or self._followed.lost
-            self._ended.set()
-
-    def poll(self) -> int | None:
-        return LOST_NODE_EXIT if self.lost_reason is not None else self._followed.code()
-
-    @property
-    def fenced(self) -> dict | None:
-        """The newer supervisor generation's record when the node refused to be followed by this one."""
-        return self._followed.fenced
-
-    def terminate(self, grace: float) -> None:
-        """TERM the agent (it ends its node's processes and journals @exit), then KILL it; the sweep does the rest."""
-        if self.poll() is not None or self.pid is None:
-            return
-        term_then_kill(self._signal, lambda wait: self._ended.wait(wait) or self.poll() is not None, grace, kill_wait=5.0)
-
-    def _signal(self, sig: int) -> None:
-        self._backend.fenced_command(self._plan, self.index, "signal",
-                                     {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
-
-
-def whole_lines(chunks: Iterator[bytes]) -> Iterator[str]:
-    """The whole (newline-ended) lines of a byte stream, decoded; a last line without its newline is not one
-    (a reader that resumes gets it again, whole)."""
-    pending = bytearray()
-    for chunk in chunks:
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            pending += chunk[start:end]
-            yield pending.decode("utf-8", "replace")
-            pending.clear()
-            start = end + 1
-        pending += chunk[start:]
-
-
-def _json_field(line: str, key: str, kind: type) -> Any:
-    try:
-        value = json.loads(line.partition(" ")[2] or "{}").get(key)
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-
-def follow_request(plan: Plan, index: int, after: int, generation: int = 0) -> dict:
-    """The ``follow`` node command's request: node ``index``'s journal after line ``after``, for a supervisor of
-    ``generation`` (refused with ``@fenced`` once the node records a newer one)."""
-    return {"job_id": plan.job_id, "node": index, "after": after, "generation": generation}
-
-
-def fenced_record(line: str) -> dict:
-    """The generation record of an ``@fenced`` line (``{"generation": N, "pid", "host"}``), as far as it reads."""
-    try:
-        data = json.loads(line.partition(" ")[2] or "{}")
-    except ValueError:
-        data = None
-    data = data if isinstance(data, dict) else {}
-    generation = data.get("generation")
-    return {"generation": generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
-            "pid": data.get("pid") if isinstance(data.get("pid"), int) else None,
-            "host": str(data.get("host"))[:200] if isinstance(data.get("host"), str) else None}
 
 
 class SweepOutcome(StrEnum):
@@ -518,137 +395,6 @@ class Backend(ABC):
         """Per node: (index, the node's stack report, or None and why not)."""
         return self.on_nodes(plan, lambda index: (index, *self.node_command(
             plan, index, "stacks", {"job_id": plan.job_id, "node": index}, timeout=60)))
-
-
-def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bool, lease: dict | None = None,
-                  generation: int = 0, record: dict | None = None) -> dict:
-    """What the node agent needs to run ``node`` of ``plan`` (see ``launcher.node.agent``); ``lease``: what it
-    leases first (``launcher.backends.leasing.agent_lease``); ``generation``: its supervisor's; ``record``: the
-    job as recorded, kept in the node's run directory (``StartContext.record``)."""
-    return {**({"lease": lease} if lease else {}),
-        "job_id": plan.job_id, "node": node.index, "argv": list(node.argv), "env": dict(node.env), "cwd": node.cwd,
-        "files": {name: list(file) for name, file in node.files.items()}, "gpus": node.gpus, "grace": grace,
-        "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
-        "unattended_s": plan.unattended_s, "generation": generation, **({"record": record} if record else {}),
-        **({"rendezvous_port": plan.rendezvous.port} if node.index == 0 else {}),
-    }
-
-
-@dataclass(frozen=True)
-class AgentStart:
-    """How a backend starts a node's agent: ``argv`` (no request, no secret in it), then ``stdin`` written to it:
-    the request on its first line (the job's env may be larger than one argument may be), the secrets on the second."""
-
-    argv: list[str]
-    stdin: bytes
-
-
-def agent_start(plan: Plan, node: NodePlan, grace: float, secrets: Mapping[str, str],
-                lease: dict | None = None, generation: int = 0, record: dict | None = None) -> AgentStart:
-    """The ``AgentStart`` of ``node`` of ``plan`` under ``plan.python``."""
-    request = agent_request(plan, node, grace, secrets_on_stdin=True, lease=lease, generation=generation, record=record)
-    return AgentStart(stdin_argv(plan.python, "agent"), stdin_request(request) + json.dumps(dict(secrets)).encode() + b"\n")
-
-
-def facts_request(plan: Plan, index: int, **extra) -> dict:
-    """The facts request preflight sends to node ``index``: the modules the job needs, its workdir, the
-    rendezvous port on node 0, and, for a job in a container, the runtime, the image and the facts of the
-    interpreter inside it. ``extra`` adds backend-specific keys (the route to node 0, pinned interfaces...)."""
-    node = plan.nodes[index]
-    request = {"modules": required_modules(plan), "workdir": node.cwd,
-               "port": plan.rendezvous.port if index == 0 else None, **extra}
-    if plan.container is not None:
-        request["container"] = container_request(plan, plan.container, index)
-    return request
-
-
-def container_request(plan: Plan, spec: ContainerSpec, index: int) -> dict:
-    """How a node checks the job's container (``spec``): runtime usable, image present or pulled, facts inside the image."""
-    node = plan.nodes[index]
-    probe_name = containers.ContainerName(f"{plan.job_id}-probe", index)
-    inside = node_argv(spec.python, "facts", {"modules": required_modules(plan), "workdir": node.cwd})
-    return {
-        "probe": containers.probe_argv(spec.runtime),
-        "present": containers.image_present_argv(spec),
-        "pull": spec.pull.value if spec.runtime.value != "apptainer" else "never",
-        "pull_argv": containers.pull_argv(spec) if spec.runtime.value != "apptainer" else None,
-        "inside": containers.run_argv(spec, probe_name, inside, [], node.cwd, 0),
-    }
-
-
-def agent_exit_code(status: int) -> int:
-    """A node agent's exit status as a NodeHandle code: 128+N (its command died of signal N) becomes -N."""
-    return -(status - 128) if 128 < status < 192 else status
-
-
-def required_modules(plan: Plan) -> list[str]:
-    """What the nodes' interpreter must import for this plan: torch, deepspeed under DeepSpeed,
-    launch itself for a built-in recipe (a user's program needs only torch)."""
-    modules = ["torch"]
-    if plan.launcher == "deepspeed" or plan.ds_config:
-        modules.append("deepspeed")
-    if RECIPE_MODULE in plan.nodes[0].argv:
-        modules.append("launcher")
-    return modules
-
-
-def node_problems(host: str, plan: Plan, facts: NodeFacts, node: NodePlan | None = None, gpus: int = 0) -> list[str]:
-    """What a node's facts say is wrong with it for this plan (every backend's preflight uses this)."""
-    node = node or plan.nodes[0]
-    problems = []
-    if facts.missing and plan.container is not None:
-        problems.append(f"{host}: {plan.container.python} in image {plan.container.image} cannot import "
-                        f"{', '.join(facts.missing)} (container.python names the image's interpreter)")
-    elif facts.missing:
-        problems.append(
-            f"{host}: {plan.python} cannot import {', '.join(facts.missing)} "
-            "(install it on the node, or point cluster.yaml python at an interpreter that has it)"
-        )
-    if not facts.workdir_ok:
-        problems.append(f"{host}: workdir '{node.cwd}' does not exist (cluster.yaml workdir, or set sync_workdir)")
-    for name in facts.missing_ifaces:
-        problems.append(f"{host}: network interface '{name}' (cluster.yaml network.interface) does not exist")
-    if facts.port_free is False:
-        problems.append(
-            f"{host}: rendezvous port {plan.rendezvous.port} is in use on node 0 (a stale job may hold it: "
-            "`launch status`; or choose another rendezvous.port)"
-        )
-    if gpus and not facts.gpus:
-        problems.append(f"{host}: cluster.yaml says {gpus} GPUs but nvidia-smi failed: {facts.gpu_error}")
-    elif gpus and len(facts.gpus) < gpus:
-        problems.append(f"{host}: cluster.yaml says {gpus} GPUs, nvidia-smi lists {len(facts.gpus)}")
-    if facts.route_error and not facts.dev:
-        problems.append(
-            f"{host}: cannot find the interface routing to node 0: {facts.route_error} (pin network.interface in cluster.yaml)"
-        )
-    box = facts.container
-    container = plan.container
-    if container is not None and box is not None:
-        for what, error in ((f"container runtime {container.runtime.value} is not usable", box.runtime_error),
-                            (f"image {container.image}", box.image_error), ("inside the image", box.inside_error)):
-            if error:
-                problems.append(f"{host}: {what}: {error}")
-    offloaded = plan.memory.cpu_gib_per_node if plan.memory and plan.strategy and get_strategy(plan.strategy).offload else None
-    total = facts.mem_total_bytes
-    if offloaded and total is not None and offloaded * 2**30 > total * HOST_MEMORY_SHARE:
-        problems.append(
-            f"{host}: {plan.strategy} keeps about {offloaded:.1f} GiB of model states in host memory on each node; "
-            f"this node has {total / 2**30:.1f} GiB ({HOST_MEMORY_SHARE:.0%} usable): use more nodes, or zero3"
-        )
-    if facts.hostname_resolves not in (None, True):
-        problems.append(
-            f"{host}: its hostname '{facts.hostname}' does not resolve ({facts.hostname_resolves}); torchrun's "
-            "c10d rendezvous looks it up: add it to /etc/hosts or DNS"
-        )
-    return problems
-
-
-def parse_facts(host: str, answer: object) -> tuple[NodeFacts | None, str | None]:
-    """A node's facts answer as received, parsed once: (the facts, None), or (None, ``host``'s problem)."""
-    try:
-        return NodeFacts.parse(answer), None
-    except FactsError as exc:
-        return None, f"{host}: {exc}"
 
 
 def unreachable(error: str) -> CommandResult:

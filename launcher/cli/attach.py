@@ -61,7 +61,7 @@ def attach(job, cluster_path, takeover):
       launch attach cifar10-convnet-3f2a1c9e --cluster lab.yaml  # on another machine
     """
     from launcher.errors import SupervisorFenced
-    from launcher.run import orchestrate
+    from launcher.run.attach import attach as attach_job
     from launcher.store.db import Store
 
     store = Store()
@@ -78,9 +78,9 @@ def attach(job, cluster_path, takeover):
             view.attach(store, job_id)
 
     try:
-        job_id, state = orchestrate.attach(store, job, echo=lambda line: view.log(line) if view else echo_safe_line(line),
-                                           warn=lambda text: click.echo(text, err=True), on_attached=attached,
-                                           takeover=takeover, cluster_path=cluster_path)
+        job_id, state = attach_job(store, job, echo=lambda line: view.log(line) if view else echo_safe_line(line),
+                                   warn=lambda text: click.echo(text, err=True), on_attached=attached,
+                                   takeover=takeover, cluster_path=cluster_path)
     except SupervisorFenced as exc:
         click.echo(exc.message, err=True)
         sys.exit(exc.exit_code)

@@ -42,7 +42,7 @@ def status(job, as_json, last, limit, watch):
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
     from launcher.store.db import Store
-    from launcher.views import render
+    from launcher.views import jobstatus, render
 
     store = Store()
     if watch:
@@ -57,11 +57,11 @@ def status(job, as_json, last, limit, watch):
         from launcher.run import stacks
 
         row = store.job(job)
-        summary = render.job_summary(store, row)
+        summary = jobstatus.job_summary(store, row)
         supervision = _supervision(store, row)
         if supervision is not None and supervision["state"] == "lost":
             supervision["agents"] = _agents_left(store, row)
-        obj = render.job_object(row, summary, store.nodes(row["id"]), supervision)
+        obj = jobstatus.job_object(row, summary, store.nodes(row["id"]), supervision)
         events = store.events(row["id"])
         kept = stacks.latest(store.run_dir(row["id"]))
         if as_json:
@@ -70,7 +70,7 @@ def status(job, as_json, last, limit, watch):
                                          "verdict": verdict}))
         else:
             out = console()
-            for part in render.job_detail(obj, summary, events):
+            for part in jobstatus.job_detail(obj, summary, events):
                 out.print(part)
             if kept:
                 from rich.text import Text
@@ -80,15 +80,15 @@ def status(job, as_json, last, limit, watch):
                 for line in verdict_lines(kept, row, events):
                     out.print(Text(safe_text(line, colour=False)))
         return
-    jobs = [(r, render.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
+    jobs = [(r, jobstatus.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
     supervisors = {r["id"]: said for r, _ in jobs if (said := _supervision(store, r)) is not None}
     if as_json:
-        click.echo(render.json_text([render.job_object(r, summary, supervisor=supervisors.get(r["id"]))
+        click.echo(render.json_text([jobstatus.job_object(r, summary, supervisor=supervisors.get(r["id"]))
                                      for r, summary in jobs]))
     elif not jobs:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
-        console().print(render.jobs_table(jobs, supervisors))
+        console().print(jobstatus.jobs_table(jobs, supervisors))
 
 
 def _verdict_json(kept, row, events) -> dict | None:
@@ -143,7 +143,7 @@ def _agents_left(store, row) -> dict | None:
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
     """`status --watch`: the live view until the job ends, then exit as submit does."""
-    from launcher.run.orchestrate import supervisor_gone
+    from launcher.run.cancel import supervisor_gone
     from launcher.views.watch import watch
 
     if as_json or not (job or last):
@@ -211,7 +211,7 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw
     query = LogQuery(node=node, rank=rank, attempt=attempt, since=since_t, pattern=compiled, tail=tail)
     fmt = LogFormat(colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not raw, timestamps=timestamps,
                     raw=raw)
-    from launcher.run.orchestrate import supervisor_gone
+    from launcher.run.cancel import supervisor_gone
 
     store = Store()
     print_logs(store, job, query, follow=follow, fmt=fmt, out=echo_line,
@@ -232,7 +232,7 @@ def cancel(job):
       launch cancel cifar10                                         # a unique prefix of an id
       launch cancel "$(launch status --last --json | jq -r .id)"    # the newest job
     """
-    from launcher.run.orchestrate import cancel as cancel_job
+    from launcher.run.cancel import cancel as cancel_job
     from launcher.store.db import Store
 
     row = cancel_job(Store(), job)

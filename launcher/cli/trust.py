@@ -19,7 +19,7 @@ import click
 if TYPE_CHECKING:
     import paramiko
 
-    from launcher.backends.ssh.connection import SSHSettings, Target
+    from launcher.backends.ssh.settings import SSHSettings, Target
 
 
 @click.command()
@@ -59,7 +59,7 @@ def trust(hosts, cluster_file, yes, replace):
 
 def _targets(hosts: tuple[str, ...], cluster_file: str | None) -> tuple[SSHSettings, list[Target]]:
     """The SSH settings to use and one target a host (all the cluster's nodes when no HOST is named)."""
-    from launcher.backends.ssh.connection import SSHSettings
+    from launcher.backends.ssh.settings import SSHSettings
     from launcher.spec.cluster import SSHSpec
 
     spec, nodes = SSHSpec(), {}
@@ -81,7 +81,7 @@ def _targets(hosts: tuple[str, ...], cluster_file: str | None) -> tuple[SSHSetti
 
 def _trust_key(settings: SSHSettings, target: Target, key: paramiko.PKey, yes: bool, replace: bool) -> str | None:
     """Show ``key`` and record it when the user agrees; why it was not trusted, or None."""
-    from launcher.backends.ssh.connection import fingerprint, key_status
+    from launcher.backends.ssh.hostkeys import fingerprint, key_status
     from launcher.backends.ssh.trust import record_key
 
     click.echo(f"{target.label}  {key.get_name()}  {fingerprint(key)}")

@@ -24,13 +24,8 @@ import sys
 import time
 from typing import Any
 
-from launcher.metrics.record import (
-    MARKER,
-    MAX_MAGNITUDE,
-    MAX_TEXT_CHARS,
-    MetricRecord,
-    check_extra,
-)
+from launcher.metrics.bounds import MAX_MAGNITUDE, MAX_TEXT_CHARS
+from launcher.metrics.record import MARKER, MetricRecord, check_extra
 
 
 def _torch():

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from launcher.metrics import columns as registry
-from launcher.metrics.record import MAX_RANKS, MAX_TEXT_CHARS, Bound, clean_value
+from launcher.metrics.bounds import MAX_RANKS, MAX_TEXT_CHARS, Bound, clean_value
 
 
 @dataclasses.dataclass(frozen=True)

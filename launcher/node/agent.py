@@ -1,6 +1,6 @@
 """The node agent: runs one node's command of a job and reports what it sees, on every backend.
 
-It makes the job's private run directory, writes the files the plan gives (a DeepSpeed config),
+It makes the job's private run directory (``rundir``), writes the files the plan gives (a DeepSpeed config),
 starts the node's command (torchrun, the DeepSpeed launcher, or a container runtime running one)
 in a session of its own, and reports one framed line per event: journaled in the run directory
 (``journal``: ``node<N>.journal``, bounded), then written to its stdout, which the backend carries
@@ -8,7 +8,7 @@ to the supervisor:
 
     |TEXT            a line of the command's output (untrusted: ranks wrote it), cut at LINE_LIMIT
     @started JSON    the agent's and the command's PIDs, the host, the run directory
-    @sample JSON     every SAMPLE_S: each rank's process tree (CPU seconds, RSS, GPU memory/util)
+    @sample JSON     every SAMPLE_S: each rank's process tree (CPU seconds, RSS, GPU memory/util; ``sampler``)
     @unattended JSON no reader was in contact for ``unattended_s`` seconds: the agent ends the job
     @exit JSON       the command's exit code, once its output is drained
 
@@ -34,7 +34,7 @@ Once the node records a newer supervisor generation than the request's (``node<N
 an agent sent by an older generation starts nothing. The request's ``record`` (the job's plan,
 specs and attempt) is kept as ``job.json`` in the run directory for `launch attach --cluster`.
 
-The agent is its command's child subreaper: whatever a rank starts stays below the agent, even a
+The agent is its command's child subreaper (``subreaper``): whatever a rank starts stays below the agent, even a
 daemon that dropped the job's tag from its environment (``env -i``) and left its parent. When
 the command has exited, or on SIGTERM, SIGINT or SIGHUP, or when it has been unattended too long,
 the agent ends the job: TERM to the command's process group, KILL after the grace period, the
@@ -51,14 +51,13 @@ import os
 import select
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-from . import leases, proctree, rendezvous
+from . import leases, proctree
 from .journal import (
     DEFAULT_LIMIT,
     RECORD_FILE,
@@ -71,72 +70,24 @@ from .journal import (
     write_atomically,
 )
 from .rankstreams import on_devices, with_rank_streams
+from .rundir import RunDirError, job_run_dir
+from .sampler import SAMPLE_S, Sampler
+from .subreaper import OWN, PR_SET_PDEATHSIG, SPAWN, harden, libc_prctl, reap_orphans, run_cleanup
+from .timelimit import forward_warning
 
 LINE_LIMIT = 64 * 1024
-SAMPLE_S = 2.0
-FIRST_SAMPLE_S = 0.25
 READ_CHUNK = 64 * 1024
-PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
-PR_SET_CHILD_SUBREAPER = 36
 REAP_S = 1.0
 EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
-WARN_POLL_S = 1.0
-WARN_UNHANDLED_S = 30.0  # ranks that still do not handle SIGUSR1 this long after the warning are named
 CONTACT_POLL_S = 1.0  # the unattended watchdog looks this often (more often under a short ``unattended_s``)
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 BUSY_EXIT = 75  # EX_TEMPFAIL: the leases were not free (or another node's were not): nothing was started
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
 
-class RunDirError(Exception):
-    """The run directory cannot be used safely (another user's, a symlink, too open)."""
-
-
 class Fenced(Exception):
     """The node records a newer supervisor generation than the one that sent this agent: it starts nothing."""
-
-
-def run_root() -> str:
-    """This user's private root for run directories: $XDG_RUNTIME_DIR/launch, else /tmp/launch-UID."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime) and _owned_private(os.lstat(runtime)):
-        return os.path.join(runtime, "launch")
-    return f"/tmp/launch-{os.getuid()}"
-
-
-def _owned_private(info: os.stat_result) -> bool:
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
-
-
-def private_dir(path: str) -> str:
-    """Create ``path`` (mode 0700) if missing and check it: a directory, not a symlink, this user's,
-    closed to others; and its parent is this user's or root's and, if others may write it, sticky."""
-    parent = os.path.dirname(path.rstrip("/")) or "/"
-    info = os.lstat(parent)
-    if info.st_uid not in (0, os.getuid()) or (info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX):
-        raise RunDirError(f"{parent} may be changed by other users (owner uid {info.st_uid}, mode {oct(info.st_mode & 0o7777)})")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise RunDirError(f"{path} is not a directory (a symlink or a file): refusing to use it")
-    if info.st_uid != os.getuid():
-        raise RunDirError(f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): refusing to use it")
-    if info.st_mode & 0o077:
-        raise RunDirError(f"{path} is open to other users (mode {oct(info.st_mode & 0o777)}): refusing to use it")
-    return path
-
-
-def job_run_dir(job_id: str, root: str | None = None) -> str:
-    """The job's run directory on this node, created and checked component by component."""
-    if not job_id or "/" in job_id or job_id.startswith("."):
-        raise RunDirError(f"bad job id {job_id!r}")
-    root = private_dir(root or run_root())
-    return private_dir(os.path.join(root, job_id))
 
 
 def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
@@ -172,73 +123,6 @@ def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
     if pending or dropped:
         emit()
         out.write_lines(batch)
-
-
-class Sampler:
-    """Measures the job's ranks from outside every SAMPLE_S seconds and reports them as ``@sample``."""
-
-    def __init__(self, job_id: str, node: int | None, out: Output, gpus: int, every: float = SAMPLE_S,
-                 rendezvous_port: int | None = None) -> None:
-        self.job_id, self.node, self.out, self.gpus, self.every = job_id, node, out, gpus, every
-        self.rendezvous_port = rendezvous_port  # node 0's: count the agents that joined while no rank exists
-        self.peaks: dict[int, int] = {}
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        """Sample soon after the start (ranks that die young are still seen), then every ``every`` seconds."""
-        wait = min(self.every, FIRST_SAMPLE_S)
-        while not self.stop.wait(wait):
-            self.sample()
-            wait = min(self.every, wait * 2)
-
-    def sample(self) -> None:
-        trees = proctree.rank_trees(proctree.job_procs(self.job_id, self.node))
-        if not trees:
-            if self.rendezvous_port:
-                self.out.event("sample", {"t": time.time(), "ranks": [], "joined": rendezvous.joined(self.rendezvous_port)})
-            return
-        gpu_mem, gpu_util = _gpu_usage() if self.gpus else ({}, {})
-        ranks = []
-        for tree in trees:
-            self.peaks[tree.rank] = max(self.peaks.get(tree.rank, 0), tree.rss_bytes)
-            device = _device(tree)
-            ranks.append({
-                "rank": tree.rank, "local_rank": tree.local_rank, "pid": tree.pid, "pids": tree.pids[:64],
-                "cpu_s": round(tree.cpu_s, 3), "rss_bytes": tree.rss_bytes, "rss_peak_bytes": self.peaks[tree.rank],
-                "gpu_mem_bytes": sum(gpu_mem.get(pid, 0) for pid in tree.pids) if self.gpus else None,
-                "gpu_util": gpu_util.get(device) if self.gpus and device is not None else None,
-            })
-        self.out.event("sample", {"t": time.time(), "ranks": ranks})
-
-
-def _device(tree: proctree.RankTree) -> int | None:
-    """The GPU index a rank uses: its local rank, counted within CUDA_VISIBLE_DEVICES when that is set."""
-    local = tree.local_rank or 0
-    if not tree.cuda_visible:
-        return tree.local_rank
-    visible = [item.strip() for item in tree.cuda_visible.split(",")]
-    chosen = visible[local] if local < len(visible) else visible[0]
-    return int(chosen) if chosen.isdigit() else None
-
-
-def _gpu_usage() -> tuple[dict[int, int], dict[int, float]]:
-    """(bytes of GPU memory per PID, utilisation 0-1 per GPU index) from nvidia-smi; empty if it fails."""
-    memory: dict[int, int] = {}
-    util: dict[int, float] = {}
-    try:
-        apps = run_helper(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 5).stdout
-        devices = run_helper(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"], 5).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return memory, util
-    for line in apps.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            memory[int(parts[0])] = memory.get(int(parts[0]), 0) + int(parts[1]) * 2**20
-    for line in devices.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            util[int(parts[0])] = int(parts[1]) / 100.0
-    return memory, util
 
 
 class Agent:
@@ -306,15 +190,15 @@ class Agent:
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
         argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]]
         argv = with_rank_streams(on_devices(argv, self.lease.devices) if self.lease and self.lease.kind == "gpu" else argv)
-        prctl = _prctl()
+        prctl = libc_prctl()
         self.subreaper = harden(prctl)
-        with _SPAWN:
+        with SPAWN:
             self.proc = subprocess.Popen(
                 argv, cwd=run_dir if self.req.get("cleanup") else (self.req.get("cwd") or None), env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)) if prctl else None,
             )
-            _OWN.add(self.proc.pid)
+            OWN.add(self.proc.pid)
         self.out.event("started", {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
                                    "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid()),
                                    **({"devices": self.lease.devices} if self.lease else {})})
@@ -352,7 +236,7 @@ class Agent:
     def _sweep(self) -> list[int]:
         if not self.subreaper:
             return []
-        helpers = frozenset(_OWN - {self.proc.pid} if self.proc is not None else _OWN)  # nvidia-smi, clean-up
+        helpers = frozenset(OWN - {self.proc.pid} if self.proc is not None else OWN)  # nvidia-smi, clean-up
         ended = [proc.pid for proc in proctree.descendants(os.getpid(), helpers)]
         if ended:
             self.left = proctree.end_descendants(os.getpid(), self.grace, helpers)
@@ -421,7 +305,7 @@ class Agent:
         targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed),
                    lambda: self.watch_contact(relayed)]
         if self.req.get("warn_file"):
-            targets.append(lambda: self._forward_warning(self.req["warn_file"], relayed))
+            targets.append(lambda: forward_warning(self.job_id, self.node, self.out, self.req["warn_file"], relayed))
         for target in targets:
             threading.Thread(target=target, daemon=True).start()
         relay(self.proc.stdout.fileno(), self.out, int(self.req.get("line_limit", LINE_LIMIT)))
@@ -439,40 +323,6 @@ class Agent:
         while self.subreaper and not relayed.wait(REAP_S):
             reap_orphans()
 
-    def _forward_warning(self, path: str, relayed: threading.Event) -> None:
-        """Once ``path`` exists (a scheduler's time limit is near), SIGUSR1 to every rank of this node that
-        handles it, as soon as it does (ranks may still be starting) and once each, until the command ends;
-        never to the launcher (torchrun dies of SIGUSR1) nor to ranks that would die of it."""
-        while not relayed.wait(WARN_POLL_S):
-            if os.path.exists(path):
-                break
-        else:
-            return
-        warned_at = time.monotonic()
-        signalled: set[tuple[int, int]] = set()
-        told_unhandled = False
-        while True:
-            procs = proctree.job_procs(self.job_id, self.node)
-            by_pid = {proc.pid: proc for proc in procs}
-            unhandled = []
-            for tree in proctree.rank_trees(procs):
-                proc = by_pid[tree.pid]
-                if (proc.pid, proc.start_ticks) in signalled:
-                    continue
-                if proctree.catches(proc.pid, signal.SIGUSR1) and proctree.signal_if(proc.pid, proc.start_ticks,
-                                                                                     signal.SIGUSR1):
-                    signalled.add((proc.pid, proc.start_ticks))
-                    self.out.write(f"|launch: the time limit is near: rank {tree.rank} (pid {proc.pid}) got SIGUSR1".encode())
-                else:
-                    unhandled.append(tree)
-            if unhandled and not told_unhandled and time.monotonic() - warned_at >= WARN_UNHANDLED_S:
-                told_unhandled = True
-                ranks = ", ".join(str(tree.rank) for tree in unhandled)
-                self.out.write(f"|launch: the time limit is near: rank(s) {ranks} do not handle SIGUSR1: "
-                               "not signalled".encode())
-            if relayed.wait(WARN_POLL_S):
-                return
-
     def _end_orphans(self, relayed: threading.Event) -> None:
         """Once the command has exited, end what it left behind holding its output open (``ORPHAN_WAIT_S``)."""
         assert self.proc is not None
@@ -481,79 +331,6 @@ class Agent:
             with self._sweeping:
                 proctree.end_job(self.job_id, self.grace, self.node)
                 self._sweep()
-
-
-_SPAWN = threading.Lock()  # held while the agent starts a child of its own, and while it reaps orphans
-_OWN: set[int] = set()  # the agent's own children (its command, nvidia-smi, clean-up): reaped by their waiters
-
-
-def run_helper(argv: list[str], timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(argv, capture_output=True, text=True)`` as a child the orphan reaper leaves to its waiter."""
-    with _SPAWN:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
-        _OWN.add(proc.pid)
-    try:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
-    finally:
-        with _SPAWN:
-            _OWN.discard(proc.pid)
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def reap_orphans() -> list[int]:
-    """Reap the zombies re-parented to the agent (it is a child subreaper), never one of its own children."""
-    me, reaped = os.getpid(), []
-    with _SPAWN:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in _OWN:
-                continue
-            stat = proctree._stat(int(entry))
-            if stat is None or stat[0] != me or stat[1] != "Z":
-                continue
-            try:
-                os.waitpid(int(entry), os.WNOHANG)
-                reaped.append(int(entry))
-            except ChildProcessError:
-                pass
-    return reaped
-
-
-def harden(prctl) -> bool:
-    """Before any rank starts: make the agent undumpable (its /proc files, its fds above all, become root's: a
-    rank of the same user cannot write the agent's framed lines through /proc/<agent>/fd/1) and its command's
-    child subreaper; whether the subreaper is set (old kernels, other systems: the job tag alone finds processes)."""
-    if prctl is None:
-        return False
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-
-
-def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
-    """Run each clean-up command (stop and remove a container); the ones that failed, with why."""
-    failed = []
-    for argv in commands:
-        try:
-            done = run_helper(argv, 30 + grace, cwd="/")
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            failed.append(f"{' '.join(argv[:3])}: {exc}")
-            continue
-        if done.returncode != 0:
-            failed.append(f"{' '.join(argv[:3])}: {(done.stderr or done.stdout).strip()[-200:]}")
-    return failed
-
-
-def _prctl():
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
 
 
 def main(argv: list[str]) -> int:

@@ -22,7 +22,6 @@ import select
 import time
 
 from . import proctree
-from .agent import RunDirError, job_run_dir, run_root
 from .journal import (
     RECORD_FILE,
     contact_path,
@@ -34,6 +33,7 @@ from .journal import (
     touch,
     write_atomically,
 )
+from .rundir import RunDirError, job_run_dir, run_root
 
 POLL_S = 0.1
 TOUCH_S = 1.0

@@ -51,9 +51,9 @@ def main(argv: list[str]) -> int:
             print(json.dumps({"fenced": newer}), flush=True)
             return 0
     if command in ("list", "end"):
-        from . import agent, proctree
+        from . import proctree, subreaper
 
-        failed = agent.run_cleanup(req.get("cleanup", []), req["grace"]) if command == "end" else []
+        failed = subreaper.run_cleanup(req.get("cleanup", []), req["grace"]) if command == "end" else []
         pids = proctree.job_pids(req["job_id"]) if command == "list" else proctree.end_job(req["job_id"], req["grace"])
         print(json.dumps({"pids": pids, "cleanup_failed": failed}), flush=True)
         return 0

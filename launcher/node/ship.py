@@ -6,7 +6,7 @@ command's stdin (``stdin_argv`` and ``stdin_request``): Linux refuses a single a
 PAYLOAD is the package's module sources, zlib-compressed and base64-encoded; BOOT, a few lines
 of Python, makes them importable as the package ``launch_node`` in that one process (the modules
 import each other relatively) and runs COMMAND. A module is compiled when it is first imported, so
-a command pays for the modules it uses (``facts`` compiles 3 of the 15; compiling all of them took
+a command pays for the modules it uses (``facts`` compiles 3 of the 19; compiling all of them took
 about 35 ms of every node command). No file is written and nothing needs installing on the node but
 a Python 3.10+; a ``launcher`` the node may have installed is left alone.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from launcher.node.main import REQUEST_ON_STDIN
 
 NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
-                "rendezvous", "agent", "follow", "stacks", "slurmnode", "main")
+                "rendezvous", "rundir", "subreaper", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode", "main")
 
 PACKAGE = "launch_node"
 BOOT = """\

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from . import agent, facts, proctree
+from . import facts, proctree, rundir
 
 DUMP_TIMEOUT_S = 20.0
 STACK_LIMIT = 64 * 1024
@@ -67,7 +67,7 @@ def collect(job_id: str, run_dir: str | None, node: int | None = None) -> dict:
         dumps = list(pool.map(lambda tree: dump(tool, tree.pid), trees))
     ranks = [{"rank": tree.rank, "local_rank": tree.local_rank, "pid": tree.pid, "stack": stack, "error": error}
              for tree, (stack, error) in zip(trees, dumps)]
-    run_dir = run_dir or os.path.join(agent.run_root(), job_id)
+    run_dir = run_dir or os.path.join(rundir.run_root(), job_id)
     traces = sorted(glob.glob(os.path.join(run_dir, "nccl_trace_rank_*")))
     flight, problems = {}, []
     for path in traces:

@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.backends.base import Backend, parse_facts
+from launcher.backends.base import Backend
 from launcher.backends.facts import NodeFacts
+from launcher.backends.nodechecks import parse_facts
 from launcher.plan.netenv import AUTO
 from launcher.spec.cluster import ClusterSpec
 

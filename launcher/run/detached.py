@@ -24,7 +24,8 @@ import traceback
 
 from launcher.backends import Backend, get_backend
 from launcher.errors import FENCED_EXIT, SupervisorFenced
-from launcher.run.orchestrate import attach, end_unsupervised, make_supervisor
+from launcher.run.attach import attach
+from launcher.run.orchestrate import end_unsupervised, make_supervisor
 from launcher.run.recorded import RecordedJob
 from launcher.run.secrets import read_secrets
 from launcher.store.db import Store

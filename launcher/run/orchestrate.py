@@ -1,4 +1,5 @@
-"""Submit and cancel: load -> plan -> preflight -> record -> supervise (here or detached)."""
+"""Submit: load -> plan -> preflight -> record -> supervise (here or detached), and ``make_supervisor``, the one
+wiring of a recorded job's supervisor (its restarts re-planned and checked as submit checks)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import dataclasses
 import json
 import os
 import secrets as token
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,12 @@ from typing import TYPE_CHECKING
 from launcher.backends import Backend, backend_class, get_backend, plan_job
 from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
 from launcher.backends.failures import Failure, FailureKind
-from launcher.errors import LaunchError, PreflightError, SpecError
+from launcher.errors import PreflightError, SpecError
 from launcher.plan.planner import Plan, make_plan
 from launcher.plan.policy import node_procs
 from launcher.run import identity
 from launcher.run.checks import version_differences
-from launcher.run.recorded import RecordedJob, stored_spec
+from launcher.run.recorded import stored_spec
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.files import expand_user, read_regular
 from launcher.spec.job import JobSpec
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
 SUBMITTED_WAIT_S = 30.0  # --detach on a scheduler: how long to wait for the scheduler to have the job
-RECORDS_ITSELF_S = 5.0  # how long `cancel` waits for a starting supervisor to record itself
 
 
 @dataclass(frozen=True)
@@ -387,233 +385,3 @@ def _spawn_supervisor(store: Store, job_id: str) -> None:
     )
     log.close()
     store.update_job(job_id, supervisor_pid=proc.pid)
-
-
-def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
-    """Cancel a job: signal its supervisor (once proven to be it), or, once it is proven gone, clean up directly.
-
-    A supervisor that is alive but slow to tear the job down is never declared gone. It is waited for while it
-    shows progress (its heartbeat, ``supervisor_at``, moves as its nodes stop: 64 hosts take longer than 2); once
-    it has shown none for ``wait`` seconds this says so (LaunchError) and it records CANCELLED when it is done.
-    """
-    job = RecordedJob.read(store, job_ref)
-    if job.state.terminal:
-        raise LaunchError(f"job {job.id} already ended {job.state}; nothing to cancel")
-    store.add_event(job.id, "cancel_requested", "cancel requested by `launch cancel`")
-    found = _presence(store, job.id)
-    deadline = time.monotonic() + RECORDS_ITSELF_S
-    while found.pid is None and found.gone is None and time.monotonic() < deadline:
-        time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
-        found = _presence(store, job.id)
-    if found.pid is not None:
-        os.kill(found.pid, signal.SIGTERM)
-        moved_at, beat = time.monotonic(), store.job(job.id).get("supervisor_at")
-        while found.gone is None:
-            row = store.job(job.id)
-            if is_terminal(row["state"]):
-                return row
-            if row.get("supervisor_at") != beat:
-                moved_at, beat = time.monotonic(), row.get("supervisor_at")
-            if time.monotonic() - moved_at >= wait:
-                raise LaunchError(
-                    f"job {job.id}: its supervisor (PID {found.pid}) was asked to cancel and is still ending the job, "
-                    f"with no sign of progress for {wait:g} s; it records CANCELLED when the nodes are clean",
-                    hint=f"`launch status --watch {job.id}` follows it; `launch cancel {job.id}` again asks again")
-            time.sleep(0.1)
-            found = _presence(store, job.id)
-    row = store.job(job.id)
-    if is_terminal(row["state"]):  # it ended the job as it went
-        return row
-    _cancel_orphaned(store, job, found.gone or "no supervisor ever recorded itself for this job")
-    return store.job(job.id)
-
-
-def attach(
-    store: Store, job_ref: str, *, echo: Callable[[str], None] | None, warn: Callable[[str], None] | None = None,
-    on_attached: Callable[[str, int], None] | None = None, takeover: bool = False, cluster_path: str | None = None,
-) -> tuple[str, JobState]:
-    """Supervise a running job here, to its end (`launch attach`); (job id, final state).
-
-    Refused (LaunchError, saying where it runs) while its supervisor is alive unless ``takeover``, while one is
-    starting, for a job that is not RUNNING, and on a backend that cannot follow its nodes' journals. A job this
-    store does not know is read back from its nodes with ``cluster_path`` (``takeover.import_job``). Before it
-    follows, a newer supervisor generation is recorded on the nodes (``takeover.take``): an older supervisor,
-    alive or not, is fenced. Every node is resumed from the journal lines the store has (``nodes.seen``); then it
-    goes on as the job's own supervisor would have. SupervisorFenced if a newer one takes it in turn.
-    """
-
-    from launcher.errors import JobNotFound
-    from launcher.run import takeover as fencing
-
-    say = warn or (lambda text: None)
-    imported: str | None = None
-    followed: str | None = None  # imported while a supervisor elsewhere followed it (``who``): taken from that one
-    try:
-        job = RecordedJob.read(store, job_ref)
-    except JobNotFound:
-        if cluster_path is None:
-            raise
-        job, imported, followed = _import_from_nodes(store, job_ref, load_cluster_spec(cluster_path), takeover)
-    else:
-        if cluster_path is not None:
-            fencing.on_cluster(job.cluster, load_cluster_spec(cluster_path), job.id)
-    if job.state.terminal:
-        raise LaunchError(f"job {job.id} already ended {job.state}; nothing to attach to",
-                          hint=f"`launch status {job.id}` shows how it ended; `launch logs {job.id}` its logs")
-    run_dir = store.run_dir(job.id)
-    found = identity.Presence(gone=f"imported from its nodes ({imported})") if imported else _presence(store, job.id)
-    deadline = time.monotonic() + RECORDS_ITSELF_S
-    while found.pid is None and found.gone is None and time.monotonic() < deadline:
-        time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
-        found = _presence(store, job.id)
-    where = identity.described(run_dir, job.id, job.supervisor_pid, None)
-    at = f"process {where.pid or found.pid} on {where.host or 'this machine'}"
-    if found.gone is None and not (takeover and found.pid is not None):
-        raise LaunchError(f"job {job.id} has a supervisor: {at} follows it; only one supervisor decides",
-                          hint=f"`launch status --watch {job.id}` follows it from here; `launch attach {job.id} "
-                               f"--takeover` takes the job from it; `launch cancel {job.id}` ends it")
-    row = store.job(job.id)
-    if row["state"] != JobState.RUNNING:
-        raise LaunchError(f"job {job.id} is {row['state']}: only a RUNNING job's nodes can be followed again"
-                          + (f" (its supervisor is gone: {found.gone})" if found.gone else ""),
-                          hint=f"`launch cancel {job.id}` ends whatever it started")
-    backend = get_backend(job.cluster)
-    if not backend.follows or (takeover and not backend.fences):
-        backend.close()
-        what = "take from a live supervisor" if backend.follows else "follow again"
-        raise LaunchError(f"job {job.id} runs on the {job.plan.backend} backend, whose nodes `launch attach` cannot "
-                          f"{what} yet (local and SSH can)", hint=f"`launch cancel {job.id}` ends it")
-    lock = open(run_dir / "attach.lock", "a")  # noqa: SIM115 - held until this process ends
-    try:
-        generation = 0
-        if backend.fences:  # before the lock: the supervisor taken over may be an attach holding it
-            generation = fencing.take(backend, job.plan, fencing.read_generations(backend, job.plan),
-                                      every_node=takeover, warn=say)
-        if found.pid is not None:  # taken from a live supervisor: it stops within a second or two
-            _wait_gone(store, job.id, found.pid, say)
-        _lock(lock, job.id, wait=TAKEOVER_WAIT_S if takeover else 0.0)
-        again = _presence(store, job.id)
-        if not imported and again.gone is None and again.pid != found.pid:  # another one took it meanwhile
-            raise LaunchError(f"job {job.id} has a supervisor again (process {again.pid})")
-        secrets = _attach_secrets(job, say)
-        if secrets is None:
-            job = dataclasses.replace(job, job=job.job.model_copy(update={"restarts": 0}))
-        supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend, secrets or {},
-                                     echo=echo, warn=warn, generation=generation)
-        supervisor.install_signal_handlers()
-        if found.pid is not None or followed is not None:
-            taken_from = at if found.pid is not None else followed
-            store.add_event(job.id, "takeover", f"`launch attach --takeover` (process {os.getpid()} on "
-                            f"{socket.gethostname()}) took the job from its supervisor ({taken_from}) at generation "
-                            f"{generation}", {"generation": generation, "pid": os.getpid(), "from": taken_from})
-        else:
-            store.add_event(job.id, "attach", f"`launch attach` took the job (pid {os.getpid()}, generation "
-                            f"{generation}); its supervisor was gone: {found.gone}", {"generation": generation})
-    except BaseException:
-        backend.close()
-        lock.close()
-        raise
-    if on_attached is not None:
-        on_attached(job.id, row["attempt"] or 0)
-    try:
-        return job.id, supervisor.attach(row["attempt"] or 0)
-    finally:
-        lock.close()
-
-
-TAKEOVER_WAIT_S = 30.0  # how long a takeover waits for the supervisor it fenced to stop
-
-
-def _import_from_nodes(store: Store, job_id: str, cluster: ClusterSpec,
-                       takeover: bool) -> tuple[RecordedJob, str, str | None]:
-    """`attach --cluster` of a job this store does not know: read it back from its nodes and import it (refused
-    while a supervisor follows it elsewhere, unless ``takeover``); (the job, where it was read, the supervisor
-    that followed it, if one did)."""
-    from launcher.run import takeover as fencing
-
-    backend = get_backend(cluster)
-    try:
-        if not backend.fences:
-            raise LaunchError(f"job {job_id} is not in this store, and jobs on the {cluster.backend} backend cannot be "
-                              "read back from their nodes yet (local and SSH clusters can)")
-        found = fencing.parse_record(fencing.read_record(backend, cluster, job_id), job_id, cluster)
-        nodes = fencing.read_generations(backend, found.job.plan)
-        followed = fencing.in_contact(nodes)
-        if followed is not None and not takeover:
-            raise LaunchError(f"job {job_id} is followed by a supervisor elsewhere ({fencing.who(followed)}: node "
-                              f"{followed.index} was in contact {(followed.answer or {}).get('contact_s', 0):.1f} s ago); only one "
-                              "supervisor decides", hint=f"`launch attach {job_id} --cluster FILE --takeover` takes it")
-    finally:
-        backend.close()
-    fencing.import_job(store, found, backend.host(found.job.plan, 0))
-    return (found.job, f"node 0, {backend.host(found.job.plan, 0)}",
-            None if followed is None else fencing.who(followed).partition(", ")[2])
-
-
-def _wait_gone(store: Store, job_id: str, pid: int, warn: Callable[[str], None]) -> None:
-    """Wait (TAKEOVER_WAIT_S at most) for the supervisor ``pid`` that was just fenced to stop writing the store."""
-    deadline = time.monotonic() + TAKEOVER_WAIT_S
-    while time.monotonic() < deadline:
-        if _presence(store, job_id).pid != pid:
-            return
-        time.sleep(0.1)
-    warn(f"warning: job {job_id}: its former supervisor (process {pid}) has not stopped after {TAKEOVER_WAIT_S:g} s; "
-         "it is fenced on every node and decides nothing, but lines it still relays may be stored twice")
-
-
-def _lock(lock, job_id: str, wait: float) -> None:
-    """Take the job's attach lock, waiting up to ``wait`` seconds (a takeover waits for the attach it fenced)."""
-    import fcntl
-
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except OSError:
-            if time.monotonic() >= deadline:
-                raise LaunchError(f"job {job_id}: another `launch attach` is taking it now") from None
-            time.sleep(0.1)
-
-
-def _attach_secrets(job: RecordedJob, warn: Callable[[str], None]) -> dict[str, str] | None:
-    """The job's secrets from this machine's environment, as submit reads them. They matter only if the job
-    restarts: when some are missing, that is said and None returned (the job is followed, never restarted here)."""
-    from launcher.run.secrets import read_secrets
-
-    if not job.plan.secrets:
-        return {}
-    try:
-        return read_secrets(job.plan.secrets)
-    except SpecError as exc:
-        warn(f"warning: {exc.message}; the job is followed to its end but not restarted from here (a restart "
-             "would start its ranks without them)")
-        return None
-
-
-def _presence(store: Store, job_id: str) -> identity.Presence:
-    return identity.presence(store.run_dir(job_id), job_id, store.job(job_id).get("supervisor_pid"))
-
-
-def supervisor_gone(store: Store, job_id: str) -> str | None:
-    """Why the supervisor of ``job_id`` is proven gone (for `status --watch`); None while it is, or may be, alive."""
-    return _presence(store, job_id).gone
-
-
-def _cancel_orphaned(store: Store, job: RecordedJob, why: str) -> None:
-    """The supervisor is gone (``why``): end the job's processes ourselves and record CANCELLED, unless a node
-    could not be checked (then say which, and leave the job for another try)."""
-    backend = get_backend(job.cluster)
-    try:
-        report = backend.sweep(job.plan, job.job.watch.grace_period)
-    finally:
-        backend.close()
-    if not report.clean:
-        for problem in report.problems():
-            store.add_event(job.id, "sweep", problem)
-        raise LaunchError(f"job {job.id}: cancel could not confirm every node is clean:\n"
-                          + "\n".join(f"  {p}" for p in report.problems()),
-                          hint=f"`launch cancel {job.id}` again once the node is reachable")
-    reason = f"cancelled by user (supervisor was gone: {why})"
-    if store.transition(job.id, JobState.CANCELLED, reason=reason):
-        store.add_event(job.id, "cancelled", reason)

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launcher.backends import failures
-from launcher.backends.base import NodeHandle, fenced_record
+from launcher.backends.base import NodeHandle
+from launcher.backends.follow import fenced_record
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay

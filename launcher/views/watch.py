@@ -79,7 +79,7 @@ def watch(
 ) -> dict[str, Any]:
     """Show the job's progress until it ends (its stages, its last TAIL_LINES log lines, then what comes);
     the final job row. ``supervisor_gone(job_id)``: why the job's supervisor is proven gone, else None
-    (`launch status --watch` passes ``launcher.run.orchestrate.supervisor_gone``); the watch then stops."""
+    (`launch status --watch` passes ``launcher.run.cancel.supervisor_gone``); the watch then stops."""
     reader = LogReader(store, job_ref, LogQuery(tail=TAIL_LINES))
     job = reader.job
     progress = open_progress(stream, max_steps=job["max_steps"], nnodes=job["nnodes"] or 1, plain=plain)

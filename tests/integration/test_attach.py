@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import agent, proctree
+from launcher.node import proctree, rundir
 from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, wait_for_state, write_yaml
 
@@ -94,7 +94,7 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
         assert re.search(asked, run_cli(home, "status", job_id, env=wide).stdout)
         follow = run_cli(home, "logs", job_id, "--follow", timeout=30)
         assert follow.returncode == 1 and f"launch attach {job_id}" in follow.stderr
-        journal = Path(agent.run_root()) / job_id / "node0.journal"
+        journal = Path(rundir.run_root()) / job_id / "node0.journal"
         steps_at_kill = _step_lines(journal)
         assert wait_for(lambda: _step_lines(journal) >= steps_at_kill + 3, timeout=120), \
             "the ranks stopped training without a supervisor"  # unattended, their lines go to the journal only

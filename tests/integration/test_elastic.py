@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import agent as agent_module
+from launcher.node import rundir
 from launcher.store.db import Store
 from tests.helpers import TORCH_EXTENSIONS_DIR, all_held, hold_env, status_json
 from tests.slurm_fixture import wait_for
@@ -60,7 +60,7 @@ def _lose_node_2(home: Path, job_file: Path, cluster: Path, reached: Callable[[S
             return jobs[0]["id"] if jobs and reached(store, jobs[0]["id"]) else None
 
         job_id = wait_for(far_enough, 120, "attempt 0 to get far enough", every=0.05)
-        pid_file = Path(agent_module.run_root()) / job_id / "node2.pid"
+        pid_file = Path(rundir.run_root()) / job_id / "node2.pid"
         os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
         out, err = submit.communicate(timeout=240)
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import agent as agent_module
+from launcher.node import rundir
 from launcher.store.db import Store
 from tests.helpers import ROOT, all_held, cli_env, hold_env, launch_argv, status_json, wait_for, write_yaml
 
@@ -42,7 +42,7 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
 
         job_id = wait_for(past_first_checkpoint, timeout=120)
         assert job_id, "attempt 0's ranks never reached step 4"
-        pid_file = Path(agent_module.run_root()) / job_id / "node2.pid"
+        pid_file = Path(rundir.run_root()) / job_id / "node2.pid"
         os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
         _, err = submit.communicate(timeout=240)
     finally:

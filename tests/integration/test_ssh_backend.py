@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from launcher.backends.ssh.backend import SSHBackend
-from launcher.backends.ssh.connection import Connection, Target
+from launcher.backends.ssh.connection import Connection
+from launcher.backends.ssh.settings import Target
 from launcher.backends.ssh.sync import sync_workdir
-from launcher.node import agent as agent_module
-from launcher.node import proctree
+from launcher.node import proctree, rundir
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
 from launcher.store.db import Store
@@ -136,7 +136,7 @@ def _status(job_id: str) -> dict:
 
 def _agent_pid(job_id: str, node: int) -> int:
     """The PID of a node's agent, from the pid file it writes in the job's run directory (shared filesystem)."""
-    path = Path(agent_module.run_root()) / job_id / f"node{node}.pid"
+    path = Path(rundir.run_root()) / job_id / f"node{node}.pid"
     _wait_for(path.exists, 10, f"{path}")
     return int(path.read_text().split()[0])
 

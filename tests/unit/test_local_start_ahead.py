@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import get_backend
-from launcher.backends.base import facts_request
+from launcher.backends.nodechecks import facts_request
 from launcher.errors import NodeStartError
 from launcher.node import proctree
 from launcher.run.orchestrate import load_cluster_spec, prepare_job

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.node import agent, proctree
+from launcher.node import proctree, rundir
 from launcher.node.ship import node_argv
 from launcher.plan.shell import render_command
 
@@ -34,7 +34,7 @@ JOB_PREFIX = f"unit-{os.getpid()}-"
 def _remove_run_dirs():
     """The agent writes under this user's run root; remove what this module's jobs left there."""
     yield
-    for path in Path(agent.run_root()).glob(JOB_PREFIX + "*"):
+    for path in Path(rundir.run_root()).glob(JOB_PREFIX + "*"):
         shutil.rmtree(path)
 
 
@@ -81,7 +81,7 @@ def test_hostile_values_and_secrets_arrive_verbatim_and_secrets_never_on_a_comma
         assert json.loads(_output(lines)[0]) == [[value], value, secret, str(cwd)]
         started = json.loads(lines[0].partition(" ")[2])
         run_dir = Path(started["run_dir"])
-        assert run_dir == Path(agent.run_root()) / job_id
+        assert run_dir == Path(rundir.run_root()) / job_id
         assert (run_dir / "node1.pid").read_text().split()[0] == str(started["pid"])
         assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
         assert json.loads(lines[-1].partition(" ")[2]) == {"code": 0}
@@ -221,26 +221,26 @@ def test_another_users_or_an_open_run_root_is_refused(tmp_path: Path) -> None:
     open_root = tmp_path / "open"
     open_root.mkdir(mode=0o777)
     open_root.chmod(0o777)
-    with pytest.raises(agent.RunDirError, match="open to other users"):
-        agent.job_run_dir("job-1", str(open_root))
+    with pytest.raises(rundir.RunDirError, match="open to other users"):
+        rundir.job_run_dir("job-1", str(open_root))
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "elsewhere")
     (tmp_path / "elsewhere").mkdir(mode=0o700)
-    with pytest.raises(agent.RunDirError, match="not a directory"):
-        agent.job_run_dir("job-1", str(link))
+    with pytest.raises(rundir.RunDirError, match="not a directory"):
+        rundir.job_run_dir("job-1", str(link))
     world = tmp_path / "world"
     world.mkdir()
     world.chmod(0o777)
-    with pytest.raises(agent.RunDirError, match="may be changed by other users"):
-        agent.job_run_dir("job-1", str(world / "root"))
-    with pytest.raises(agent.RunDirError, match="bad job id"):
-        agent.job_run_dir("../x")
+    with pytest.raises(rundir.RunDirError, match="may be changed by other users"):
+        rundir.job_run_dir("job-1", str(world / "root"))
+    with pytest.raises(rundir.RunDirError, match="bad job id"):
+        rundir.job_run_dir("../x")
     if os.getuid() == 0:
         theirs = tmp_path / "theirs"
         theirs.mkdir(mode=0o700)
         os.chown(theirs, 12345, 12345)
-        with pytest.raises(agent.RunDirError, match="belongs to uid 12345"):
-            agent.job_run_dir("job-1", str(theirs))
+        with pytest.raises(rundir.RunDirError, match="belongs to uid 12345"):
+            rundir.job_run_dir("job-1", str(theirs))
 
 
 def test_facts_report_modules_workdir_port_interfaces_and_route(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.backends import plan_job
-from launcher.backends.base import StartContext, node_problems, parse_facts
+from launcher.backends.base import StartContext
 from launcher.backends.facts import KERNEL_LOG_LIMIT, NAME_LIMIT, NAMES_LIMIT, FactsError, NodeFacts
 from launcher.backends.local.backend import LocalBackend
+from launcher.backends.nodechecks import node_problems, parse_facts
 from launcher.backends.slurm.backend import SlurmBackend
 from launcher.backends.ssh.survey import HostReport
 from launcher.run.check import report_json, report_table

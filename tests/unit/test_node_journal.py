@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import agent, proctree
+from launcher.node import proctree, rundir
 from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.shell import render_command
 
@@ -27,7 +27,7 @@ NODE = 1
 @pytest.fixture(autouse=True, scope="module")
 def _remove_run_dirs():
     yield
-    for path in Path(agent.run_root()).glob(JOB_PREFIX + "*"):
+    for path in Path(rundir.run_root()).glob(JOB_PREFIX + "*"):
         shutil.rmtree(path)
 
 
@@ -55,7 +55,7 @@ def _start(argv: list[str], **extra) -> tuple[str, subprocess.Popen]:
 
 
 def _run_dir(job_id: str) -> Path:
-    return Path(agent.run_root()) / job_id
+    return Path(rundir.run_root()) / job_id
 
 
 def _journal(job_id: str) -> list[bytes]:

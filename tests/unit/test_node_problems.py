@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.backends import plan_job
-from launcher.backends.base import node_problems
 from launcher.backends.facts import NodeFacts
+from launcher.backends.nodechecks import node_problems
 from launcher.spec.load import load_cluster, load_job
 
 ROOT = Path(__file__).resolve().parents[2]

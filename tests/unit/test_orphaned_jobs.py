@@ -15,7 +15,8 @@ import pytest
 from launcher.backends import plan_job
 from launcher.errors import LaunchError
 from launcher.run import detached, orchestrate
-from launcher.run.orchestrate import Prepared, cancel, stored_spec, supervisor_gone
+from launcher.run.cancel import cancel, supervisor_gone
+from launcher.run.orchestrate import Prepared, stored_spec
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import Store, StoreError
 from launcher.store.states import JobState
@@ -70,7 +71,7 @@ STOPPING = ("import signal, sys, time; from pathlib import Path; from launcher.r
             "from launcher.store.db import Store; store = Store(Path(sys.argv[1])); job = sys.argv[2]; "
             "identity.record(store.run_dir(job), job); "
             "signal.signal(signal.SIGTERM, lambda *_: None); print('ready', flush=True); signal.pause(); "
-            "[(time.sleep(0.4), store.update_job(job, supervisor_at=time.time())) for node in range(5)]; "
+            "[(time.sleep(0.3), store.update_job(job, supervisor_at=time.time())) for node in range(10)]; "
             "store.transition(job, 'CANCELLED', reason='cancelled by user')")
 
 
@@ -84,8 +85,8 @@ def test_cancel_waits_for_a_supervisor_that_keeps_stopping_nodes(home: Path) -> 
     try:
         assert stopping.stdout.readline() == "ready\n"
         started = time.monotonic()
-        row = cancel(store, job_id, wait=1.0)
-        assert row["state"] == "CANCELLED" and time.monotonic() - started > 1.0, "waited past `wait`, on progress"
+        row = cancel(store, job_id, wait=2.0)  # 10 nodes stopped 0.3 s apart: 3 s in all, never 2 s without progress
+        assert row["state"] == "CANCELLED" and time.monotonic() - started > 2.0, "waited past `wait`, on progress"
     finally:
         stopping.kill()
         stopping.wait()

@@ -15,7 +15,8 @@ import pytest
 from launcher.backends import plan_job
 from launcher.backends.base import StartContext
 from launcher.backends.failures import LOST_NODE_EXIT
-from launcher.backends.ray.backend import RayBackend, RayNode, actor_name
+from launcher.backends.ray.backend import RayBackend, actor_name
+from launcher.backends.ray.handle import RayNode
 from launcher.errors import NodeStartError, PreflightError
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec

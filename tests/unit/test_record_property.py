@@ -27,7 +27,7 @@ from launcher.metrics.record import MARKER, MetricRecord, Rejected, parse_line
 from launcher.metrics.summary import JobSummary
 from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import Store
-from launcher.views import compare, render
+from launcher.views import compare, jobstatus
 from launcher.views.report import build_report
 
 WORLD = 4
@@ -145,11 +145,11 @@ def test_any_rank_output_parses_without_error_and_accepted_records_pass_every_re
     assert JobSummary.from_stored(json.loads(json.dumps(summary.as_json(), allow_nan=False))) == summary
     figures = compare.job_metrics(job, stored)
     rows = compare.comparison([(job, figures)])
-    obj = render.job_object(job, summary, store.nodes(job_id))
+    obj = jobstatus.job_object(job, summary, store.nodes(job_id))
     for data in (figures, rows, obj):
         json.dumps(data, allow_nan=False)
     _rendered(compare.comparison_table(rows), *compare.metrics_renderables(job, figures),
-              render.jobs_table([(job, summary)]), *render.job_detail(obj, summary, []))
+              jobstatus.jobs_table([(job, summary)]), *jobstatus.job_detail(obj, summary, []))
     out = io.StringIO()
     assert write_csv(stored, out) == len(stored)
     assert "<html" in build_report([(job, stored)])

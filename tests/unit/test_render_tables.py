@@ -9,7 +9,7 @@ import re
 from rich.console import Console
 from rich.text import Text
 
-from launcher.views.render import _PlainTable
+from launcher.views.jobstatus import _PlainTable
 
 
 def _drawn(renderable, width: int, color: bool = False) -> str:

@@ -10,8 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
-from launcher.backends.base import Followed
-from launcher.node import agent, rendezvous
+from launcher.backends.follow import Followed
+from launcher.node import rendezvous, rundir
 from launcher.run.liveness import Joined
 from launcher.run.watcher import NodeWatcher, Relay
 from tests.unit.test_node_agent import _run_agent
@@ -45,7 +45,7 @@ def test_node_0s_agent_reports_the_count_while_no_rank_exists() -> None:
     finally:
         for sock in [*clients, server]:
             sock.close()
-    shutil.rmtree(Path(agent.run_root()) / job_id, ignore_errors=True)
+    shutil.rmtree(Path(rundir.run_root()) / job_id, ignore_errors=True)
     samples = [json.loads(line.partition(" ")[2]) for line in lines if line.startswith("@sample ")]
     assert status == 0 and samples, lines
     assert all(sample["ranks"] == [] and sample["joined"] == 2 for sample in samples), samples

@@ -11,8 +11,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from launcher.backends.ssh import connection
-from launcher.backends.ssh.connection import HostKeyError, SSHSettings, Target, check_host_key, fan_out, load_known_hosts
+from launcher.backends.ssh import settings as ssh_settings
+from launcher.backends.ssh.connection import fan_out
+from launcher.backends.ssh.hostkeys import HostKeyError, check_host_key, load_known_hosts
+from launcher.backends.ssh.settings import SSHSettings, Target
 from launcher.spec.cluster import ClusterSpec, SSHSpec
 
 
@@ -31,8 +33,8 @@ def test_known_hosts_is_parsed_once_and_again_only_when_the_file_changes(tmp_pat
     known = tmp_path / "known_hosts"
     known.write_text("".join(f"h{i},10.0.0.{i} {key.get_name()} {key.get_base64()}\n" for i in range(1, 200)))
     parsed = []
-    real = connection.load_known_hosts
-    monkeypatch.setattr(connection, "load_known_hosts", lambda path: parsed.append(path) or real(path))
+    real = ssh_settings.load_known_hosts
+    monkeypatch.setattr(ssh_settings, "load_known_hosts", lambda path: parsed.append(path) or real(path))
     settings = _settings(tmp_path, known)
     first = settings.host_keys()
     assert all(settings.host_keys() is first for _ in range(64)) and len(parsed) == 1

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.backends.ssh import connection
-from launcher.backends.ssh.connection import Connection, Target
+from launcher.backends.ssh.connection import Connection
+from launcher.backends.ssh.settings import Target
 from launcher.errors import LaunchError
 
 

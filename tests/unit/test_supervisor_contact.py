@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import plan_job
-from launcher.backends.base import Followed
 from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.backends.follow import Followed
 from launcher.run import contact
 from launcher.run import watcher as watcher_module
 from launcher.run.contact import OutOfContact, Pulse, verdict

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import plan_job
-from launcher.backends.base import Followed
+from launcher.backends.follow import Followed
 from launcher.errors import FENCED_EXIT, LaunchError, SupervisorFenced
 from launcher.node import follow, journal
 from launcher.run import takeover
@@ -194,7 +194,7 @@ TWO = ClusterSpec(name="two", backend="ssh", python="/usr/bin/python3", workdir=
 
 
 def _fenced_backend(scripts, answer_fence: bool):
-    from launcher.backends.base import Followed as Read
+    from launcher.backends.follow import Followed as Read
     from tests.unit.fakes import FakeBackend
 
     class Handle:
@@ -296,7 +296,7 @@ def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) 
 
 
 def test_attach_names_missing_secrets_and_follows_without_restarting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.run.orchestrate import _attach_secrets
+    from launcher.run.attach import _attach_secrets
     from launcher.run.recorded import RecordedJob
 
     plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29533)

@@ -19,7 +19,7 @@ from launcher.spec import ClusterSpec, JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 from launcher.store.records import Batch
 from launcher.store.tally import CHUNK
-from launcher.views import render
+from launcher.views import jobstatus
 
 JOB = "tally-000001"
 NODES, PER_NODE = 3, 4
@@ -199,11 +199,11 @@ def test_records_the_running_summary_does_not_count_or_a_damaged_row_are_summari
     written: the summary is made from the records, as before."""
     running._execute(damage.format(job=JOB))
     assert running.running_summary(JOB) is None
-    assert render.job_summary(running, running.job(JOB)) == summarize(running.metrics(JOB), running.samples(JOB))
+    assert jobstatus.job_summary(running, running.job(JOB)) == summarize(running.metrics(JOB), running.samples(JOB))
 
 
 def test_a_figure_the_running_summary_does_not_keep_is_read_from_the_records(running, monkeypatch):
     column = Column("test_metric", job=maximum("test_metric"), rank=maximum("test_metric"))
     monkeypatch.setattr(columns, "COLUMNS", (*columns.COLUMNS, column))
     assert running.running_summary(JOB) is None
-    assert render.job_summary(running, running.job(JOB)) == summarize(running.metrics(JOB), running.samples(JOB))
+    assert jobstatus.job_summary(running, running.job(JOB)) == summarize(running.metrics(JOB), running.samples(JOB))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.views.render import unattended
+from launcher.views.jobstatus import unattended
 
 JOB = {"state": "RUNNING", "id": "bert-1a2b3c4d"}
 

@@ -14,23 +14,10 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 from launcher.backends import leasing
-from launcher.backends.base import (
-    FACTS_TIMEOUT_S,
-    Backend,
-    CommandResult,
-    FollowHandle,
-    Preflight,
-    Stage,
-    StageState,
-    StartContext,
-    agent_exit_code,
-    agent_start,
-    facts_request,
-    follow_request,
-    node_problems,
-    parse_facts,
-    whole_lines,
-)
+from launcher.backends.agents import agent_exit_code, agent_start
+from launcher.backends.base import Backend, CommandResult, Preflight, Stage, StageState, StartContext
+from launcher.backends.follow import FollowHandle, follow_request, whole_lines
+from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
 from launcher.node.ship import node_argv, stdin_argv

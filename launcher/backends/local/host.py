@@ -12,8 +12,8 @@ import os
 import shutil
 import subprocess
 
-from launcher.backends.base import HOST_MEMORY_SHARE as MEMORY_SHARE
 from launcher.backends.local.hostfit import GIB, host_memory, suggestion
+from launcher.backends.nodechecks import HOST_MEMORY_SHARE as MEMORY_SHARE
 from launcher.errors import PlanError
 
 

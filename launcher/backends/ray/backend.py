@@ -23,12 +23,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from launcher.backends import stopping
+from launcher.backends.agents import agent_start
 from launcher.backends.base import (
-    FACTS_TIMEOUT_S,
     Backend,
     CommandResult,
     NodeSweep,
@@ -38,15 +37,13 @@ from launcher.backends.base import (
     StartContext,
     SweepOutcome,
     SweepReport,
-    agent_exit_code,
-    agent_start,
-    facts_request,
-    node_problems,
     unreachable,
 )
 from launcher.backends.facts import FactsError, NodeFacts
-from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems
 from launcher.backends.ray import actor as rayactor
+from launcher.backends.ray.handle import SILENCE_S, RayNode, first_line
+from launcher.backends.ray.placement import UNPLACED_HINT, resource_text, why_unplaced
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
@@ -58,8 +55,6 @@ NAMESPACE = "launch"
 CONNECT_TIMEOUT_S = 10.0
 ACTOR_TIMEOUT_S = 60.0
 WAIT_REPORT_S = 3.0
-PULL_WAIT_S = 0.5
-SILENCE_S = 10.0
 
 
 def group_name(job_id: str) -> str:
@@ -70,67 +65,6 @@ def group_name(job_id: str) -> str:
 def actor_name(job_id: str, index: int) -> str:
     """Name of the actor of node ``index`` of the job (it runs that node's agent)."""
     return f"launch-{job_id}-node{index}"
-
-
-class RayNode:
-    """A node agent's run, seen from the driver: output pulled in batches, exit code, terminate."""
-
-    def __init__(self, index: int, actor, pid: int | None, ray) -> None:
-        self.index = index
-        self.pid: int | None = pid
-        self.lost_reason: str | None = None
-        self._actor = actor
-        self._ray = ray
-        self._code: int | None = None
-
-    def lines(self) -> Iterator[str]:
-        """Output lines until the agent reports the exit; a last line says why if the agent is lost."""
-        ray = self._ray
-        while True:
-            try:
-                batch, code = ray.get(self._actor.pull.remote(PULL_WAIT_S), timeout=PULL_WAIT_S + SILENCE_S)
-            except ray.exceptions.GetTimeoutError:
-                self._lost(f"no answer from its Ray agent for {SILENCE_S:.0f} s (node down or cut off)")
-                return
-            except ray.exceptions.RayError as exc:  # the actor died, or its node, or the connection
-                self._lost(f"its Ray agent died: {_first_line(exc)}")
-                return
-            yield from batch
-            if code is not None:
-                self._exited(code)
-                return
-
-    def _exited(self, code: int) -> None:
-        self._code = agent_exit_code(code) if code >= 0 else code
-
-    def _lost(self, why: str) -> None:
-        self.lost_reason = f"node {self.index} lost: {why}"
-        self._code = LOST_NODE_EXIT
-
-    def poll(self) -> int | None:
-        """The agent's exit code once it has exited (asked of its actor: its output need not have been read);
-        LOST_NODE_EXIT once the actor is gone; None while it runs or while the actor is slow to answer."""
-        if self._code is not None:
-            return self._code
-        ray = self._ray
-        try:
-            code = ray.get(self._actor.exit_code.remote(), timeout=PULL_WAIT_S)
-        except ray.exceptions.GetTimeoutError:
-            return None  # lines() decides, after SILENCE_S, whether the node is lost
-        except ray.exceptions.RayError as exc:
-            self._lost(f"its Ray agent died: {_first_line(exc)}")
-            return self._code
-        if code is not None:
-            self._exited(code)
-        return self._code
-
-    def terminate(self, grace: float) -> None:
-        """End the node's process group and tagged processes through its actor."""
-        ray = self._ray
-        try:
-            ray.get(self._actor.terminate.remote(grace), timeout=grace + stopping.KILL_AFTER_S + SILENCE_S)
-        except ray.exceptions.RayError:
-            return  # actor gone with its node: the sweep that follows reports what is left
 
 
 class RayBackend(Backend):
@@ -174,7 +108,7 @@ class RayBackend(Backend):
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise PreflightError(
-                f"cannot connect to the Ray cluster at '{address}' (cluster.yaml ray.address): {_first_line(exc)}",
+                f"cannot connect to the Ray cluster at '{address}' (cluster.yaml ray.address): {first_line(exc)}",
                 hint="start it with `ray start --head`, or use ray://HOST:10001 (Ray Client) or 'auto' on a cluster node",
             ) from None
         finally:
@@ -243,9 +177,9 @@ class RayBackend(Backend):
                 return
             waited = time.monotonic() - start
             if waited >= timeout:
-                raise PreflightError(_unplaced(ray, plan, bundle, timeout), hint=_UNPLACED_HINT)
+                raise PreflightError(why_unplaced(ray, plan, bundle, timeout), hint=UNPLACED_HINT)
             sys.stderr.write(
-                f"waiting for Ray to place {plan.nnodes} bundle(s) of {_resources(bundle)}, one per node: "
+                f"waiting for Ray to place {plan.nnodes} bundle(s) of {resource_text(bundle)}, one per node: "
                 f"{waited:.0f} s of {timeout:.0f} s (ray.placement_timeout)\n"
             )
             sys.stderr.flush()
@@ -316,7 +250,7 @@ class RayBackend(Backend):
         except ray.exceptions.GetTimeoutError:
             raise PreflightError(f"the job's Ray actors did not {what} within {ACTOR_TIMEOUT_S:.0f} s") from None
         except ray.exceptions.RayError as exc:
-            raise PreflightError(f"the job's Ray actors could not {what}: {_first_line(exc)}") from None
+            raise PreflightError(f"the job's Ray actors could not {what}: {first_line(exc)}") from None
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[RayNode]]:
         """Start every node's agent through its actor, with the plan's env (and secrets) for the ranks; on a
@@ -353,7 +287,7 @@ class RayBackend(Backend):
             raise NodeStartError(f"{where}: its Ray actor did not start the agent within {ACTOR_TIMEOUT_S:.0f} s",
                                  node.index) from None
         except ray.exceptions.RayError as exc:
-            raise NodeStartError(f"{where}: its Ray actor failed: {_first_line(exc)}", node.index) from None
+            raise NodeStartError(f"{where}: its Ray actor failed: {first_line(exc)}", node.index) from None
         if isinstance(started, str):
             raise NodeStartError(f"{where}: {started}", node.index)
         return started
@@ -369,7 +303,7 @@ class RayBackend(Backend):
         try:
             code, out, err = ray.get(actor.run.remote(argv, timeout), timeout=timeout + SILENCE_S)
         except ray.exceptions.RayError as exc:
-            return unreachable(f"node {index}: its Ray actor did not answer: {_first_line(exc)}")
+            return unreachable(f"node {index}: its Ray actor did not answer: {first_line(exc)}")
         return CommandResult(code, out, err)
 
     def sweep(self, plan: Plan, grace: float, end: bool = True):
@@ -423,39 +357,6 @@ class RayBackend(Backend):
             self._owns = False
 
 
-_UNPLACED_HINT = (
-    "lower resources.nproc_per_node (or ray.cpus_per_node), add nodes to the Ray cluster, "
-    "free what other work holds, or raise ray.placement_timeout"
-)
-
-
-def _unplaced(ray, plan: Plan, bundle: dict[str, float], timeout: float) -> str:
-    """Why the group was not placed: what it asked for against what the cluster has."""
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    fitting = [n for n in alive if all(n["Resources"].get(k, 0) >= v for k, v in bundle.items())]
-    if len(alive) < plan.nnodes:
-        missing = f"the cluster has {len(alive)} alive node(s), {plan.nnodes - len(alive)} too few"
-    elif not fitting:
-        missing = f"no node has {_resources(bundle)} in total"
-    elif len(fitting) < plan.nnodes:
-        missing = f"only {len(fitting)} node(s) have {_resources(bundle)} in total"
-    else:
-        missing = "enough nodes exist, but other work holds their resources"
-    nodes = "; ".join(f"{n['NodeManagerAddress']} {_resources(n['Resources'])}" for n in alive) or "none"
-    return (
-        f"Ray could not place the job within {timeout:.0f} s (ray.placement_timeout): it asks for "
-        f"{plan.nnodes} bundle(s) of {_resources(bundle)}, each on a different node (STRICT_SPREAD), and {missing}. "
-        f"Nodes (total resources): {nodes}. Available now: {_resources(ray.available_resources(), bundle)}. "
-        "Nothing was started and the placement group was removed."
-    )
-
-
-def _resources(resources: Mapping[str, float], keys: Mapping[str, float] | None = None) -> str:
-    """CPU and GPU of a resource map as ``{CPU: 2, GPU: 8}`` (the ``keys`` ones, 0 when absent)."""
-    names = sorted(keys) if keys else [k for k in ("CPU", "GPU") if k in resources]
-    return "{" + ", ".join(f"{k}: {resources.get(k, 0):g}" for k in names) + "}"
-
-
 def _check_reachable(address: str) -> None:
     """Fail fast if a HOST:PORT (or ray://HOST:PORT) address does not accept connections."""
     if address == AUTO:
@@ -471,8 +372,3 @@ def _check_reachable(address: str) -> None:
             f"cannot reach the Ray cluster at '{address}' (cluster.yaml ray.address): {exc}",
             hint="is the head running (`ray status` on it)? GCS port 6379 by default, Ray Client 10001",
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

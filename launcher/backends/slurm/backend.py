@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from launcher.backends.agents import agent_request
 from launcher.backends.base import (
-    FACTS_TIMEOUT_S,
     Backend,
     CommandResult,
     NodeSweep,
@@ -38,12 +38,10 @@ from launcher.backends.base import (
     StartContext,
     SweepOutcome,
     SweepReport,
-    agent_request,
-    facts_request,
-    node_problems,
     unreachable,
 )
 from launcher.backends.facts import FactsError, NodeFacts
+from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems
 from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
 from launcher.errors import LaunchError, NodeStartError, PreflightError

@@ -22,28 +22,15 @@ from typing import ClassVar
 import paramiko
 
 from launcher.backends import leasing
-from launcher.backends.base import (
-    FACTS_TIMEOUT_S,
-    Backend,
-    CommandResult,
-    FollowHandle,
-    Preflight,
-    Stage,
-    StageState,
-    StartContext,
-    agent_exit_code,
-    agent_start,
-    facts_request,
-    follow_request,
-    node_problems,
-    parse_facts,
-    unreachable,
-    whole_lines,
-)
+from launcher.backends.agents import agent_exit_code, agent_start
+from launcher.backends.base import Backend, CommandResult, Preflight, Stage, StageState, StartContext, unreachable
 from launcher.backends.facts import NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.backends.follow import FollowHandle, follow_request, whole_lines
+from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.ssh import sync
-from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, SSHSettings, error_text, fan_out
+from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, error_text, fan_out
+from launcher.backends.ssh.settings import SSHSettings
 from launcher.backends.stopping import term_then_kill
 from launcher.errors import LaunchError, NodeStartError
 from launcher.node.ship import node_argv

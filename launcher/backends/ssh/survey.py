@@ -178,7 +178,8 @@ def differences(reports: list[HostReport], choice: PythonChoice) -> list[Differe
 def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callable[[str], None]) -> dict[str, str]:
     """Show every host's key; record new ones the user accepts (as `launch trust` does). The problems, by
     host: unreachable, declined or a recorded key that differs (refused, never replaced here)."""
-    from launcher.backends.ssh.connection import error_text, fan_out, fingerprint, key_status
+    from launcher.backends.ssh.connection import error_text, fan_out
+    from launcher.backends.ssh.hostkeys import fingerprint, key_status
     from launcher.backends.ssh.trust import fetch_host_key, record_key
 
     settings = backend.pool.settings

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import paramiko
 
-    from launcher.backends.ssh.connection import Pool, Target
+    from launcher.backends.ssh.connection import Pool
+    from launcher.backends.ssh.settings import Target
 
 
 def fetch_host_key(target: Target, pool: Pool) -> paramiko.PKey:

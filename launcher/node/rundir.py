@@ -1,0 +1,54 @@
+"""A job's private run directory on a node, under this user's private root, created and checked component by
+component (another user's, a symlink or one open to others is refused).
+Standard library only: it runs on nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+
+class RunDirError(Exception):
+    """The run directory cannot be used safely (another user's, a symlink, too open)."""
+
+
+def run_root() -> str:
+    """This user's private root for run directories: $XDG_RUNTIME_DIR/launch, else /tmp/launch-UID."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime) and _owned_private(os.lstat(runtime)):
+        return os.path.join(runtime, "launch")
+    return f"/tmp/launch-{os.getuid()}"
+
+
+def _owned_private(info: os.stat_result) -> bool:
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def private_dir(path: str) -> str:
+    """Create ``path`` (mode 0700) if missing and check it: a directory, not a symlink, this user's,
+    closed to others; and its parent is this user's or root's and, if others may write it, sticky."""
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    info = os.lstat(parent)
+    if info.st_uid not in (0, os.getuid()) or (info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX):
+        raise RunDirError(f"{parent} may be changed by other users (owner uid {info.st_uid}, mode {oct(info.st_mode & 0o7777)})")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise RunDirError(f"{path} is not a directory (a symlink or a file): refusing to use it")
+    if info.st_uid != os.getuid():
+        raise RunDirError(f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): refusing to use it")
+    if info.st_mode & 0o077:
+        raise RunDirError(f"{path} is open to other users (mode {oct(info.st_mode & 0o777)}): refusing to use it")
+    return path
+
+
+def job_run_dir(job_id: str, root: str | None = None) -> str:
+    """The job's run directory on this node, created and checked component by component."""
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        raise RunDirError(f"bad job id {job_id!r}")
+    root = private_dir(root or run_root())
+    return private_dir(os.path.join(root, job_id))

@@ -1,0 +1,85 @@
+"""`launch cancel`, and whether a job's supervisor is there: proven alive, proven gone, or still starting
+(what cancel, `launch attach` and `status --watch` ask before they act)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from launcher.backends import get_backend
+from launcher.errors import LaunchError
+from launcher.run import identity
+from launcher.run.recorded import RecordedJob
+from launcher.store.db import Store
+from launcher.store.states import JobState, is_terminal
+
+RECORDS_ITSELF_S = 5.0  # how long `cancel` waits for a starting supervisor to record itself
+
+
+def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
+    """Cancel a job: signal its supervisor (once proven to be it), or, once it is proven gone, clean up directly.
+
+    A supervisor that is alive but slow to tear the job down is never declared gone. It is waited for while it
+    shows progress (its heartbeat, ``supervisor_at``, moves as its nodes stop: 64 hosts take longer than 2); once
+    it has shown none for ``wait`` seconds this says so (LaunchError) and it records CANCELLED when it is done.
+    """
+    job = RecordedJob.read(store, job_ref)
+    if job.state.terminal:
+        raise LaunchError(f"job {job.id} already ended {job.state}; nothing to cancel")
+    store.add_event(job.id, "cancel_requested", "cancel requested by `launch cancel`")
+    found = supervisor_presence(store, job.id)
+    deadline = time.monotonic() + RECORDS_ITSELF_S
+    while found.pid is None and found.gone is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # a detached supervisor that is still starting records itself in a moment
+        found = supervisor_presence(store, job.id)
+    if found.pid is not None:
+        os.kill(found.pid, signal.SIGTERM)
+        moved_at, beat = time.monotonic(), store.job(job.id).get("supervisor_at")
+        while found.gone is None:
+            row = store.job(job.id)
+            if is_terminal(row["state"]):
+                return row
+            if row.get("supervisor_at") != beat:
+                moved_at, beat = time.monotonic(), row.get("supervisor_at")
+            if time.monotonic() - moved_at >= wait:
+                raise LaunchError(
+                    f"job {job.id}: its supervisor (PID {found.pid}) was asked to cancel and is still ending the job, "
+                    f"with no sign of progress for {wait:g} s; it records CANCELLED when the nodes are clean",
+                    hint=f"`launch status --watch {job.id}` follows it; `launch cancel {job.id}` again asks again")
+            time.sleep(0.1)
+            found = supervisor_presence(store, job.id)
+    row = store.job(job.id)
+    if is_terminal(row["state"]):  # it ended the job as it went
+        return row
+    _cancel_orphaned(store, job, found.gone or "no supervisor ever recorded itself for this job")
+    return store.job(job.id)
+
+
+def supervisor_presence(store: Store, job_id: str) -> identity.Presence:
+    """What is known of the supervisor of ``job_id``: proven alive (its pid), gone (why), or neither yet."""
+    return identity.presence(store.run_dir(job_id), job_id, store.job(job_id).get("supervisor_pid"))
+
+
+def supervisor_gone(store: Store, job_id: str) -> str | None:
+    """Why the supervisor of ``job_id`` is proven gone (for `status --watch`); None while it is, or may be, alive."""
+    return supervisor_presence(store, job_id).gone
+
+
+def _cancel_orphaned(store: Store, job: RecordedJob, why: str) -> None:
+    """The supervisor is gone (``why``): end the job's processes ourselves and record CANCELLED, unless a node
+    could not be checked (then say which, and leave the job for another try)."""
+    backend = get_backend(job.cluster)
+    try:
+        report = backend.sweep(job.plan, job.job.watch.grace_period)
+    finally:
+        backend.close()
+    if not report.clean:
+        for problem in report.problems():
+            store.add_event(job.id, "sweep", problem)
+        raise LaunchError(f"job {job.id}: cancel could not confirm every node is clean:\n"
+                          + "\n".join(f"  {p}" for p in report.problems()),
+                          hint=f"`launch cancel {job.id}` again once the node is reachable")
+    reason = f"cancelled by user (supervisor was gone: {why})"
+    if store.transition(job.id, JobState.CANCELLED, reason=reason):
+        store.add_event(job.id, "cancelled", reason)

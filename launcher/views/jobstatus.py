@@ -1,0 +1,317 @@
+"""A job as `launch status` shows it: its ``--json`` object, the jobs table, one job in detail; any stored row
+renders, and every stored value is shown as plain text. The metric summaries, the store and rich are imported
+inside the functions that use them: `launch status` stays light.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import TYPE_CHECKING, Any
+
+from launcher.views.terminal import safe_lines
+
+if TYPE_CHECKING:
+    from launcher.metrics.summary import JobSummary
+
+
+def job_summary(store: Any, job: dict[str, Any]) -> JobSummary:
+    """A job's metric summary: the stored one of a finished job, else live from its running summary (the same
+    figures, a row a rank), or from its records and process samples where that does not cover them all."""
+    from launcher.metrics.aggregate import summarize
+    from launcher.metrics.summary import JobSummary
+    from launcher.store.db import TERMINAL
+
+    if job["state"] in TERMINAL and job.get("summary"):
+        return JobSummary.from_stored(job["summary"])
+    running = store.running_summary(job["id"])
+    return running if running is not None else summarize(store.metrics(job["id"]), store.samples(job["id"]))
+
+
+NETWORK_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
+
+
+def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per node of a stored plan: its address and the network values it ran with, and where each came from.
+
+    A stored plan of another shape (an older launch, a damaged row) gives what it has: nodes without
+    the expected keys are left out.
+    """
+    rendezvous = plan.get("rendezvous")
+    master = rendezvous.get("host") if isinstance(rendezvous, dict) else None
+    nodes = plan.get("nodes")
+    out = []
+    for n in nodes if isinstance(nodes, list) else []:
+        if not isinstance(n, dict) or not isinstance(n.get("env"), dict):
+            continue
+        given = n.get("env_sources")
+        env, sources = n["env"], given if isinstance(given, dict) else {}
+        out.append({
+            "node": n.get("index"), "host": n.get("host"), "address": n.get("address"), "master_addr": master,
+            "env": {k: env[k] for k in NETWORK_ENV if k in env},
+            "sources": {k: sources.get(k) for k in NETWORK_ENV if k in env},
+        })
+    return out
+
+
+def unattended(job: dict[str, Any], supervisor: dict[str, Any] | None) -> str | None:
+    """``RUNNING, unattended since HH:MM (no supervisor): launch attach JOB`` for a job whose supervisor is gone.
+
+    Only a RUNNING job can be attached to; one that had not started (QUEUED, PENDING) is cleared with
+    ``launch cancel`` and submitted again."""
+    if not supervisor or supervisor.get("state") != "lost":
+        return None
+    since = supervisor.get("since")
+    when = time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    remedy = "launch attach" if job["state"] == "RUNNING" else "launch cancel"
+    return f"{job['state']}, unattended since {when} (no supervisor){_agents_said(supervisor.get('agents'))}: " \
+           f"{remedy} {job['id']}"
+
+
+def _agents_said(agents: Any) -> str:
+    """What the nodes said of their agents (``status JOB`` asks them), as a clause."""
+    if not isinstance(agents, dict):
+        return ""
+    listed = {word: agents.get(word) for word in ("ended", "running", "unknown")}
+    said = {word: [i for i in value if isinstance(i, int)] if isinstance(value, list) else [] for word, value in listed.items()}
+    nodes = sum(len(indices) for indices in said.values())
+    if not nodes:
+        return ""
+    if len(said["ended"]) == nodes:
+        return "; its agents have ended the job on every node (watch.unattended_timeout: their journals say why)"
+    if len(said["running"]) == nodes:
+        return "; its agents still run the job on every node"
+    how = {"ended": "agents ended on", "running": "running on", "unknown": "not answering on"}
+    return "; " + ", ".join(f"{how[word]} node{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
+                            for word, indices in said.items() if indices)
+
+
+def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, Any]] | None = None,
+               supervisor: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``status --json`` object of one job; ``supervisor`` (a job not ended): {"state": "attached" | "lost" |
+    "unknown", "host", "pid", "since"} (since: when it took the job, or when it was last alive once lost)."""
+    obj = {
+        "id": job["id"],
+        "name": job["name"],
+        "state": job["state"],
+        "backend": job["backend"],
+        "cluster": job["cluster"],
+        "launcher": job["launcher"],
+        "strategy": job["strategy"],
+        "precision": job["precision"],
+        "nnodes": job["nnodes"],
+        "nproc_per_node": job["nproc_per_node"],
+        "world_size": job["world_size"],
+        "micro_batch": job["micro_batch"],
+        "grad_accum": job["grad_accum"],
+        "global_batch": job["global_batch"],
+        "max_steps": job["max_steps"],
+        "attempt": job["attempt"],
+        "created_at": job["created_at"],
+        "started_at": job["started_at"],
+        "ended_at": job["ended_at"],
+        "reason": job["reason"],
+        "queue_reason": job.get("queue_reason"),
+        "scheduler_id": job.get("scheduler_id"),
+        "first_failure": job["first_failure"],
+        "metrics": summary.as_json(records=False),
+        "supervisor": supervisor,
+    }
+    if nodes is not None:
+        obj["nodes"] = nodes
+    if job.get("plan"):
+        obj["network"] = node_network(job["plan"])
+        obj["procs"] = _procs(job["plan"])
+    return obj
+
+
+def _procs(plan: Any) -> list[int] | None:
+    """The processes of each node of a stored plan (None when it does not say: an old or damaged record)."""
+    nodes = plan.get("nodes") if isinstance(plan, dict) else None
+    procs = [n.get("nproc") for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
+    counts = [p for p in procs if isinstance(p, int) and not isinstance(p, bool)]
+    return counts if counts and len(counts) == len(procs) else None
+
+
+def _each(obj: dict[str, Any]) -> Any:
+    """Processes a node: the one number, or each node's where they differ (``2+1``)."""
+    procs = obj.get("procs")
+    return "+".join(map(str, procs)) if procs and len(set(procs)) > 1 else obj["nproc_per_node"]
+
+
+def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    return f"{value:{spec}}{unit}"
+
+
+def _age(t: float | None) -> str:
+    if not isinstance(t, (int, float)):
+        return "-"
+    seconds = time.time() - t
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]], supervisors: dict[str, dict[str, Any]] | None = None):
+    """A rich table of (job row, summary) pairs (stored text shown through ``safe_text``); a job whose supervisor
+    is gone (``supervisors``, by job id) says so in its state."""
+    from rich.table import Table
+
+    Text = _safe_text_class()
+
+    table = Table(box=None, header_style="bold")
+    table.add_column("ID", no_wrap=True)
+    for column in ("STATE", "NODES", "STEPS", "SAMPLES/S", "STEP P50", "PEAK MEM", "CREATED"):
+        table.add_column(column, no_wrap=True)
+    for job, m in jobs:
+        table.add_row(
+            Text(_fmt(job["id"], "")), _state(job["state"], unattended(job, (supervisors or {}).get(job["id"]))),
+            Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
+            Text(f"{m.steps}/{_fmt(job['max_steps'], 'd')}"), _fmt(m.samples_per_sec),
+            _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job["created_at"]),
+        )
+    return table
+
+
+class _PlainTable:
+    """A borderless table as ``rich.table.Table(box=None, header_style="bold", title_justify="left")`` draws it,
+    laid out here when every cell is one line and the table fits the console: the same characters, without rich's
+    measuring of every cell, which took seconds for the 1,000 ranks of a large job (docs/BENCHMARKS.md). Anything
+    else is drawn by rich's Table itself."""
+
+    def __init__(self, title: str, columns: tuple[str, ...]) -> None:
+        self.title, self.columns = title, columns
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add_row(self, *cells: Any) -> None:
+        self.rows.append(cells)
+
+    def rich_table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=self.title, box=None, header_style="bold", title_justify="left")
+        for column in self.columns:
+            table.add_column(column)
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.cells import cell_len
+        from rich.segment import Segment
+        from rich.text import Text
+
+        # rich reads a str cell as markup (and :emoji: codes): only plain ones are laid out here
+        plain = all(isinstance(cell, Text) or (isinstance(cell, str) and not any(c in cell for c in "[:"))
+                    for row in self.rows for cell in row)
+        texts = [[cell.plain if isinstance(cell, Text) else cell for cell in row] for row in self.rows] if plain else []
+        plain = plain and not any("\n" in text or "\t" in text for row in texts for text in row)
+        widths = [max([cell_len(name)] + [cell_len(row[i]) for row in texts]) for i, name in enumerate(self.columns)]
+        if not plain or sum(width + 2 for width in widths) > options.max_width:
+            yield self.rich_table()
+            return
+        yield Text(self.title, style="table.title")
+        for cells, shown, style in [(self.columns, self.columns, "bold"), *((row, t, "") for row, t in zip(self.rows, texts))]:
+            parts = [f" {text}{' ' * (width - cell_len(text))} " for text, width in zip(shown, widths)]
+            styled, at = [], 1
+            for cell, part in zip(cells, parts):
+                if isinstance(cell, Text) and (cell.style or cell.spans):
+                    styled.append((at, cell))
+                at += len(part)
+            if not style and not styled:  # the segments rich makes of an unstyled line, without its wrapping
+                yield Segment("".join(parts))
+                yield Segment("\n")
+                continue
+            line = Text("".join(parts), style=style, no_wrap=True)
+            for start, cell in styled:
+                if cell.style:
+                    line.stylize(cell.style, start, start + len(cell.plain))
+                for span in cell.spans:
+                    line.stylize(span.style, start + span.start, start + span.end)
+            yield from Text("\n").join([line]).render(console, end="\n")  # what rich renders a line that fits as
+
+
+@functools.lru_cache(maxsize=1)
+def _safe_text_class() -> Any:
+    """rich's Text whose text goes through ``safe_text``: a stored reason, host or log line cannot move the
+    cursor, set the title or the clipboard, or make a link (rich writes control codes in Text as they are)."""
+    from rich.text import Text
+
+    class SafeText(Text):
+        def __init__(self, text: str = "", *args: Any, **kwargs: Any) -> None:
+            super().__init__(safe_lines(text, colour=False), *args, **kwargs)
+
+    return SafeText
+
+
+def _state(state: Any, said: str | None = None):
+    Text = _safe_text_class()
+
+    color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
+    return Text(said or _fmt(state, ""), style="magenta" if said else color)
+
+
+def _failure(failure: dict[str, Any]):
+    """The stored failure record, or a stand-in saying it cannot be read (another version's record)."""
+    from launcher.backends.failures import Failure
+
+    try:
+        return Failure.model_validate(failure)
+    except ValueError:
+        reason = failure.get("reason")
+        return Failure(kind="internal", reason=f"first failure: {reason if isinstance(reason, str) else 'a stored record this launch cannot read'}")
+
+
+def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, Any]]) -> list[Any]:
+    """Renderables for one job: header, nodes, metrics per rank, first failure, events.
+
+    Every value from the store is shown as plain text (never as rich markup): a host name,
+    reason or failure record cannot change how the page renders.
+    """
+    Text = _safe_text_class()
+    m = summary
+    waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == "QUEUED" and obj.get("queue_reason") else ""
+    scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], unattended(obj, obj.get("supervisor"))),
+                           Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))
+    out: list[Any] = [
+        header,
+        Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
+             f"{obj['precision']}, {obj['nnodes']} node(s) x {_each(obj)} = {obj['world_size']} ranks, "
+             f"attempt {obj['attempt']}"),
+        Text(f"  batch: global {obj['global_batch']} = micro {obj['micro_batch']} x accumulation {obj['grad_accum']}"
+             f" x world {obj['world_size']}"),
+        *(Text(f"  elastic: {e['message']}") for e in events if e["kind"] == "elastic_restart"),
+        Text(f"  metrics: {m.steps}/{obj['max_steps']} steps, {_fmt(m.samples_per_sec)} samples/s, "
+             f"{_fmt(m.tokens_per_sec, '.0f')} tokens/s, step p50 {_fmt(m.step_time_ms_p50, '.1f', ' ms')}"
+             f" p95 {_fmt(m.step_time_ms_p95, '.1f', ' ms')}, peak memory {_fmt(m.peak_mem_mb, '.0f', ' MB')}"
+             f", GPU util {_fmt(m.gpu_util, '.0%')}, loss {_fmt(m.loss, '.4f')}"),
+    ]
+    nodes = _PlainTable("nodes", ("ATTEMPT", "NODE", "HOST", "ADDRESS", "STATE", "PID", "EXIT"))
+    for n in obj.get("nodes", []):
+        nodes.add_row(*(Text(_fmt(n.get(k), "")) for k in ("attempt", "node", "host", "address", "state", "pid", "exit_code")))
+    out.append(nodes)
+    for net in obj.get("network", []):
+        values = ", ".join(f"{k}={v} ({net['sources'][k]})" for k, v in net["env"].items())
+        out.append(Text(f"  node {net['node']} {net['host']} {net['address']} -> MASTER_ADDR {net['master_addr']}: {values}"))
+    if m.per_rank:
+        ranks = _PlainTable("ranks", ("RANK", "NODE", "HOST", "SAMPLES/S", "STEP P50", "PEAK MEM", "STEPS"))
+        for r in m.per_rank:
+            ranks.add_row(
+                str(r.rank), _fmt(r.node, ""), Text(_fmt(r.host, "")), _fmt(r.samples_per_sec),
+                _fmt(r.step_time_ms_p50, ".1f", " ms"), _fmt(r.peak_mem_mb, ".0f", " MB"), str(r.steps),
+            )
+        out.append(ranks)
+    failure = obj.get("first_failure")
+    if isinstance(failure, dict):
+        shown = _failure(failure)
+        out.append(Text(shown.describe(), style="red"))
+        for line in shown.last_lines[-10:]:
+            out.append(Text("    " + line))
+    out.append(Text("events:"))
+    for e in events[-12:]:
+        out.append(Text(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))}  {e['kind']:<16} {e['message']}"))
+    return out
