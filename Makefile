@@ -33,6 +33,6 @@ lint: setup-test
 
 # DeepSpeed's CPU ops (the comm op, cpu_adam for zero3_offload), built once into TORCH_EXTENSIONS_DIR while
 # the checkers run (a fresh clone's first DeepSpeed test would otherwise build them, with the other worker's
-# first one waiting on torch's build lock). About 1.5 min of CPU.
+# first one waiting on torch's build lock; a lock file an interrupted build left is removed). About 1.5 min of CPU.
 ops: setup-test
-	@$(VENV)/bin/python -c "from tests.helpers import build_deepspeed_ops as build; build('comm', 'cpu_adam')"
+	@$(VENV)/bin/python -c "from tests.helpers import build_deepspeed_ops_before_the_suite as build; build()"
