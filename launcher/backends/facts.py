@@ -62,6 +62,13 @@ class GPUFacts(_Facts):
     used_mb: Amount = 0.0
 
 
+class BuildLock(_Facts):
+    """A torch JIT build lock file on the node (``launcher.node.facts.build_locks``) and its age."""
+
+    path: Text
+    age_s: Amount
+
+
 class ContainerFacts(_Facts):
     """The container runtime, the image and the interpreter inside it: what went wrong, if anything."""
 
@@ -113,6 +120,7 @@ class NodeFacts(_Facts):
     accepted: Count | None = None
     reached: StrictBool | Text | None = None  # True, or why not
     kernel_log: tuple[Line, ...] = Field((), max_length=KERNEL_LOG_LIMIT)
+    build_locks: tuple[BuildLock, ...] = Field((), max_length=NAMES_LIMIT)
     container: ContainerFacts | None = None
     pythons: tuple[PythonFacts, ...] = Field((), max_length=PYTHONS_LIMIT)
     time: Annotated[float, Field(strict=True, allow_inf_nan=False)] | None = None

@@ -1,5 +1,6 @@
 """A node checked before launch, the same for every backend: the facts request preflight sends it (the modules, the
-workdir, the rendezvous port, the container) and what its parsed answer says is wrong with it for a plan.
+workdir, the rendezvous port, the container, torch's build locks) and what its parsed answer says is wrong with it
+for a plan.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from launcher.spec.container import ContainerSpec
 
 FACTS_TIMEOUT_S = 1800.0 + 360.0  # a preflight may pull a container image (launch.node.facts.PULL_TIMEOUT_S)
 HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: the OS, page cache, other work)
+STALE_BUILD_LOCK_S = 1800.0  # a torch build lock this old was left by a killed build (DeepSpeed's ops build in minutes)
 
 
 def facts_request(plan: Plan, index: int, **extra) -> dict:
@@ -21,10 +23,12 @@ def facts_request(plan: Plan, index: int, **extra) -> dict:
     rendezvous port on node 0, and, for a job in a container, the runtime, the image and the facts of the
     interpreter inside it. ``extra`` adds backend-specific keys (the route to node 0, pinned interfaces...)."""
     node = plan.nodes[index]
-    request = {"modules": required_modules(plan), "workdir": node.cwd,
-               "port": plan.rendezvous.port if index == 0 else None, **extra}
+    modules = required_modules(plan)
+    request = {"modules": modules, "workdir": node.cwd, "port": plan.rendezvous.port if index == 0 else None, **extra}
     if plan.container is not None:
         request["container"] = container_request(plan, plan.container, index)
+    elif "deepspeed" in modules:  # its ranks load JIT-built ops through torch's build lock (in an image: its own cache)
+        request["build_locks"] = node.env.get("TORCH_EXTENSIONS_DIR")
     return request
 
 
@@ -96,6 +100,13 @@ def node_problems(host: str, plan: Plan, facts: NodeFacts, node: NodePlan | None
             f"{host}: {plan.strategy} keeps about {offloaded:.1f} GiB of model states in host memory on each node; "
             f"this node has {total / 2**30:.1f} GiB ({HOST_MEMORY_SHARE:.0%} usable): use more nodes, or zero3"
         )
+    for lock in facts.build_locks:
+        if lock.age_s >= STALE_BUILD_LOCK_S:
+            problems.append(
+                f"{host}: torch's build lock {lock.path} is {lock.age_s / 3600:.1f} h old: a build of that op was "
+                "killed there, and every DeepSpeed rank loading it would wait on the file for ever "
+                "(pytorch/pytorch#189245); remove it if no build is running on the node"
+            )
     if facts.hostname_resolves not in (None, True):
         problems.append(
             f"{host}: its hostname '{facts.hostname}' does not resolve ({facts.hostname_resolves}); torchrun's "

@@ -3,7 +3,7 @@
 One request, one JSON answer, the same on every backend. The request names what to look at:
 modules the job's interpreter must import, the workdir, pinned interfaces, the rendezvous port
 (free here? listen on it for the reachability test, or connect to node 0's), node 0's address (the
-interface and source address that route to it), GPUs, the kernel log, and (``pythons``) the
+interface and source address that route to it), GPUs, the kernel log, torch's build locks, and (``pythons``) the
 interpreters that could run training (see ``pythons.survey``, which imports torch in the candidates
 that list it). Package versions are read from metadata, so the facts themselves import nothing
 heavy. Standard library only: it runs on nodes.
@@ -11,6 +11,7 @@ heavy. Standard library only: it runs on nodes.
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata as metadata
 import importlib.util
 import json
@@ -26,6 +27,7 @@ from . import pythons
 IB_CLASS_DIR = "/sys/class/infiniband"
 NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 KERNEL_LOG_LINES = 500
+BUILD_LOCKS_LIMIT = 16
 PULL_TIMEOUT_S = 1800.0
 INSIDE_TIMEOUT_S = 300.0
 
@@ -187,6 +189,26 @@ def container_facts(req: dict) -> dict:
     return out
 
 
+def build_locks(root: str | None) -> list[dict]:
+    """torch's JIT build lock files in the extension cache ``root`` (None: where torch puts it for this user),
+    each with its age in seconds, oldest first. torch creates one while it checks or builds an op (DeepSpeed's
+    cpu_adam, its comm op...) and a killed build leaves it: every later load of that op then waits on it for ever
+    (pytorch/pytorch#189245). Preflight judges which are stale."""
+    if not root:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(cache, "torch_extensions")
+    found: list[tuple[float, str]] = []
+    now = time.time()
+    for pattern in ("*/lock", "*/*/lock"):  # <root>/<op>/lock, or <root>/py311_cu121/<op>/lock (torch's default)
+        for path in glob.glob(os.path.join(glob.escape(root), pattern)):
+            try:
+                found.append((round(max(0.0, now - os.stat(path).st_mtime), 1), path))
+            except OSError:
+                continue  # released as we looked
+    oldest = sorted(found, key=lambda lock: -lock[0])[:BUILD_LOCKS_LIMIT]
+    return [{"path": path, "age_s": age} for age, path in oldest]
+
+
 def collect(req: dict) -> dict:
     """The answer to a facts request (see the module docstring)."""
     out: dict = {
@@ -222,6 +244,8 @@ def collect(req: dict) -> dict:
         out["port_free"] = port_free(port)
     if req.get("kernel_log"):
         out["kernel_log"] = kernel_log()
+    if "build_locks" in req:
+        out["build_locks"] = build_locks(req["build_locks"])
     if req.get("container"):
         out["container"] = container_facts(req["container"])
         inside = out["container"].get("inside")

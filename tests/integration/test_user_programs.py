@@ -8,7 +8,9 @@ own checkpoints) and never import ``launcher``.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,25 @@ def test_no_local_rank_is_honoured(tmp_path, home):
     result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
     assert result.returncode == 0, result.stderr + result.stdout
     assert _seen(out)[0]["local_rank_arg"] == -1
+
+
+def test_a_build_lock_a_killed_build_left_refuses_a_deepspeed_job_before_it_starts(tmp_path, home):
+    # Without this, every rank waits on the file for ever in torch's FileBaton.wait (pytorch/pytorch#189245).
+    cache = tmp_path / "torch_extensions"
+    lock = cache / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    os.utime(lock, (time.time() - 3 * 3600,) * 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    job = _job(tmp_path / "job.yaml", "user_deepspeed.py", "--out", str(out), "--steps", "1", nproc=1,
+               launcher="deepspeed", batch={"micro_batch": 2}, env={"TORCH_EXTENSIONS_DIR": str(cache)})
+    result = run_cli(home, "submit", str(job))
+    assert result.returncode == 3, result.stderr + result.stdout
+    assert "preflight failed" in result.stderr and "nothing was started" in result.stderr
+    assert f"localhost: torch's build lock {lock} is 3.0 h old" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(out.iterdir()) == [], "no rank ran"
 
 
 def test_the_readmes_bert_large_job_is_refused_on_this_machine_with_a_command_that_fits(home):
