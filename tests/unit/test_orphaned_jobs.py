@@ -70,7 +70,8 @@ def test_cancel_never_calls_a_slow_supervisor_gone(home: Path) -> None:
 STOPPING = ("import signal, sys, time; from pathlib import Path; from launcher.run import identity; "
             "from launcher.store.db import Store; store = Store(Path(sys.argv[1])); job = sys.argv[2]; "
             "identity.record(store.run_dir(job), job); "
-            "signal.signal(signal.SIGTERM, lambda *_: None); print('ready', flush=True); signal.pause(); "
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); print('ready', flush=True); "
+            "signal.sigwait({signal.SIGTERM}); "  # a TERM sent before it waits is pending, not lost (pause() lost it)
             "[(time.sleep(0.3), store.update_job(job, supervisor_at=time.time())) for node in range(10)]; "
             "store.transition(job, 'CANCELLED', reason='cancelled by user')")
 
