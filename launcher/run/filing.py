@@ -62,40 +62,39 @@ class Noted:
 Handed = Observation | ToStore | AgentStarted | RejectedLine | Noted
 
 
-class Losses:
-    """Counts what could not be stored, with the first error; thread-safe (watchers count unwritten log lines)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = {"records": 0, "samples": 0, "lines": 0}
-        self._first: str | None = None
-
-    def add(self, what: str, count: int, exc: BaseException) -> None:
-        with self._lock:
-            self._counts[what] += count
-            self._first = self._first or f"{type(exc).__name__}: {exc}"[:300]
-
-    def take(self) -> Lost | None:
-        """What was lost since the last take (None: nothing), counting afresh."""
-        with self._lock:
-            first, counts = self._first, dict(self._counts)
-            self._first, self._counts = None, dict.fromkeys(counts, 0)
-        return Lost(counts["records"], counts["samples"], counts["lines"], first) if first else None
-
-
 @dataclass(frozen=True)
 class Lost:
     """What one attempt could not keep: metric records and samples the store refused, log lines not written."""
 
-    records: int
-    samples: int
-    lines: int
-    first_error: str
+    records: int = 0
+    samples: int = 0
+    lines: int = 0
+    first_error: str = ""
 
     def describe(self) -> str:
         parts = [f"{count} {what}" for count, what in ((self.records, "metric record(s)"), (self.samples, "sample(s)"),
                                                         (self.lines, "log line(s)")) if count]
         return f"{', '.join(parts)} could not be stored ({self.first_error})"
+
+
+class Losses:
+    """Counts what could not be stored, with the first error; thread-safe (watchers count unwritten log lines)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lost = Lost()
+
+    def add(self, exc: BaseException, *, records: int = 0, samples: int = 0, lines: int = 0) -> None:
+        with self._lock:
+            lost = self._lost
+            self._lost = Lost(lost.records + records, lost.samples + samples, lost.lines + lines,
+                              lost.first_error or f"{type(exc).__name__}: {exc}"[:300])
+
+    def take(self) -> Lost | None:
+        """What was lost since the last take (None: nothing), counting afresh."""
+        with self._lock:
+            lost, self._lost = self._lost, Lost()
+        return lost if lost.first_error else None
 
 
 class Filer:
@@ -127,10 +126,9 @@ class Filer:
         try:
             self.store.add_batch(self.job_id, self.attempt, batch)
         except Exception as exc:  # noqa: BLE001 - the store (its disk) failing must not stop the job: counted
-            for what, count in (("records", len(batch.records)), ("samples", len(batch.samples))):
-                if count:
-                    self.losses.add(what, count, exc)
-            if not batch.records and not batch.samples:
+            if batch.records or batch.samples:
+                self.losses.add(exc, records=len(batch.records), samples=len(batch.samples))
+            else:
                 self._note(f"how far the nodes' journals were received could not be stored: {exc!r}")
 
     def _guarded(self, item: AgentStarted | RejectedLine | Noted) -> None:

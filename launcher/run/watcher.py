@@ -187,7 +187,7 @@ class NodeWatcher:
                     self._line(raw, log)
                 except Exception as exc:  # noqa: BLE001 - one bad line must not stop the relay (counted in _line)
                     self.errors += 1
-                    self._relay.losses.add("lines", 1, exc)
+                    self._relay.losses.add(exc, lines=1)
                     if self.errors == 1:
                         self._relay.note(f"node {self.handle.index}: a line could not be handled: {exc!r}")
         except Exception as exc:  # noqa: BLE001 - the node's channel broke: its exit code says the rest
@@ -280,13 +280,13 @@ class NodeWatcher:
 
     def _write(self, log: CappedLog | None, line: str) -> None:
         if log is None:
-            self._relay.losses.add("lines", 1, self._log_error)
+            self._relay.losses.add(self._log_error, lines=1)
             return
         try:
             log.write(line)
             log.flush()
         except Exception as exc:  # noqa: BLE001 - a full disk or a store that refuses the cap's event
-            self._relay.losses.add("lines", 1, exc)
+            self._relay.losses.add(exc, lines=1)
 
     def _event(self, kind: str, data: dict, now: float, log: CappedLog | None) -> None:
         node = self.handle.index
