@@ -34,6 +34,7 @@ _PROCESS = re.compile(r"^Process \d+:.*$", re.M)
 _KERNEL_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.]\d+([+-]\d\d:?\d\d)?")
 LAST_OUTPUT_BYTES = 8192
 APART_SHOWN = 8  # ranks named one by one in the reason, at most
+BUILD_LOCK_FILE = "torch/utils/file_baton.py"  # where torch waits on a JIT build lock (py-spy shortens the path)
 
 
 @dataclass
@@ -129,6 +130,18 @@ class StackReport:
         nodes = sorted({n for r in ranks if (n := self.node_of(r)) is not None})
         where = ", ".join(f"{n} ({self.host(n)})" for n in nodes)
         return f"ranks {ranges(ranks)} on node(s) {where} stand apart: their stacks differ from the other {others}"
+
+    @property
+    def on_build_lock(self) -> str | None:
+        """"ranks 0-3 wait on torch's build lock ..." when ranks' main threads are in torch's FileBaton.wait, else
+        None: the file a killed JIT build leaves (pytorch/pytorch#189245) holds them for ever, idle."""
+        waiting = sorted(r.rank for r in self.ranks if r.rank is not None and r.stack
+                         and (path := main_path(r.stack)) and path[-1].file.endswith(BUILD_LOCK_FILE))
+        if not waiting:
+            return None
+        return (f"rank(s) {ranges(waiting)} wait on torch's build lock of a JIT-built op (torch's FileBaton.wait): "
+                "a build killed on the node leaves TORCH_EXTENSIONS_DIR/<op>/lock and every load waits on it for ever "
+                "(pytorch/pytorch#189245); remove the file if no build runs there")
 
     def host(self, node: int | None) -> str:
         if node is not None and 0 <= node < len(self.hosts):
@@ -254,8 +267,7 @@ def report_lines(report: StackReport) -> list[str]:
     classes = report.classes()
     lines = [f"stacks of {len(report.ranks)} rank(s) in {len(classes)} class(es), attempt {report.attempt}, "
              f"taken {time.strftime('%H:%M:%S', time.localtime(report.taken_at))}"]
-    if report.odd_one_out:
-        lines.append(f"  {report.odd_one_out}")
+    lines.extend(f"  {note}" for note in (report.odd_one_out, report.on_build_lock) if note)
     by_rank = {r.rank: r for r in report.ranks}
     for cls in classes:
         if len(cls.ranks) <= APART_SHOWN:

@@ -362,8 +362,9 @@ class Supervisor:
             self.store.add_event(job_id, "hung" if hung.kind == FailureKind.HANG else "stalled", hung.reason or "",
                                  hung.model_dump(mode="json"))
             taken = stacks.collect(self.backend, self.plan, self.store, nodes.attempt, self.live)
-            if taken.odd_one_out:
-                hung = hung.model_copy(update={"reason": f"{hung.reason}; {taken.odd_one_out}"})
+            for note in (taken.odd_one_out, taken.on_build_lock):
+                if note:
+                    hung = hung.model_copy(update={"reason": f"{hung.reason}; {note}"})
             self._teardown(nodes)
             nodes.record_exits()
             return Outcome(JobState.FAILED, hung.describe(), hung)

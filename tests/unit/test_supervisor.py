@@ -140,6 +140,46 @@ def test_a_silent_idle_job_is_hung_with_every_ranks_stack_and_the_odd_one_named(
     assert all(node.terminated for node in backend.started[0])
 
 
+# py-spy's dump of a DeepSpeed rank stuck on a build lock a killed build left (as in deepspeedai/DeepSpeedExamples#302)
+ON_BUILD_LOCK = """Thread 46930 (idle): "MainThread"
+    wait (torch/utils/file_baton.py:42)
+    _jit_compile (torch/utils/cpp_extension.py:1522)
+    load (torch/utils/cpp_extension.py:1284)
+    jit_load (deepspeed/ops/op_builder/builder.py:480)
+    load (deepspeed/ops/op_builder/builder.py:449)
+    __init__ (deepspeed/runtime/engine.py:377)
+    initialize (deepspeed/__init__.py:156)
+    main (main.py:273)
+    <module> (main.py:328)
+Thread 47073 (idle): "Thread-1"
+    wait (threading.py:324)
+"""
+
+
+def test_ranks_waiting_on_a_stale_build_lock_are_called_so_in_the_hang_verdict(tmp_path: Path) -> None:
+    stacks = {0: {"ranks": [{"rank": r, "pid": 10 + r, "stack": ON_BUILD_LOCK} for r in (0, 1)]},
+              1: {"ranks": [{"rank": 2, "pid": 12, "stack": ON_BUILD_LOCK},
+                            {"rank": 3, "pid": 13, "stack": 'Thread 3 (idle): "MainThread"\n    barrier (main.py:9)'}]}}
+
+    def ranks(*numbers: int) -> str:
+        return sample(time.time(), *({"rank": r, "pid": 10 + r, "pids": [10 + r], "cpu_s": 1.0, "rss_bytes": 1,
+                                      "rss_peak_bytes": 1} for r in numbers))
+
+    state, row, *_ = _run(tmp_path, [[NodeScript([ranks(0, 1)], code=None), NodeScript([ranks(2, 3)], code=None)]],
+                          {"watch": {"stall_timeout": 0.5}}, stacks=stacks)
+    assert state == JobState.FAILED and row["first_failure"]["kind"] == "hang"
+    assert "rank(s) 0-2 wait on torch's build lock of a JIT-built op (torch's FileBaton.wait)" in row["reason"]
+    assert "TORCH_EXTENSIONS_DIR/<op>/lock" in row["reason"]
+
+
+def test_a_hang_elsewhere_says_nothing_of_build_locks(tmp_path: Path) -> None:
+    from launcher.run.stacks import RankStack, StackReport
+
+    report = StackReport(taken_at=0.0, attempt=0, ranks=[
+        RankStack(0, 0, "h1", 10, 'Thread 1 (idle): "MainThread"\n    wait (threading.py:324)\n    main (main.py:3)')])
+    assert report.on_build_lock is None
+
+
 def test_a_job_that_keeps_printing_is_alive(tmp_path: Path) -> None:
     chatty = NodeScript([output(f"epoch {i}") for i in range(3)], code=0)
     state, *_ = _run(tmp_path, [[chatty, NodeScript()]], {"watch": {"stall_timeout": 0.5}})
