@@ -287,10 +287,10 @@ def preflight(
     for node in plan.nodes:
         stage(Stage.PREFLIGHT, node.index, node.host, StageState.RUNNING)
     found = backend.preflight(plan)
-    if validation is not None:
-        found.problems.extend(_ds_problems(validation))
+    skippable = _ds_problems(validation) if validation is not None else []  # what --skip-check leaves out
     if run_check and len(found.facts) > 1:
-        found.problems.extend(version_differences({plan.nodes[i].host: f for i, f in sorted(found.facts.items())}))
+        skippable += version_differences({plan.nodes[i].host: f for i, f in sorted(found.facts.items())})
+    found.problems.extend(skippable)
     for node in plan.nodes:
         failed = any(problem.startswith((f"{node.host}:", f"node {node.index} ")) for problem in found.problems)
         stage(Stage.PREFLIGHT, node.index, node.host, StageState.FAILED if failed else StageState.DONE)
@@ -298,7 +298,9 @@ def preflight(
         raise PreflightError(
             f"preflight failed on {len(found.problems)} check(s); nothing was started:\n"
             + "\n".join(f"  {p}" for p in found.problems),
-            hint=found.hint or "`launch check` shows every node; `launch submit --skip-check` skips the version comparison",
+            hint=found.hint or "`launch check` shows every node" + (
+                "; `launch submit --skip-check` skips the version comparison and DeepSpeed's config check"
+                if skippable else ""),
         )
     if run_check and warn is not None:
         from launcher.run.checks import CheckedNode, node_warnings

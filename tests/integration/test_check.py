@@ -102,6 +102,7 @@ def test_submit_refuses_nodes_whose_versions_differ(tmp_path, home, testbed):
     assert result.returncode == 3, result.stderr
     assert "preflight failed" in result.stderr and "nothing was started" in result.stderr
     assert "python differs between nodes" in result.stderr
+    assert "`launch submit --skip-check` skips the version comparison" in result.stderr
     assert f"lt-h2={_python_version(SYSTEM_PYTHON)}" in result.stderr
     assert json.loads(run_cli(home, "status", "--json").stdout) == []
     assert _testbed_is_empty(testbed)
