@@ -40,12 +40,11 @@ class JobIdType(click.ParamType):
 JOB_ID = JobIdType()
 
 
-def complete_job_arguments(group: click.Group) -> None:
-    """Give every command's JOB (or JOBS) argument job-id completion: commands added later need nothing."""
-    for command in group.commands.values():
-        for param in command.params:
-            if isinstance(param, click.Argument) and param.name in JOB_ARGUMENTS and param.type is click.STRING:
-                param.type = JOB_ID
+def complete_job_arguments(command: click.Command) -> None:
+    """Give a command's JOB (or JOBS) argument job-id completion: commands need nothing in their own module."""
+    for param in command.params:
+        if isinstance(param, click.Argument) and param.name in JOB_ARGUMENTS and param.type is click.STRING:
+            param.type = JOB_ID
 
 
 @click.command()

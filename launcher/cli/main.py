@@ -11,11 +11,37 @@ import sys
 
 import click
 
+from launcher.cli.lazy import LazyGroup
 from launcher.cli.output import EXIT_CANCELLED
 from launcher.errors import LaunchError
 
+# Each command lives in its own module (which imports only click at module level) and is imported when used:
+# `launch status` loads launcher.cli.jobs alone.
+COMMANDS = {
+    "submit": "launcher.cli.submit:submit",
+    "plan": "launcher.cli.submit:plan_command",
+    "status": "launcher.cli.jobs:status",
+    "logs": "launcher.cli.jobs:logs",
+    "cancel": "launcher.cli.jobs:cancel",
+    "stacks": "launcher.cli.jobs:stacks_command",
+    "attach": "launcher.cli.attach:attach",
+    "check": "launcher.cli.specs:check",
+    "validate": "launcher.cli.specs:validate",
+    "schema": "launcher.cli.specs:schema",
+    "queue": "launcher.cli.queue:queue_command",
+    "trust": "launcher.cli.trust:trust",
+    "init": "launcher.cli.init:init",
+    "metrics": "launcher.cli.metrics:metrics",
+    "compare": "launcher.cli.metrics:compare",
+    "bench": "launcher.cli.metrics:bench",
+    "report": "launcher.cli.metrics:report",
+    "completion": "launcher.cli.completion:completion",
+}
+
 
 @click.group(
+    cls=LazyGroup,
+    lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="""\b
 Examples:
@@ -39,45 +65,6 @@ def cli() -> None:
     metrics in a job store (~/.launch, or $LAUNCH_HOME).
     """
 
-
-# Commands defined in their own modules (each imports only click at module level).
-# One import and one add_command line per command, in this block.
-from launcher.cli.submit import plan_command, submit  # noqa: E402
-
-cli.add_command(submit)
-from launcher.cli.jobs import cancel, logs, stacks_command, status  # noqa: E402
-
-cli.add_command(status)
-cli.add_command(plan_command)
-cli.add_command(logs)
-cli.add_command(cancel)
-cli.add_command(stacks_command)
-from launcher.cli.attach import attach  # noqa: E402
-
-cli.add_command(attach)
-from launcher.cli.specs import check, schema, validate  # noqa: E402
-
-cli.add_command(check)
-cli.add_command(validate)
-cli.add_command(schema)
-from launcher.cli.queue import queue_command  # noqa: E402
-
-cli.add_command(queue_command)
-from launcher.cli.trust import trust  # noqa: E402
-
-cli.add_command(trust)
-from launcher.cli.init import init  # noqa: E402
-
-cli.add_command(init)
-from launcher.cli.metrics import bench as bench_command  # noqa: E402
-from launcher.cli.metrics import compare as compare_command  # noqa: E402
-from launcher.cli.metrics import metrics as metrics_command  # noqa: E402
-from launcher.cli.metrics import report as report_command  # noqa: E402
-
-cli.add_command(metrics_command)
-cli.add_command(compare_command)
-cli.add_command(bench_command)
-cli.add_command(report_command)
 
 
 def quiet_libraries() -> None:
@@ -109,9 +96,3 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(0)
 
-
-# Shell completion: `launch completion SHELL`; every JOB argument completes job ids (keep this last).
-from launcher.cli.completion import complete_job_arguments, completion  # noqa: E402
-
-cli.add_command(completion)
-complete_job_arguments(cli)

@@ -72,9 +72,11 @@ def test_every_job_argument_completes_job_ids():
     from launcher.cli.completion import JOB_ID
     from launcher.cli.main import cli
 
-    completing = {name for name, command in cli.commands.items() if any(p.type is JOB_ID for p in command.params)}
+    ctx = click.Context(cli)
+    commands = {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+    completing = {name for name, command in commands.items() if any(p.type is JOB_ID for p in command.params)}
     assert completing >= set(JOB_COMMANDS)
-    for name, command in cli.commands.items():
+    for name, command in commands.items():
         for param in command.params:
             if isinstance(param, click.Argument) and param.name in ("job", "jobs"):
                 assert param.type is JOB_ID, f"`launch {name}` {param.name.upper()} does not complete job ids"

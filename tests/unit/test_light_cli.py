@@ -28,10 +28,27 @@ def test_control_plane_commands_stay_light(argv, tmp_path):
     assert result.stdout.strip().endswith("HEAVY:"), result.stdout
 
 
-def test_every_command_help_shows_an_example(capsys):
+def test_status_imports_no_other_commands_module(tmp_path):
+    """Commands are imported when used: `launch status` loads neither submit's, init's nor the metrics commands'."""
+    check = CHECK.replace('("torch", "deepspeed", "ray", "transformers")',
+                          '("launcher.cli.submit", "launcher.cli.init", "launcher.cli.metrics", "launcher.cli.specs")')
+    for argv in (["status"], ["status", "--json"]):
+        result = subprocess.run(
+            [sys.executable, "-c", check.format(argv=argv)], capture_output=True, text=True,
+            env={"LAUNCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True,
+        )
+        assert result.stdout.strip().endswith("HEAVY:"), result.stdout
+
+
+def test_every_command_is_named_as_it_is_listed_and_its_help_shows_an_example(capsys):
+    import click
+
     from launcher.cli.main import cli, main
 
-    for name in cli.commands:
+    names = cli.list_commands(click.Context(cli))
+    assert {"submit", "status", "logs", "cancel", "attach", "queue", "completion"} <= set(names)
+    for name in names:
+        assert cli.get_command(click.Context(cli), name).name == name
         try:
             main([name, "--help"])
         except SystemExit as exc:
