@@ -10,6 +10,7 @@ fetches the whole journal (logs and records into the store), and checks every li
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -68,4 +69,6 @@ def main(lines: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("lines", nargs="?", type=int, default=100_000, help="journal lines to replay")
+    main(parser.parse_args().lines)
