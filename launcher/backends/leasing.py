@@ -281,8 +281,9 @@ class _Turn:
 def start_leased(backend: Backend, plan: Plan, context: StartContext,
                  start: Callable[[float], tuple[Plan, Sequence[H]]]) -> tuple[Plan, Sequence[H]]:
     """``start(order)`` once the leases may be had: at once (``queue: fail``: a lost race is LeasesBusy), or, under
-    ``queue: wait``, when every host says the job's turn has come (again after a lost race)."""
-    order = time.time()
+    ``queue: wait``, when every host says the job's turn has come (again after a lost race). Jobs wait their turn in
+    the order they were submitted (``submitted_at``), however long each one's preflight took."""
+    order = submitted_at(context)
     hosts = host_leases(backend, plan)
     if not hosts or plan.queue != "wait":
         try:
@@ -301,6 +302,13 @@ def start_leased(backend: Backend, plan: Plan, context: StartContext,
                 fresh = True
     finally:
         turn.close()
+
+
+def submitted_at(context: StartContext) -> float:
+    """A job's place in the hosts' queues: when it was submitted (its record's ``created_at``, kept across restarts
+    and `launch attach`), or now where no record says."""
+    created = (context.record or {}).get("created_at")
+    return float(created) if isinstance(created, int | float) and not isinstance(created, bool) else time.time()
 
 
 def _said(context: StartContext, plan: Plan, started: tuple[Plan, Sequence[H]]) -> tuple[Plan, Sequence[H]]:

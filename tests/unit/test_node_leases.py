@@ -180,3 +180,23 @@ def test_deepspeeds_launcher_is_given_the_leased_gpus_of_its_node() -> None:
     assert [a for a in given if not a.startswith("--world_info=")] == [a for a in argv if not a.startswith("--world_info=")]
     torchrun = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "4", "train.py"]
     assert on_devices(torchrun, [4, 5, 6, 7]) == torchrun
+
+
+def test_jobs_wait_their_turn_in_the_order_they_were_submitted(tmp_path: Path, directory: Path) -> None:
+    """A job's ticket carries when it was submitted (its record's created_at), not when it first asked: the job
+    submitted first, whose preflight took longer, goes before a later one that was already waiting."""
+    from launcher.backends.base import StartContext
+
+    class NoLeases:
+        leases = False
+
+    asked: list[float] = []
+    context = StartContext(run_dir=tmp_path, secrets={}, grace=1.0, record={"created_at": 1.5})
+    leasing.start_leased(NoLeases(), None, context, lambda order: (asked.append(order), (None, []))[1])
+    assert asked == [1.5]
+    later = Holder(directory, "slot", "1", "1", "job-submitted-later", "2.0", mode="ticket")
+    assert later.said == "held"
+    first = leases.acquire("slot", 1, 1, {"job": "job-submitted-first"}, asked[0], directory=str(directory))
+    assert isinstance(first, leases.Lease), "the job submitted first lost its turn to one that asked before it"
+    first.release()
+    later.close()
