@@ -8,8 +8,8 @@ of Python, makes them importable as the package ``launch_node`` in that one proc
 import each other relatively) and runs COMMAND. A module is compiled when it is first imported, so
 a command pays for the modules it uses (``facts`` compiles 3 of the 19; compiling all of them took
 about 35 ms of every node command). No file is written and nothing needs installing on the node but
-a Python 3.10+; a ``launcher`` the node may have installed is left alone. Every command but ``facts`` (which
-reads the job interpreter's installed packages) uses the standard library alone and starts without ``site``
+a Python 3.10+; a ``launcher`` the node may have installed is left alone. Every command but ``facts`` and ``slurm``
+(which read the job interpreter's installed packages) uses the standard library alone and starts without ``site``
 (``-S``): in a virtualenv, site's processing of its .pth files was about 25 ms of CPU a start, three starts a
 node a job (facts, agent, follow) on every node.
 """
@@ -57,7 +57,9 @@ def payload() -> str:
     return base64.b64encode(zlib.compress(json.dumps(sources).encode(), 9)).decode()
 
 
-NEEDS_SITE = frozenset({"facts"})  # the node commands that read installed packages (versions, importable modules)
+# The node commands that read the job interpreter's installed packages (versions, importable modules): the facts
+# probe, and Slurm's node side, which probes its node's facts inside the allocation before it starts the agent.
+NEEDS_SITE = frozenset({"facts", "slurm"})
 
 
 def _interpreter(python: str, command: str) -> list[str]:
