@@ -11,7 +11,7 @@ the medians of each given too. Bare torchrun gets
 resolve, as on the CI box). Goal (docs/BENCHMARKS.md): the
 ratio launch / torchrun <= 1.05 (issue 20). The figure is printed last.
 
-    python scripts/bench_first_step.py [--repeats 5]
+    python scripts/bench_first_step.py [--repeats 25]
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def first_step(argv: list[str], env: dict[str, str], cwd: Path, ranks: int = 2) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=25,
+                        help="paired rounds (single rounds range 0.74-1.19x on a quiet 2-core VM: fewer mislead)")
     args = parser.parse_args()
     python = sys.executable
     launch = str(Path(python).with_name("launch"))

@@ -10,8 +10,8 @@ a command pays for the modules it uses (``facts`` compiles 3 of the 19; compilin
 about 35 ms of every node command). No file is written and nothing needs installing on the node but
 a Python 3.10+; a ``launcher`` the node may have installed is left alone. Every command but ``facts`` and ``slurm``
 (which read the job interpreter's installed packages) uses the standard library alone and starts without ``site``
-(``-S``): in a virtualenv, site's processing of its .pth files was about 25 ms of CPU a start, three starts a
-node a job (facts, agent, follow) on every node.
+(``-S``): in a virtualenv, site's processing of its .pth files was about 25 ms of CPU a start, and every node of
+every job starts two such commands (agent, follow) beside its facts probe.
 """
 
 from __future__ import annotations
