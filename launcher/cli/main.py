@@ -66,7 +66,6 @@ def cli() -> None:
     """
 
 
-
 def quiet_libraries() -> None:
     """Keep paramiko's own log records (its transport thread logs a whole traceback for a host that
     answers with something else than SSH) off the console: launch reports the problem in one line."""
@@ -95,4 +94,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
-
