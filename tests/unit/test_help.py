@@ -19,7 +19,9 @@ def _help(argv: list[str]) -> None:
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
-    for name, command in sorted(group.commands.items()):
+    context = click.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
         yield (*prefix, name)
         if isinstance(command, click.Group):
             yield from _commands(command, (*prefix, name))

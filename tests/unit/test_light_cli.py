@@ -40,20 +40,18 @@ def test_status_imports_no_other_commands_module(tmp_path):
         assert result.stdout.strip().endswith("HEAVY:"), result.stdout
 
 
-def test_every_command_is_named_as_it_is_listed_and_its_help_shows_an_example(capsys):
+def test_every_listed_command_is_imported_under_the_name_it_is_listed_by():
+    """A wrong ``module:attribute`` in the command table fails here, not in a user's terminal (tests/unit/test_help.py
+    runs every command's --help)."""
     import click
 
-    from launcher.cli.main import cli, main
+    from launcher.cli.main import cli
 
     names = cli.list_commands(click.Context(cli))
     assert {"submit", "status", "logs", "cancel", "attach", "queue", "completion"} <= set(names)
     for name in names:
-        assert cli.get_command(click.Context(cli), name).name == name
-        try:
-            main([name, "--help"])
-        except SystemExit as exc:
-            assert exc.code == 0
-        assert "Example" in capsys.readouterr().out, f"`launch {name} --help` has no example"
+        command = cli.get_command(click.Context(cli), name)
+        assert command is not None and command.name == name
 
 
 def test_status_of_a_running_job_reads_records_without_pydantic(tmp_path):
