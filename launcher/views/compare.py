@@ -19,6 +19,7 @@ from launcher.metrics.aggregate import as_records, summarize
 from launcher.metrics.columns import fmt, fmt_mem, fmt_pct
 from launcher.metrics.record import MetricRecord, RankUsage
 from launcher.store.db import TERMINAL
+from launcher.views.render import batch_text
 
 STRAGGLER_SLOWDOWN = 1.10
 
@@ -191,8 +192,7 @@ def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> l
         f"[bold]{escape(str(job['id']))}[/]  {escape(str(job['state']))}  "
         + escape(f"{job.get('strategy') or '(entrypoint)'}, {job.get('precision')}, "
                  f"{job.get('nnodes')} node(s) x {job.get('nproc_per_node')} = {job.get('world_size')} ranks"),
-        Text(f"  batch       global {job.get('global_batch')} = micro {job.get('micro_batch')} x accumulation "
-             f"{job.get('grad_accum')} x world {job.get('world_size')}"),
+        Text(f"  batch       {batch_text(job.get('global_batch'), job.get('micro_batch'), job.get('grad_accum'), job.get('world_size'))}"),
         f"  steps       {m['steps']}/{escape(str(job.get('max_steps')))}  ({m['records']} records, warm-up excluded)",
         f"  throughput  {fmt(m['samples_per_sec'])} samples/s, {fmt(m['tokens_per_sec'], '.0f')} tokens/s, "
         f"{fmt(m['steps_per_sec'], '.2f')} steps/s",

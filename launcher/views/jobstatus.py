@@ -9,6 +9,7 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any
 
+from launcher.views.render import batch_text
 from launcher.views.terminal import safe_lines
 
 if TYPE_CHECKING:
@@ -282,8 +283,7 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
              f"{obj['precision']}, {obj['nnodes']} node(s) x {_each(obj)} = {obj['world_size']} ranks, "
              f"attempt {obj['attempt']}"),
-        Text(f"  batch: global {obj['global_batch']} = micro {obj['micro_batch']} x accumulation {obj['grad_accum']}"
-             f" x world {obj['world_size']}"),
+        Text(f"  batch: {batch_text(obj['global_batch'], obj['micro_batch'], obj['grad_accum'], obj['world_size'])}"),
         *(Text(f"  elastic: {e['message']}") for e in events if e["kind"] == "elastic_restart"),
         Text(f"  metrics: {m.steps}/{obj['max_steps']} steps, {_fmt(m.samples_per_sec)} samples/s, "
              f"{_fmt(m.tokens_per_sec, '.0f')} tokens/s, step p50 {_fmt(m.step_time_ms_p50, '.1f', ' ms')}"

@@ -54,11 +54,19 @@ def plan_json(plan: Any) -> dict[str, Any]:
     return data
 
 
+def batch_text(global_batch: object, micro_batch: object = None, grad_accum: object = None,
+               world_size: object = None) -> str:
+    """``global 64 = micro 16 x accumulation 2 x world 2``; a job with no ``batch:`` (a user's program that
+    batches its own data, global None) says so instead."""
+    if global_batch is None:
+        return "(not given: the program batches its own data)"
+    return f"global {global_batch} = micro {micro_batch} x accumulation {grad_accum} x world {world_size}"
+
+
 def plan_text(plan: Any) -> str:
     """A readable dry-run of the plan."""
     b = plan.batch
-    batch = (f"global {b.global_batch} = micro {b.micro_batch} x accumulation {b.grad_accum} x world {b.world_size}"
-             if b is not None else "(not given: the program batches its own data)")
+    batch = batch_text(b.global_batch, b.micro_batch, b.grad_accum, b.world_size) if b is not None else batch_text(None)
     lines = [
         f"job {plan.job_id}  (dry run: nothing was contacted or started)",
         f"  cluster     {plan.cluster_name} (backend {plan.backend})",
