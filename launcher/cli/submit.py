@@ -158,15 +158,16 @@ def plan_command(job_file, cluster_file, overrides, as_json):
     job, plan = prepared.job, prepared.plan
     if job.recipe is None:
         raise LaunchError("`launch plan` estimates memory for built-in recipes; an entrypoint job's model is unknown")
-    chosen = plan.memory
+    chosen, batch = plan.memory, plan.batch
+    assert chosen is not None and batch is not None, "a recipe job's plan has its batch and memory estimate"
     gpu_gb = chosen.gpu_memory_gib
-    rows = fit.strategy_estimates(job, plan.batch.micro_batch, plan.nnodes, plan.nproc_per_node, gpu_gb)
+    rows = fit.strategy_estimates(job, batch.micro_batch, plan.nnodes, plan.nproc_per_node, gpu_gb)
     if as_json:
         click.echo(json.dumps({"plan": chosen.model_dump(mode="json"), "strategies": [r.__dict__ for r in rows]}, indent=2))
         return
     out = console()
     out.print(f"{job.name}: {job.recipe} on {render.world_text(plan)}, {job.precision}, "
-                  f"micro batch {plan.batch.micro_batch} (global {plan.batch.global_batch})")
+                  f"micro batch {batch.micro_batch} (global {batch.global_batch})")
     if plan.elastic:
         out.print(f"  elastic: min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}")
     for text in plan.warnings:

@@ -19,7 +19,8 @@ import click
 if TYPE_CHECKING:
     import paramiko
 
-    from launcher.backends.ssh.settings import SSHSettings, Target
+    from launcher.backends.ssh.settings import SSHSettings
+    from launcher.backends.ssh.target import Target
 
 
 @click.command()
@@ -50,7 +51,7 @@ def trust(hosts, cluster_file, yes, replace):
         results = fan_out(lambda target: fetch_host_key(target, pool), targets, settings.fanout)
     finally:
         pool.close()
-    failed = [error_text(result.error) if not result.ok else _trust_key(settings, result.key, result.value, yes, replace)
+    failed = [error_text(result.failure) if not result.ok else _trust_key(settings, result.key, result.got, yes, replace)
               for result in results]
     problems = [problem for problem in failed if problem]
     if problems:

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from launcher.metrics.record import RankUsage
-    from launcher.metrics.summary import RankSummary
 
 MB = 1024 * 1024
 
@@ -52,6 +51,13 @@ class Fields(Protocol):
         """The largest known value of a field."""
 
 
+class RankFigures(Protocol):
+    """What a job's figure reads of a rank's summary (``summary.RankSummary``, which is built from these columns)."""
+
+    def figure(self, name: str) -> float | None:
+        """A registered figure by name, None when unknown."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RankData:
     """One rank's part of an attempt: its records and its process samples."""
@@ -65,7 +71,7 @@ class AttemptData:
     """An attempt's records (all ranks), its per-rank summaries and process samples."""
 
     records: Fields
-    per_rank: Sequence[RankSummary]
+    per_rank: Sequence[RankFigures]
     usage: Sequence[RankUsage]
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent
+from yaml.events import AliasEvent, Event, ScalarEvent
 from yaml.resolver import Resolver
 
 from launcher.errors import SpecError
@@ -47,6 +47,7 @@ MAX_DEPTH = 64
 MAX_EXPANDED_CHARS = 4 << 20  # text once aliases are expanded: what a dry-run or the store would hold
 
 Loc = tuple[Any, ...]
+_N = TypeVar("_N", bound=yaml.Node)
 _CORE = "tag:yaml.org,2002:"
 SCALAR_TAGS = frozenset(_CORE + name for name in ("str", "int", "float", "bool", "null"))
 MERGE = _CORE + "merge"
@@ -59,7 +60,7 @@ class YAMLSyntaxError(SpecError):
 class _Refused(yaml.composer.ComposerError):
     """Valid YAML past a bound (size, depth) or with a recursive anchor."""
 
-    def __init__(self, problem: str, mark: yaml.Mark) -> None:
+    def __init__(self, problem: str, mark: Any) -> None:  # yaml.error.Mark, or libyaml's own Mark
         super().__init__(None, None, problem, mark)
 
 
@@ -93,8 +94,20 @@ class _Resolver(Resolver):
     }
 
 
+@dataclass(frozen=True)
+class _Extent:
+    """A composed node once its aliases are expanded: values, characters of text, levels of nesting."""
+
+    size: int
+    chars: int
+    levels: int
+
+
 class _SpecLoader(Composer, _Parser, SafeConstructor, _Resolver):
-    """libyaml's events composed by PyYAML's composer, which counts what it builds."""
+    """libyaml's events composed by PyYAML's composer, which counts what it builds.
+
+    What it learns of a node is kept by the node's id (the graph keeps every node alive while it is read):
+    its extent, and whether it is a plain scalar whose tag YAML guessed (``guessed``)."""
 
     def __init__(self, text: str) -> None:
         _Parser.__init__(self, text)
@@ -103,9 +116,16 @@ class _SpecLoader(Composer, _Parser, SafeConstructor, _Resolver):
         _Resolver.__init__(self)
         self.depth = 0
         self.built = 0
+        self.extents: dict[int, _Extent] = {}
+        self.guessed: set[int] = set()
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def _event(self) -> Event:
         event = self.peek_event()
+        assert event is not None, "the composer asks for a node only before the document's end"
+        return event
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self._event()
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise _Refused(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
@@ -113,23 +133,24 @@ class _SpecLoader(Composer, _Parser, SafeConstructor, _Resolver):
             node = super().compose_node(parent, index)
         finally:
             self.depth -= 1
-        if isinstance(event, AliasEvent) and not hasattr(node, "size"):
+        if isinstance(event, AliasEvent) and id(node) not in self.extents:
             raise _Refused(f"alias *{event.anchor} is inside the value it names (a recursive anchor)", event.start_mark)
         return node
 
-    def compose_scalar_node(self, anchor: str | None) -> yaml.Node:
+    def compose_scalar_node(self, anchor: Any) -> yaml.ScalarNode:
         self._count_built()
-        event = self.peek_event()
+        event = self._event()
         node = super().compose_scalar_node(anchor)
-        node.implicit = event.tag in (None, "!") and bool(event.implicit[0])  # a plain value whose tag YAML guessed
+        if isinstance(event, ScalarEvent) and event.tag in (None, "!") and event.implicit[0]:
+            self.guessed.add(id(node))
         return self._counted(node, [], len(node.value))
 
-    def compose_sequence_node(self, anchor: str | None) -> yaml.Node:
+    def compose_sequence_node(self, anchor: Any) -> yaml.SequenceNode:
         self._count_built()
         node = super().compose_sequence_node(anchor)
         return self._counted(node, node.value)
 
-    def compose_mapping_node(self, anchor: str | None) -> yaml.Node:
+    def compose_mapping_node(self, anchor: Any) -> yaml.MappingNode:
         self._count_built()
         node = super().compose_mapping_node(anchor)
         return self._counted(node, [child for pair in node.value for child in pair])
@@ -137,24 +158,35 @@ class _SpecLoader(Composer, _Parser, SafeConstructor, _Resolver):
     def _count_built(self) -> None:
         self.built += 1
         if self.built > MAX_VALUES:
-            raise _Refused(f"more than {MAX_VALUES} values", self.peek_event().start_mark)
+            raise _Refused(f"more than {MAX_VALUES} values", self._event().start_mark)
 
-    def _counted(self, node: yaml.Node, children: list[yaml.Node], chars: int = 0) -> yaml.Node:
+    def _counted(self, node: _N, children: list[yaml.Node], chars: int = 0) -> _N:
         """Record the node's size, text and depth once expanded (aliases included); refuse past the bounds."""
-        node.size = 1 + sum(child.size for child in children)
-        node.chars = chars + sum(child.chars for child in children)
-        node.levels = 1 + max((child.levels for child in children), default=0)
-        if node.size > MAX_VALUES:
+        below = [self.extents[id(child)] for child in children]
+        extent = self.extents[id(node)] = _Extent(
+            size=1 + sum(child.size for child in below),
+            chars=chars + sum(child.chars for child in below),
+            levels=1 + max((child.levels for child in below), default=0),
+        )
+        if extent.size > MAX_VALUES:
             raise _Refused(f"expands to more than {MAX_VALUES} values through aliases", node.start_mark)
-        if node.chars > MAX_EXPANDED_CHARS:
+        if extent.chars > MAX_EXPANDED_CHARS:
             raise _Refused(f"expands to more than {MAX_EXPANDED_CHARS >> 20} Mi characters of text through aliases",
                            node.start_mark)
-        if node.levels > MAX_DEPTH:
+        if extent.levels > MAX_DEPTH:
             raise _Refused(f"nested deeper than {MAX_DEPTH} levels through aliases", node.start_mark)
         return node
 
 
-def compose(text: str, source: str) -> yaml.Node | None:
+@dataclass(frozen=True)
+class _Composed:
+    """A document's node graph and the ids of its plain scalars whose tag YAML guessed."""
+
+    node: yaml.Node | None
+    guessed: frozenset[int]
+
+
+def compose(text: str, source: str) -> _Composed:
     """The document's node graph, sizes checked; YAMLSyntaxError or SpecError naming the line."""
     try:
         text.encode("utf-8")
@@ -162,7 +194,7 @@ def compose(text: str, source: str) -> yaml.Node | None:
         raise SpecError(f"{source}: not UTF-8 text (undecodable byte at character {exc.start + 1})") from None
     loader = _SpecLoader(text)
     try:
-        return loader.get_single_node()
+        return _Composed(loader.get_single_node(), frozenset(loader.guessed))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}" if mark else source
@@ -182,9 +214,9 @@ def compose(text: str, source: str) -> yaml.Node | None:
         loader.dispose()
 
 
-def to_data(node: yaml.Node, source: str) -> Document:
+def to_data(node: yaml.Node, guessed: frozenset[int], source: str) -> Document:
     """Plain data of a composed document (merges applied, nothing shared); SpecError listing every problem."""
-    builder = _Builder(source)
+    builder = _Builder(source, guessed)
     data = builder.build(node, ())
     if builder.problems:
         problems = sorted(builder.problems.items())
@@ -196,18 +228,19 @@ def to_data(node: yaml.Node, source: str) -> Document:
 
 def parse_document(text: str, source: str) -> Document:
     """Parse ``text`` (whose top level must be a mapping) into plain data and line numbers."""
-    node = compose(text, source)
+    composed = compose(text, source)
+    node = composed.node
     if node is None:
         raise SpecError(f"{source}: the file is empty; expected a mapping of spec keys")
     if not isinstance(node, yaml.MappingNode):
         raise SpecError(f"{source}:{node.start_mark.line + 1}: expected a mapping of spec keys at the top level")
-    return to_data(node, source)
+    return to_data(node, composed.guessed, source)
 
 
 def parse_value(text: str, source: str) -> Any:
     """One value (a ``--set`` right-hand side) under the same rules; None when it holds no value."""
-    node = compose(text, source)
-    return None if node is None else to_data(node, source).data
+    composed = compose(text, source)
+    return None if composed.node is None else to_data(composed.node, composed.guessed, source).data
 
 
 _LEGACY_OCTAL = re.compile(r"[-+]?0[0-9_]+")
@@ -227,8 +260,9 @@ def _tag_name(tag: str) -> str:
 class _Builder:
     """Walks a composed graph into fresh dicts and lists, collecting problems by line."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, guessed: frozenset[int]) -> None:
         self.source = source
+        self.guessed = guessed
         self.lines: dict[Loc, int] = {}
         self.problems: dict[tuple[int, str], None] = {}
         self._scalars = SafeConstructor()
@@ -252,7 +286,7 @@ class _Builder:
 
     def _scalar(self, node: yaml.ScalarNode) -> Any:
         if node.tag in (_CORE + "int", _CORE + "float") and ":" in node.value:
-            if getattr(node, "implicit", False):
+            if id(node) in self.guessed:
                 return node.value  # YAML 1.1's base 60 (1:30 = 90); YAML 1.2 reads it as text, so does launch
             self.problem(node, f"cannot read {node.value[:40]!r} as {_tag_name(node.tag)}: base-60 numbers "
                                "(YAML 1.1) are not read; write the number itself")

@@ -17,8 +17,8 @@ import pytest
 
 from launcher.backends.ssh.backend import SSHBackend
 from launcher.backends.ssh.connection import Connection
-from launcher.backends.ssh.settings import Target
 from launcher.backends.ssh.sync import sync_workdir
+from launcher.backends.ssh.target import Target
 from launcher.node import proctree, rundir
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec

@@ -13,9 +13,10 @@ def _module(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
-def _imports(path: Path, typing_too: bool = False) -> set[str]:
-    """The launcher modules ``path`` imports (at any depth; under ``if TYPE_CHECKING:`` only with ``typing_too``)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _imports(path: Path, typing_too: bool = False, source: str | None = None) -> set[str]:
+    """The launcher modules ``path`` imports (at any depth; under ``if TYPE_CHECKING:`` only with ``typing_too``);
+    ``source``: the module's text, read from ``path`` when not given."""
+    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source)
     package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
     found: set[str] = set()
 
@@ -75,18 +76,19 @@ def test_every_module_sits_in_a_known_layer() -> None:
 
 
 def test_the_direction_test_sees_an_upward_import() -> None:
-    """The AST reader finds a type-only import of a higher layer (the knot the planner once had)."""
+    """The AST reader finds a type-only import of a higher layer (the knot the planner once had), and a relative one.
+    The module is never written: another test's walk of launcher/ would find it."""
     module = PACKAGE / "plan" / "_probe_upward.py"
-    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.backends.base import Backend\n")
-    try:
-        assert _imports(module) == set()
-        assert "launcher.backends.base" in _imports(module, typing_too=True)
-    finally:
-        module.unlink()
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from launcher.backends.base import Backend\n"
+    assert not module.exists()
+    assert _imports(module, source=source) == set()
+    assert "launcher.backends.base" in _imports(module, typing_too=True, source=source)
+    assert "launcher.plan.batch" in _imports(module, source="from .batch import BatchPlan\n")
 
 
 def test_no_import_cycles_among_launcher_modules() -> None:
-    graph = _graph()
+    """Type-only imports count: a cycle through ``if TYPE_CHECKING:`` is still two modules that need each other."""
+    graph = _graph(typing_too=True)
     cycles = []
     state: dict[str, int] = {}
     stack: list[str] = []

@@ -14,7 +14,8 @@ import pytest
 from launcher.backends.ssh import settings as ssh_settings
 from launcher.backends.ssh.connection import fan_out
 from launcher.backends.ssh.hostkeys import HostKeyError, check_host_key, load_known_hosts
-from launcher.backends.ssh.settings import SSHSettings, Target
+from launcher.backends.ssh.settings import SSHSettings
+from launcher.backends.ssh.target import Target
 from launcher.spec.cluster import ClusterSpec, SSHSpec
 
 

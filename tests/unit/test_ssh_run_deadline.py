@@ -13,7 +13,7 @@ import pytest
 
 from launcher.backends.ssh import connection
 from launcher.backends.ssh.connection import Connection
-from launcher.backends.ssh.settings import Target
+from launcher.backends.ssh.target import Target
 from launcher.errors import LaunchError
 
 

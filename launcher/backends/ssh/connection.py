@@ -20,7 +20,8 @@ from typing import Generic, TypeVar, cast
 import paramiko
 
 from launcher.backends.ssh.hostkeys import KnownHosts, check_host_key
-from launcher.backends.ssh.settings import SSHSettings, Target
+from launcher.backends.ssh.settings import SSHSettings
+from launcher.backends.ssh.target import Target
 from launcher.errors import LaunchError
 from launcher.plan.shell import render_command
 
@@ -38,13 +39,13 @@ T = TypeVar("T")
 K = TypeVar("K")
 
 
-class _CheckKnownHosts(paramiko.RejectPolicy):
-    """RejectPolicy that says which host and key it rejected."""
+class _CheckKnownHosts(paramiko.MissingHostKeyPolicy):
+    """Accepts a host's key only if known_hosts holds it, else says which host and key it rejected."""
 
     def __init__(self, target: Target, known: KnownHosts, known_hosts: Path) -> None:
         self.target, self.known, self.known_hosts = target, known, known_hosts
 
-    def missing_host_key(self, client, hostname, key) -> None:
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         check_host_key(self.known, self.target, key, self.known_hosts)
 
 
@@ -64,7 +65,11 @@ class Connection:
         self.target = target
         self.client = client
         self._peer = peer
-        self.transport = client.get_transport()
+        transport = client.get_transport()
+        if transport is None:
+            client.close()
+            raise LaunchError(f"{target.label}: the SSH connection closed as it opened")
+        self.transport = transport
         self.transport.set_keepalive(KEEPALIVE_S)
         self.transport.sock.settimeout(TRANSPORT_POLL_S)
 
@@ -186,8 +191,8 @@ def connect(
     try:
         client.connect(
             target.hostname, port=target.port, username=target.user, sock=sock,
-            key_filename=list(target.key_files) or None, look_for_keys=not target.key_files,
-            allow_agent=not target.key_files, timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
+            key_filename=list(target.key_files) or None,  # type: ignore[arg-type]  # a list too (stubs say str)
+            look_for_keys=not target.key_files, allow_agent=not target.key_files, timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
         )
     except paramiko.BadHostKeyException as exc:
         client.close()

@@ -17,7 +17,7 @@ from launcher.errors import LaunchError, PreflightError
 from launcher.spec.files import read_regular
 
 if TYPE_CHECKING:
-    from launcher.backends.ssh.settings import Target
+    from launcher.backends.ssh.target import Target
 
 MAX_SSH_FILE_BYTES = 64 * 2**20  # a known_hosts or ssh config file: never a FIFO or a device, never unbounded
 
@@ -35,6 +35,8 @@ def fingerprint(key: paramiko.PKey) -> str:
 class KnownHosts(paramiko.HostKeys):
     """known_hosts entries, and the keys its ``@revoked`` lines name (never trusted, for any host). Looked up by name
     in a dict: paramiko's own path re-parses and scans the file per client (20 s for 1,158 entries in an Ansible report)."""
+
+    _entries: list[HostKeyEntry]  # paramiko.HostKeys' own list of entries (its stubs do not declare it)
 
     def __init__(self) -> None:
         super().__init__()

@@ -7,39 +7,17 @@ from __future__ import annotations
 import getpass
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
 from launcher.backends.ssh.hostkeys import MAX_SSH_FILE_BYTES, KnownHosts, load_known_hosts
+from launcher.backends.ssh.target import Target
 from launcher.errors import LaunchError
 from launcher.spec.cluster import SSHSpec
 from launcher.spec.files import expand_user, read_regular
 from launcher.spec.hosts import Hop, check_host, check_port, parse_jump_hosts
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where and as whom to connect: one host after ``~/.ssh/config`` and cluster.yaml."""
-
-    alias: str
-    hostname: str
-    port: int
-    user: str
-    key_files: tuple[str, ...] = ()
-    via: Target | None = None
-
-    @property
-    def label(self) -> str:
-        """``alias (hostname:port)``, for messages."""
-        return f"{self.alias} ({self.hostname}:{self.port})"
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The name the host's key is filed under in known_hosts (OpenSSH's convention)."""
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
 
 class SSHSettings:

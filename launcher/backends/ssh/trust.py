@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import paramiko
 
     from launcher.backends.ssh.connection import Pool
-    from launcher.backends.ssh.settings import Target
+    from launcher.backends.ssh.target import Target
 
 
 def fetch_host_key(target: Target, pool: Pool) -> paramiko.PKey:
