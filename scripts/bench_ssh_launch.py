@@ -82,7 +82,7 @@ def fan_out_floor(bed: testbed.Testbed, hosts: int) -> float:
     """Seconds to connect to ``hosts`` hosts and run ``true`` on each, in parallel: the fan-out alone."""
     from launcher.backends.ssh.connection import Pool, fan_out
     from launcher.backends.ssh.settings import SSHSettings
-    from launcher.spec.cluster import SSHSpec
+    from launcher.backends.ssh.spec import SSHSpec
 
     settings = SSHSettings(SSHSpec(user="root", key_file=str(bed.key_file), known_hosts=str(bed.known_hosts),
                                    config_file=str(bed.ssh_config)))

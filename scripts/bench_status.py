@@ -38,13 +38,13 @@ def synthetic_source(home: Path, steps: int = 50) -> str:
     loss 1/step, the peak RSS, no GPU) and one process sample; its id."""
     import random
 
-    from launcher.backends import plan_job
+    from launcher.backends import cluster_spec, plan_job
     from launcher.metrics.record import MetricRecord
     from launcher.run.recorded import stored_spec
-    from launcher.spec import ClusterSpec, JobSpec
+    from launcher.spec import JobSpec
 
     job = JobSpec(name="ticker", entrypoint=["python", "ticker.py"], resources={"nodes": 1, "nproc_per_node": 1})
-    cluster = ClusterSpec(name="local")
+    cluster = cluster_spec(name="local")
     job_id = f"ticker-{os.urandom(4).hex()}"
     store = Store(home)
     store.create_job(plan_job(job, cluster, job_id, rdzv_port=29500), stored_spec(job, cluster, False))

@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def fill_store(home: Path, jobs: int, records: int, log_mb: int) -> str:
-    from launcher.backends import plan_job
-    from launcher.spec import ClusterSpec, JobSpec
+    from launcher.backends import cluster_spec, plan_job
+    from launcher.spec import JobSpec
     from launcher.store.db import LAUNCHING, RUNNING, Store
 
     store = Store(home)
     spec = JobSpec(name="bench", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, max_steps=100000)
-    plan = plan_job(spec, ClusterSpec(name="local"), "bench-00000000", rdzv_port=29500)
+    plan = plan_job(spec, cluster_spec(name="local"), "bench-00000000", rdzv_port=29500)
     for i in range(jobs):
         store.create_job(plan.model_copy(update={"job_id": f"bench-{i:08x}"}), {})
     job_id = f"bench-{jobs - 1:08x}"

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
@@ -32,6 +32,7 @@ from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.job import JobSpec
 
 NODE_COMMAND_TIMEOUT_S = 60.0
+C = TypeVar("C", bound=ClusterSpec)
 
 
 @dataclass
@@ -162,8 +163,9 @@ class SweepReport:
         ]
 
 
-class Backend(ABC):
-    """Executes plans on one kind of cluster. Subclasses register in ``launcher.backends.BACKENDS``."""
+class Backend(ABC, Generic[C]):
+    """Executes plans on one kind of cluster (``C``: its backend's cluster model). Subclasses register in
+    ``launcher.backends.BACKENDS``."""
 
     name: ClassVar[str]
     #: nodes are placed by the backend at launch (Ray, Slurm): the plan holds placeholders until then
@@ -172,7 +174,7 @@ class Backend(ABC):
     #: scheduler answers at once, the nodes' own checks run in ``start`` (re-planned through ``StartContext.place``)
     places_at_start: ClassVar[bool] = False
 
-    def __init__(self, cluster: ClusterSpec) -> None:
+    def __init__(self, cluster: C) -> None:
         self.cluster = cluster
         #: the generation of the supervisor using this backend (None: `launch cancel` of a job without one): the
         #: nodes refuse its signals and sweeps once they record a newer one (``fenced_command``)
@@ -186,7 +188,7 @@ class Backend(ABC):
     leases: ClassVar[bool] = False
 
     @classmethod
-    def plan_policy(cls, job: JobSpec, cluster: ClusterSpec) -> PlanPolicy:
+    def plan_policy(cls, job: JobSpec, cluster: C) -> PlanPolicy:
         """This backend's choices for planning ``job`` on ``cluster``, as the value the planner reads."""
         return PlanPolicy(
             nodes=tuple(cls.plan_nodes(cluster, job.resources.nodes)),
@@ -201,27 +203,27 @@ class Backend(ABC):
         )
 
     @classmethod
-    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+    def plan_nodes(cls, cluster: C, count: int) -> list[NodeSpec]:
         """The nodes a job of ``count`` nodes is planned on (placeholders where placed later)."""
         return list(cluster.nodes[:count])
 
     @classmethod
-    def default_python(cls, cluster: ClusterSpec) -> str:
+    def default_python(cls, cluster: C) -> str:
         """The interpreter the nodes run when the cluster spec names none."""
         return cluster.python or "python3"
 
     @classmethod
-    def pinned_interface(cls, cluster: ClusterSpec) -> tuple[str, str] | None:
+    def pinned_interface(cls, cluster: C) -> tuple[str, str] | None:
         """(interface, where it comes from) when the backend fixes it, else None (pinned in the spec, or probed)."""
         return None
 
     @classmethod
-    def uses_hcas(cls, cluster: ClusterSpec) -> bool:
+    def uses_hcas(cls, cluster: C) -> bool:
         """Whether InfiniBand HCAs are probed and set on this backend's nodes."""
         return True
 
     @classmethod
-    def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
+    def resource_problems(cls, job: JobSpec, cluster: C) -> list[str]:
         """What the cluster can never give this job (checked at plan time)."""
         if cls.places_nodes:
             return []
@@ -231,27 +233,27 @@ class Backend(ABC):
         return []
 
     @classmethod
-    def spare_nodes(cls, cluster: ClusterSpec, wanted: int) -> int | None:
+    def spare_nodes(cls, cluster: C, wanted: int) -> int | None:
         """How many nodes beyond ``wanted`` a restart could move to (None: this backend cannot leave nodes out)."""
         return None
 
     @classmethod
-    def resolve_defaults(cls, cluster: ClusterSpec) -> ClusterSpec:
+    def resolve_defaults(cls, cluster: C) -> C:
         """The cluster spec with what this backend fills in when the spec leaves it out."""
         return cluster
 
     @classmethod  # noqa: B027 (an optional hook: most backends cannot know the nodes' memory before launch)
-    def check_host_memory(cls, job: JobSpec, cluster: ClusterSpec, plan: Plan) -> None:
+    def check_host_memory(cls, job: JobSpec, cluster: C, plan: Plan) -> None:
         """Refuse (PlanError) a job whose processes cannot fit the nodes' host memory, when the backend
         knows it before launch."""
 
     @classmethod
-    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+    def check_hosts(cls, cluster: C) -> list[str]:
         """The nodes `launch check` covers, by host name (node ``index`` of ``run_on_node(None, index, ...)``)."""
         return [node.host for node in cluster.nodes]
 
     @classmethod
-    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+    def bandwidth_nodes(cls, cluster: C) -> int:
         """How many nodes `launch check`'s all-reduce job runs on."""
         return len(cls.check_hosts(cluster))
 

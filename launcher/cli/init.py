@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from launcher.backends.ssh.spec import SSHSpec
     from launcher.backends.ssh.survey import Difference, HostReport, PythonChoice
-    from launcher.spec.cluster import SSHSpec
 
 RAY_ADDRESS = re.compile(r"auto|(ray://)?[^\s:/]+:\d{1,5}")
 SSH_ONLY = ("user", "key_file", "port", "known_hosts", "ssh_config", "jump_host", "python")
@@ -83,7 +83,7 @@ def init(hosts, user, key_file, port, known_hosts, ssh_config, jump_host, python
     elif ray_address:
         _write_ray(command, target, overwrite, name or target.stem, ray_address)
     else:
-        from launcher.spec.cluster import SSHSpec
+        from launcher.backends.ssh.spec import SSHSpec
 
         ssh = SSHSpec(**{key: value for key, value in {
             "user": user, "port": port, "key_file": _spec_path(key_file), "known_hosts": _spec_path(known_hosts),
@@ -113,11 +113,12 @@ def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tu
     from launcher.backends.ssh import survey
     from launcher.backends.ssh.backend import SSHBackend
     from launcher.backends.ssh.clusterfile import SSHDraft, ssh_cluster_text, write
+    from launcher.backends.ssh.spec import SSHCluster
     from launcher.errors import PreflightError
-    from launcher.spec.cluster import ClusterSpec, NodeSpec
+    from launcher.spec.cluster import NodeSpec
     from launcher.views.render import console
 
-    cluster = ClusterSpec(name=name, backend="ssh", ssh=ssh, nodes=[NodeSpec(host=h) for h in hosts])
+    cluster = SSHCluster(name=name, backend="ssh", ssh=ssh, nodes=[NodeSpec(host=h) for h in hosts])
     backend = SSHBackend(cluster)
     try:
         problems = survey.trust_keys(

@@ -258,10 +258,9 @@ def stacks_command(job):
     """
     from rich.text import Text
 
-    from launcher.backends import get_backend
+    from launcher.backends import cluster_spec, get_backend
     from launcher.plan.planner import Plan
     from launcher.run import stacks
-    from launcher.spec.cluster import ClusterSpec
     from launcher.store.db import Store
     from launcher.store.states import is_terminal
 
@@ -273,7 +272,7 @@ def stacks_command(job):
             raise LaunchError(f"job {row['id']} ended {row['state']} and no stacks were taken; stacks are taken from "
                               "running jobs, and from hung or stalled ones before they are torn down")
     else:
-        backend = get_backend(ClusterSpec.model_validate(row["spec"]["cluster"]))
+        backend = get_backend(cluster_spec(row["spec"]["cluster"]))
         try:
             report = stacks.collect(backend, Plan.model_validate(row["plan"]), store, row["attempt"])
         finally:

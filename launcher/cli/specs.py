@@ -64,7 +64,8 @@ def validate(files):
       launch validate jobs/*.yaml cluster.yaml examples/clusters/*.yaml
       launch validate my_job.yaml        # each problem as file:line: field; exit 2
     """
-    from launcher.spec.load import load_cluster, load_job
+    from launcher.backends import load_cluster
+    from launcher.spec.load import load_job
 
     failed = []
     for path in files:
@@ -100,7 +101,12 @@ def schema(kind):
       launch schema cluster > cluster.schema.json
       # then, as the first line of a job file: # yaml-language-server: $schema=job.schema.json
     """
-    from launcher.spec import ClusterSpec, JobSpec
+    if kind == "job":
+        from launcher.spec.job import JobSpec
 
-    model = JobSpec if kind == "job" else ClusterSpec
-    click.echo(json.dumps(model.model_json_schema(), indent=2))
+        found = JobSpec.model_json_schema()
+    else:
+        from launcher.backends import cluster_models
+
+        found = cluster_models().json_schema()
+    click.echo(json.dumps(found, indent=2))

@@ -61,14 +61,15 @@ def trust(hosts, cluster_file, yes, replace):
 def _targets(hosts: tuple[str, ...], cluster_file: str | None) -> tuple[SSHSettings, list[Target]]:
     """The SSH settings to use and one target a host (all the cluster's nodes when no HOST is named)."""
     from launcher.backends.ssh.settings import SSHSettings
-    from launcher.spec.cluster import SSHSpec
+    from launcher.backends.ssh.spec import SSHCluster, SSHSpec
 
     spec, nodes = SSHSpec(), {}
     if cluster_file:
-        from launcher.spec.load import load_cluster
+        from launcher.backends import load_cluster
 
         cluster = load_cluster(cluster_file)
-        spec, nodes = cluster.ssh, {node.host: node for node in cluster.nodes}
+        spec = cluster.ssh if isinstance(cluster, SSHCluster) else spec
+        nodes = {node.host: node for node in cluster.nodes}
         hosts = hosts or tuple(nodes)
     if not hosts:
         raise click.UsageError("name at least one HOST, or a cluster with --cluster FILE")

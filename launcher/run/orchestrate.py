@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.backends import Backend, backend_class, get_backend, plan_job
+from launcher.backends import Backend, backend_class, cluster_spec, get_backend, plan_job
 from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
 from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import PreflightError, SpecError
@@ -54,11 +54,11 @@ def new_job_id(name: str) -> str:
 def load_cluster_spec(path: str | None) -> ClusterSpec:
     """The cluster from ``--cluster``, else ./cluster.yaml, else the embedded local default,
     with what its backend fills in (the local cluster: this machine's CPUs, GPUs, directory)."""
-    from launcher.spec.load import load_cluster
+    from launcher.backends import load_cluster
 
     if path is None and os.path.exists(DEFAULT_CLUSTER_FILE):
         path = DEFAULT_CLUSTER_FILE
-    cluster = load_cluster(path) if path else ClusterSpec(name="local", backend="local")
+    cluster = load_cluster(path) if path else cluster_spec(name="local", backend="local")
     return backend_class(cluster.backend).resolve_defaults(cluster)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from launcher.backends import cluster_spec
 from launcher.errors import LaunchError
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
@@ -39,7 +40,7 @@ class RecordedJob:
         spec: dict[str, Any] = row["spec"] if isinstance(row.get("spec"), dict) else {}
         try:
             return cls(id=row["id"], state=JobState(row["state"]), plan=Plan.model_validate(row.get("plan")),
-                       job=JobSpec.model_validate(spec.get("job")), cluster=ClusterSpec.model_validate(spec.get("cluster")),
+                       job=JobSpec.model_validate(spec.get("job")), cluster=cluster_spec(spec.get("cluster")),
                        check=spec.get("check", True) is not False, supervisor_pid=row.get("supervisor_pid"))
         except (ValidationError, ValueError) as exc:
             raise LaunchError(f"job {row['id']}: its stored record cannot be read back: {exc}") from None

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from launcher.backends import Backend
+from launcher.backends import Backend, cluster_spec
 from launcher.errors import LaunchError
 from launcher.plan.planner import Plan
 from launcher.run.recorded import RecordedJob, stored_spec
@@ -144,7 +144,7 @@ def parse_record(record: dict[str, Any], job_id: str, given: ClusterSpec) -> Nod
     try:
         plan = Plan.model_validate(record.get("plan"))
         job = JobSpec.model_validate(spec.get("job"))
-        ran_on = ClusterSpec.model_validate(spec.get("cluster"))
+        ran_on = cluster_spec(spec.get("cluster"))
     except (ValidationError, ValueError, TypeError) as exc:
         raise LaunchError(f"job {job_id}: the record its nodes keep cannot be read back: {exc}") from None
     cluster = on_cluster(ran_on, given, job_id)

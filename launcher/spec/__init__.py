@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ClusterSpec", "JobSpec", "NodeSpec", "load_cluster", "load_job"]
+__all__ = ["ClusterSpec", "JobSpec", "NodeSpec", "load_job"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,8 +20,8 @@ def __getattr__(name: str) -> Any:
         from launcher.spec.job import JobSpec
 
         return JobSpec
-    if name in ("load_cluster", "load_job"):
-        from launcher.spec import load
+    if name == "load_job":
+        from launcher.spec.load import load_job
 
-        return getattr(load, name)
+        return load_job
     raise AttributeError(f"module 'launcher.spec' has no attribute {name!r}")

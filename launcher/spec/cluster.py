@@ -1,16 +1,19 @@
-"""The cluster spec: where jobs run and how to reach the nodes."""
+"""The cluster spec's common part: its name, nodes, GPUs, network, interpreter and directories.
+
+A backend's own section (``ssh:``, ``slurm:``...) lives in the backend's package, in its subclass of ``ClusterSpec``.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, NamedTuple
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from launcher.spec.base import Strict
 from launcher.spec.container import ContainerSpec
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, Arg, FiniteFloat, Line, Name, NonEmptyLine
-from launcher.spec.hosts import check_host, parse_jump_hosts
-from launcher.spec.slurm import SlurmSpec
+from launcher.spec.hosts import check_host
 
 Host = Annotated[str, AfterValidator(check_host)]
 User = Annotated[Name, AfterValidator(lambda v: _no_space(v, "a user name"))]
@@ -20,6 +23,14 @@ def _no_space(value: str, what: str) -> str:
     if any(ch.isspace() for ch in value):
         raise ValueError(f"{what} cannot contain spaces")
     return value
+
+
+class NamedFile(NamedTuple):
+    """A file on this machine that a spec names and launch reads: its key path, its path as written."""
+
+    loc: tuple[str, ...]
+    path: str
+    may_be_missing: bool
 
 
 class NodeSpec(Strict):
@@ -40,40 +51,6 @@ class NodeSpec(Strict):
         return self.gpus or self.slots or 8
 
 
-class SSHSpec(Strict):
-    user: User | None = None
-    port: int = Field(22, ge=1, le=65535)
-    key_file: Line | None = None
-    known_hosts: Line = "~/.ssh/known_hosts"
-    config_file: Line = "~/.ssh/config"
-    jump_host: Line | None = Field(None, description="ProxyJump: [user@]host[:port], comma-separated hops, or 'none'.")
-    connect_timeout: FiniteFloat = Field(10.0, gt=0, le=3600)
-    fanout: int = Field(32, ge=1, le=1024, description="Hosts contacted at once (connect, preflight, start, check, "
-                        "cancel), as pdsh's -f; 32 like pdsh's default.")
-
-    @field_validator("jump_host")
-    @classmethod
-    def _jump_host(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_jump_hosts(v)
-        return v
-
-
-class RaySpec(Strict):
-    address: Line = Field("auto", description="'auto' on a cluster node, or ray://HOST:10001.")
-    placement_timeout: FiniteFloat = Field(60.0, gt=0, le=86400, description="Seconds to wait for the placement group.")
-    cpus_per_node: FiniteFloat | None = Field(
-        None, gt=0, le=65536, description="CPUs each node bundle asks for (default: nproc).",
-    )
-
-
-class LocalSpec(Strict):
-    gpus: int | None = Field(None, ge=0, le=MAX_PROCS_PER_NODE,
-                             description="GPUs on this machine (default: those nvidia-smi lists); 0 runs gloo on CPU slots.")
-    slots: int | None = Field(None, ge=1, le=MAX_PROCS_PER_NODE,
-                              description="Processes the machine takes without GPUs (default: the CPUs launch may use).")
-
-
 class GPUSpec(Strict):
     name: Name | None = None
     memory_gb: FiniteFloat | None = Field(None, gt=0, le=1e6)
@@ -92,13 +69,15 @@ class RendezvousSpec(Strict):
 
 
 class ClusterSpec(Strict):
+    """What every cluster has, whatever its backend: the common part of every backend's cluster model.
+
+    Each backend's package subclasses it with its ``backend:`` name and its own section (``ssh:``,
+    ``slurm:``...); ``launcher.spec.clusters`` makes the registered ones one union chosen by ``backend:``.
+    """
+
     name: Name
-    backend: Literal["local", "ssh", "ray", "slurm"] = "local"
-    ssh: SSHSpec = SSHSpec()
+    backend: str = "local"
     nodes: list[NodeSpec] = Field(default_factory=list, max_length=MAX_NODES)
-    local: LocalSpec = LocalSpec()
-    ray: RaySpec = RaySpec()
-    slurm: SlurmSpec = SlurmSpec()
     gpu: GPUSpec = GPUSpec()
     network: NetworkSpec = NetworkSpec()
     rendezvous: RendezvousSpec = RendezvousSpec()
@@ -114,46 +93,18 @@ class ClusterSpec(Strict):
         None, description="The default container of this cluster's jobs (docs/CONTAINERS.md); a job's own section wins.",
     )
 
-    @field_validator("nodes")
-    @classmethod
-    def _distinct_nodes(cls, nodes: list[NodeSpec], info: ValidationInfo) -> list[NodeSpec]:
-        """Two entries for one host (same name and port, or same address) would start two agents there."""
-        ssh = info.data.get("ssh") or SSHSpec()
-        problems: list[str] = []
-        seen: dict[object, int] = {}
-        for index, node in enumerate(nodes):
-            keys: list[tuple[str, object]] = [(f"host {node.host} port {node.port or ssh.port}", (node.host.lower(), node.port or ssh.port))]
-            if node.address and node.address != "auto":
-                keys.append((f"address {node.address}", node.address.lower()))
-            for shown, key in keys:
-                if key in seen:
-                    problems.append(f"nodes {seen[key]} and {index} are the same node ({shown})")
-                seen.setdefault(key, index)
-        if problems:
-            raise ValueError("; ".join(problems) + "; list each node once")
-        return nodes
+    def model_post_init(self, context: Any, /) -> None:
+        if type(self) is ClusterSpec:
+            raise TypeError("ClusterSpec is the part every backend's cluster model shares; make a cluster through "
+                            "its backend's model or launcher.backends.cluster_spec")
 
-    @model_validator(mode="after")
-    def _nodes_for_backend(self) -> ClusterSpec:
-        if self.backend == "ssh" and not self.nodes:
-            raise ValueError("backend 'ssh' needs 'nodes': a list of {host: ...}")
-        if self.backend == "local" and self.nodes:
-            raise ValueError("backend 'local' runs on this machine: use 'local: {slots, gpus}', not 'nodes'")
-        if self.backend == "slurm":
-            self._check_slurm()
-        return self
+    def named_files(self) -> list[NamedFile]:
+        """Every file on this machine this cluster names and launch reads."""
+        return []
 
-    def _check_slurm(self) -> None:
-        """Slurm places the nodes, and its nodes meet in a job directory under workdir: a shared filesystem."""
-        problems = []
-        if not self.slurm.partition:
-            problems.append("backend 'slurm' needs 'slurm: {partition: NAME}' (`sinfo -s` lists the partitions)")
-        if not self.workdir or not self.workdir.startswith("/"):
-            problems.append("backend 'slurm' needs 'workdir': an absolute path on a filesystem every node and this "
-                            "machine mount (the job's files meet there)")
-        for key, why in (("nodes", "Slurm chooses the nodes"), ("sync_workdir", "workdir is shared: nothing to copy"),
-                         ("setup", "put node set-up in the job's entrypoint or the site's prolog")):
-            if getattr(self, key):
-                problems.append(f"'{key}' is not used by backend 'slurm' ({why}): remove it")
-        if problems:
-            raise ValueError("; ".join(problems))
+
+def field_error(model: type[BaseModel], loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
+    """A validation error at ``loc`` raised from a model validator (which pydantic otherwise places at the top)."""
+    return ValidationError.from_exception_data(
+        model.__name__, [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)],
+    )

@@ -11,21 +11,41 @@ under the bounds of ``launcher.spec.safeyaml``.
 from __future__ import annotations
 
 import difflib
-import types
-import typing
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from launcher.errors import SpecError
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import ClusterSpec, NamedFile
+from launcher.spec.clusters import ClusterModels, backend_of
 from launcher.spec.files import check_regular, expand_user
 from launcher.spec.job import JobSpec
+from launcher.spec.keys import Loc, keys_at
 from launcher.spec.safeyaml import Document, YAMLSyntaxError, parse_document, parse_value, read_spec_text
 
 M = TypeVar("M", bound=BaseModel)
-Loc = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of spec file: its name in messages, how its data is validated, the keys it takes at a location."""
+
+    name: str
+    validate: Callable[[Any], BaseModel]
+    keys: Callable[[Any, Loc], list[str]]
+
+    @classmethod
+    def of(cls, model: type[BaseModel]) -> Kind:
+        name = "job" if model is JobSpec else model.__name__
+        return cls(name, model.model_validate, lambda data, loc: keys_at(model, loc))
+
+    @classmethod
+    def cluster(cls, models: ClusterModels) -> Kind:
+        return cls("cluster", models.validate, lambda data, loc: models.known_keys(backend_of(data), loc))
 
 
 def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
@@ -33,13 +53,21 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> J
     return load_spec(JobSpec, path, overrides)
 
 
-def load_cluster(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ClusterSpec:
-    """Load and validate a cluster spec."""
-    return load_spec(ClusterSpec, path, overrides)
+def load_cluster(path: str | Path, models: ClusterModels, overrides: list[str] | tuple[str, ...] = ()) -> ClusterSpec:
+    """Load and validate a cluster spec as its backend's model (``launcher.backends.load_cluster`` gives ``models``)."""
+    spec = _load(Kind.cluster(models), path, overrides)
+    assert isinstance(spec, ClusterSpec)
+    return spec
 
 
 def load_spec(model: type[M], path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> M:
     """Load ``path`` as ``model``; every problem is reported in one SpecError."""
+    spec = _load(Kind.of(model), path, overrides)
+    assert isinstance(spec, model)
+    return spec
+
+
+def _load(kind: Kind, path: str | Path, overrides: list[str] | tuple[str, ...]) -> BaseModel:
     document = read_document(path)
     data = document.data
     set_locs: dict[Loc, str] = {}
@@ -48,7 +76,7 @@ def load_spec(model: type[M], path: str | Path, overrides: list[str] | tuple[str
         if loc in set_locs:
             raise SpecError(f"--set {item!r}: '{'.'.join(loc)}' is already set by --set {set_locs[loc]!r}; give it once")
         set_locs[loc] = item
-    spec = validate(model, data, str(path), document.lines, set_locs)
+    spec = validate_as(kind, data, str(path), document.lines, set_locs)
     check_named_files(spec, str(path), document.lines, set_locs)
     return spec
 
@@ -56,16 +84,11 @@ def load_spec(model: type[M], path: str | Path, overrides: list[str] | tuple[str
 MAX_NAMED_FILE_BYTES = 1 << 20  # a DeepSpeed config, an ssh key, known_hosts or ssh config: far less than this
 
 
-def named_files(spec: BaseModel) -> list[tuple[Loc, str, bool]]:
-    """(key path, path text, may be missing) of every file on this machine that ``spec`` names and launch reads."""
+def named_files(spec: BaseModel) -> list[NamedFile]:
+    """Every file on this machine that ``spec`` names and launch reads."""
     if isinstance(spec, JobSpec):
-        return [(("deepspeed", "config"), spec.deepspeed.config, False)] if spec.deepspeed.config else []
-    if isinstance(spec, ClusterSpec) and spec.backend == "ssh":
-        files = [(("ssh", "known_hosts"), spec.ssh.known_hosts, True), (("ssh", "config_file"), spec.ssh.config_file, True)]
-        if spec.ssh.key_file:
-            files.append((("ssh", "key_file"), spec.ssh.key_file, True))
-        return files
-    return []
+        return [NamedFile(("deepspeed", "config"), spec.deepspeed.config, False)] if spec.deepspeed.config else []
+    return spec.named_files() if isinstance(spec, ClusterSpec) else []
 
 
 def check_named_files(spec: BaseModel, source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> None:
@@ -122,39 +145,46 @@ def apply_override(data: dict[str, Any], item: str) -> Loc:
 
 def validate(model: type[M], data: Any, source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> M:
     """Validate plain data as ``model``; turn every pydantic error into one SpecError."""
+    spec = validate_as(Kind.of(model), data, source, lines, set_locs)
+    assert isinstance(spec, model)
+    return spec
+
+
+def validate_as(kind: Kind, data: Any, source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> BaseModel:
+    """Validate plain data as a spec of ``kind``; turn every pydantic error into one SpecError, its problems in
+    the file's order (those of ``--set`` last)."""
     try:
-        return model.model_validate(data)
+        return kind.validate(data)
     except ValidationError as exc:
-        problems = [_describe(model, dict(err), source, lines, set_locs) for err in exc.errors()]
+        found = [_describe(kind, data, dict(err), source, lines, set_locs) for err in exc.errors()]
+    problems = [text for _, text in sorted(found, key=lambda pair: pair[0])]
     noun = "problem" if len(problems) == 1 else "problems"
-    raise SpecError(f"{source}: {len(problems)} {noun} in the {_kind(model)} spec:\n" + "\n".join(problems))
+    raise SpecError(f"{source}: {len(problems)} {noun} in the {kind.name} spec:\n" + "\n".join(problems))
 
 
-def _kind(model: type[BaseModel]) -> str:
-    return "job" if model is JobSpec else "cluster" if model is ClusterSpec else model.__name__
-
-
-def _describe(model: type[BaseModel], err: dict[str, Any], source: str, lines: dict[Loc, int], set_locs: dict[Loc, str]) -> str:
+def _describe(kind: Kind, data: Any, err: dict[str, Any], source: str, lines: dict[Loc, int],
+              set_locs: dict[Loc, str]) -> tuple[float, str]:
+    """(where it sorts: its line, --set last; the problem as a line of the error)."""
     loc = tuple(part for part in err["loc"] if part != "[key]")
     field = ".".join(str(p) for p in loc) or "(top level)"
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown key"
-        suggestion = _did_you_mean(model, loc)
-        if suggestion:
-            message += f"; did you mean '{suggestion}'?"
-        else:
-            known = _known_keys(model, loc[:-1])
-            if known:
-                message += f"; expected one of: {', '.join(known)}"
+        known = kind.keys(data, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        if close:
+            message += f"; did you mean '{close[0]}'?"
+        elif known:
+            message += f"; expected one of: {', '.join(known)}"
     elif err["type"] == "missing":
         message = "required field is missing"
     elif "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], dict):
         message += f" (got {_shown(err['input'])})"
     for set_loc, item in set_locs.items():
         if loc[: len(set_loc)] == set_loc:
-            return f"  --set {item}: {field}: {message}"
-    return f"  {source}:{_line_of(loc, lines)}: {field}: {message}"
+            return math.inf, f"  --set {item}: {field}: {message}"
+    line = _line_of(loc, lines)
+    return line, f"  {source}:{line}: {field}: {message}"
 
 
 def _shown(value: Any, limit: int = 80) -> str:
@@ -168,36 +198,3 @@ def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:
         if loc[:end] in lines:
             return lines[loc[:end]]
     return 1
-
-
-def _did_you_mean(model: type[BaseModel], loc: Loc) -> str | None:
-    known = _known_keys(model, loc[:-1])
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def _known_keys(model: type[BaseModel], loc: Loc) -> list[str]:
-    """Field names of the section of ``model`` at ``loc`` (list indexes skipped)."""
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
-            return []
-        current = _section_model(current.model_fields[part].annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
-
-
-def _section_model(annotation: Any) -> Any:
-    """The BaseModel inside an annotation such as ``NodeSpec``, ``list[NodeSpec]`` or ``X | None``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    origin = typing.get_origin(annotation)
-    if origin in (list, typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = _section_model(arg)
-            if found is not None:
-                return found
-    return None

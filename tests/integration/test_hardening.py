@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.node import proctree
 from launcher.run.orchestrate import stored_spec
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, run_cli, status_json, write_yaml
 
@@ -49,7 +49,7 @@ def test_hostile_rank_output_neither_wedges_the_job_nor_breaks_the_views(tmp_pat
 
 def test_cancel_never_signals_a_process_that_took_over_the_supervisors_pid(tmp_path, home):
     spec = JobSpec(name="stale", entrypoint=["python", "t.py"], resources={"nodes": 1, "nproc_per_node": 1})
-    cluster = ClusterSpec(name="local", backend="local", python=sys.executable, workdir=str(tmp_path))
+    cluster = cluster_spec(name="local", backend="local", python=sys.executable, workdir=str(tmp_path))
     plan = plan_job(spec, cluster, "stale-0000aaaa", rdzv_port=29511)
     store = Store(home)
     store.create_job(plan, stored_spec(spec, cluster, run_check=True))

@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.backends import leasing
+from launcher.backends import cluster_spec, leasing
 from launcher.backends.base import StartContext
 from launcher.backends.ssh.backend import SSHBackend
 from launcher.node import proctree
 from launcher.run import orchestrate
-from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
 from launcher.store.db import Store
 from tests.helpers import ROOT, wait_for, write_yaml
@@ -247,7 +246,7 @@ def test_a_job_finding_one_hosts_leases_taken_at_start_starts_no_rank_on_any_hos
     lease_dir = tmp_path / "leases"
     monkeypatch.setenv("LAUNCH_LEASE_DIR", str(lease_dir))
     hosts = {h.name: h for h in testbed.hosts}
-    cluster = ClusterSpec.model_validate({
+    cluster = cluster_spec({
         **yaml.safe_load(testbed.cluster_yaml(sys.executable, n=2)),
         "nodes": [{"host": name, "address": hosts[name].address, "gpus": 0, "slots": 1} for name in HOSTS]})
     times = tmp_path / "times"

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from launcher.backends import cluster_spec
 from launcher.backends.ssh.backend import SSHBackend
 from launcher.backends.ssh.connection import Connection
 from launcher.backends.ssh.sync import sync_workdir
 from launcher.backends.ssh.target import Target
 from launcher.node import proctree, rundir
 from launcher.plan.planner import Plan
-from launcher.spec.cluster import ClusterSpec
 from launcher.store.db import Store
 from tests.helpers import kill_supervisor_and_keeper, rank_results, status_json
 from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_blocked, ssh_client, sshd_stopped
@@ -246,7 +246,7 @@ def test_ctrl_c_cancels_a_foreground_job(testbed: tb.Testbed, tmp_path: Path, ho
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         row = Store(home).job(_wait_running(home)["id"])
-        backend = SSHBackend(ClusterSpec.model_validate(row["spec"]["cluster"]))
+        backend = SSHBackend(cluster_spec(row["spec"]["cluster"]))
         plan = Plan.model_validate(row["plan"])
         agent = _agent_pid(row["id"], 1)
         try:

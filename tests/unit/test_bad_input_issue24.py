@@ -13,11 +13,11 @@ import stat
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.cli.main import main
 from launcher.metrics.export import write_csv
 from launcher.metrics.record import MetricRecord
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import FAILED, LAUNCHING, RUNNING, Store
 from launcher.views.progress import PlainProgress, _log_text
 from launcher.views.terminal import safe_text
@@ -29,7 +29,7 @@ HOSTILE = (f"{ESC}]0;pwned title\x07{ESC}]52;c;ZXZpbA==\x07{ESC}]8;;http://evil.
 
 def _plan(job_id: str):
     job = JobSpec(name="s", entrypoint=["python", "t.py"], batch={"micro_batch": 2})
-    return plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500)
+    return plan_job(job, cluster_spec(name="local"), job_id, rdzv_port=29500)
 
 
 def _no_terminal_control(text: str) -> None:

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.cli.main import main
 from launcher.metrics import columns
 from launcher.metrics.aggregate import summarize
@@ -21,7 +21,7 @@ from launcher.metrics.columns import Column, maximum, number
 from launcher.metrics.record import MetricRecord, parse_line
 from launcher.metrics.reporter import Reporter
 from launcher.metrics.summary import JobSummary, RankSummary
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 
 TEST_COLUMN = Column("test_metric", job=maximum("test_metric"), rank=maximum("test_metric"), header="TEST METRIC",
@@ -45,7 +45,7 @@ def job_with_test_metric(home, monkeypatch):
     """A RUNNING job whose two ranks report ``test_metric`` (2.5 and 3.5) through the Reporter."""
     monkeypatch.setattr(columns, "COLUMNS", (*columns.COLUMNS, TEST_COLUMN))
     spec = JobSpec(name="cols", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, resources={"nproc_per_node": 2})
-    plan = plan_job(spec, ClusterSpec(name="local"), "cols-0001", rdzv_port=29500)
+    plan = plan_job(spec, cluster_spec(name="local"), "cols-0001", rdzv_port=29500)
     store = Store()
     store.create_job(plan, {})
     store.transition(plan.job_id, LAUNCHING)

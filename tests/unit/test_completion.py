@@ -10,8 +10,8 @@ import sys
 import click
 import pytest
 
-from launcher.backends import plan_job
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.backends import cluster_spec, plan_job
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 from tests.helpers import ROOT, cli_env, run_cli
 
@@ -24,7 +24,7 @@ def jobs(home):
     store = Store(home)
     for job_id in IDS:
         job = JobSpec(name=job_id.split("-")[0], entrypoint=["python", "t.py"], batch={"micro_batch": 2})
-        store.create_job(plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500), {})
+        store.create_job(plan_job(job, cluster_spec(name="local"), job_id, rdzv_port=29500), {})
     store.close()
     with sqlite3.connect(store.path) as db:  # distinct creation times, one second apart: newest first is IDS reversed
         db.executemany("UPDATE jobs SET created_at = ? WHERE id = ?", [(1000.0 + n, i) for n, i in enumerate(IDS)])

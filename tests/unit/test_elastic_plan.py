@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.cli.main import main
 from launcher.errors import PlanError, SpecError
-from launcher.spec import ClusterSpec
 from launcher.spec.load import load_job
 from launcher.views.render import plan_json, plan_text
 
-SSH4 = ClusterSpec(name="four", backend="ssh", python="/usr/bin/python3", workdir="/work",
+SSH4 = cluster_spec(name="four", backend="ssh", python="/usr/bin/python3", workdir="/work",
                    nodes=[{"host": f"a800-0{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 2} for i in range(1, 5)])
 
 
@@ -79,7 +78,7 @@ def test_ray_refuses_an_elastic_job_saying_why(tmp_path: Path) -> None:
     job = load_job(_job_file(tmp_path, "batch: {global_batch: 12, micro_batch: 2}\nresources: {nodes: 3}\n"
                                        "elastic: {min_nodes: 2}\n"))
     with pytest.raises(PlanError, match="elastic: not on Ray: the Ray backend places a job's nodes once"):
-        plan_job(job, ClusterSpec(name="r", backend="ray"), "el-00000001", rdzv_port=29500)
+        plan_job(job, cluster_spec(name="r", backend="ray"), "el-00000001", rdzv_port=29500)
 
 
 def test_launch_plan_lists_the_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

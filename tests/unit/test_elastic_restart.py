@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.backends.base import Preflight
 from launcher.backends.ssh.backend import SSHBackend
 from launcher.errors import LaunchError, PreflightError
@@ -17,7 +17,7 @@ from launcher.run import elastic
 from launcher.run.orchestrate import placed
 from launcher.spec import ClusterSpec, JobSpec
 
-SSH = ClusterSpec(name="a800", backend="ssh", python="/usr/bin/python3", workdir="/work",
+SSH = cluster_spec(name="a800", backend="ssh", python="/usr/bin/python3", workdir="/work",
                   nodes=[{"host": f"a800-0{i}", "address": f"10.0.0.{i}", "gpus": 8} for i in range(1, 5)])
 # global 1024 = micro 16 x GA 2 x (4 nodes x 8): 3 nodes would need 1024 / 384 (not whole), 2 nodes GA 4
 JOB = JobSpec(name="big", entrypoint=["python", "t.py"], batch={"global_batch": 1024, "micro_batch": 16},
@@ -93,7 +93,7 @@ def test_fewer_nodes_than_min_nodes_end_the_job_saying_so() -> None:
 
 
 def test_on_a_cluster_without_a_node_list_one_node_fewer() -> None:
-    local = ClusterSpec(name="l", backend="local", python="/usr/bin/python3", workdir="/work", local={"slots": 4})
+    local = cluster_spec(name="l", backend="local", python="/usr/bin/python3", workdir="/work", local={"slots": 4})
     done = elastic.replan(EVEN, local, _first(EVEN, local), elastic.Lost("localhost", 3), 1, Checker())
     assert done.plan.nnodes == 3 and done.plan.batch is not None and done.plan.batch.grad_accum == 4
 
@@ -106,7 +106,7 @@ def test_a_hang_keeps_every_node() -> None:
 def test_on_slurm_the_job_is_resubmitted_with_one_node_fewer() -> None:
     from launcher.backends.slurm import commands
 
-    slurm = ClusterSpec(name="s", backend="slurm", workdir="/shared", python="/usr/bin/python3",
+    slurm = cluster_spec(name="s", backend="slurm", workdir="/shared", python="/usr/bin/python3",
                         slurm={"partition": "gpu"})
     done = elastic.replan(EVEN, slurm, _first(EVEN, slurm), elastic.Lost("node-7", 9), 1, Checker())
     argv = commands.sbatch_argv(slurm.slurm, nodes=done.plan.nnodes, job_name="j", output="o", workdir="/shared",
@@ -118,7 +118,7 @@ def test_a_scheduler_places_the_smaller_job_with_its_global_batch() -> None:
     from launcher.run.orchestrate import placer
     from launcher.spec.cluster import NodeSpec
 
-    slurm = ClusterSpec(name="s", backend="slurm", workdir="/shared", python="/usr/bin/python3",
+    slurm = cluster_spec(name="s", backend="slurm", workdir="/shared", python="/usr/bin/python3",
                         slurm={"partition": "gpu"})
     # micro 2 x GA 3 x 4 nodes = global 24; on 3 nodes the global stays 24: GA 4 (not micro 2 x GA 3 x 3 = 18)
     job = EVEN.model_copy(update={"batch": EVEN.batch.model_copy(update={"global_batch": None, "grad_accum": 3})})

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.backends import load_cluster
 from launcher.backends.ssh.clusterfile import SSHDraft, local_cluster_text, ssh_cluster_text, write
+from launcher.backends.ssh.spec import SSHSpec
 from launcher.backends.ssh.survey import GPU, HostReport, Interpreter, choose_python, differences
 from launcher.errors import LaunchError, SpecError
-from launcher.spec.cluster import SSHSpec
-from launcher.spec.load import load_cluster
 from tests.helpers import launch_argv, run_cli
 
 CONDA = "/opt/conda/bin/python"

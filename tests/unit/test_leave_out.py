@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import PreflightError
 from launcher.run.orchestrate import stored_spec
 from launcher.run.supervisor import Supervisor
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 
-CLUSTER = ClusterSpec(
+CLUSTER = cluster_spec(
     name="three", backend="ssh", python="/usr/bin/python3", workdir="/work",
     nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 2} for i in (1, 2, 3)],
 )

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from launcher.backends import plan_job
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.backends import cluster_spec, plan_job
+from launcher.spec import JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 from launcher.views import logs
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli
@@ -23,7 +23,7 @@ def make_job(home, job_id: str, node_lines: list[list[str]], attempt: int = 0) -
     store = Store(home)
     job = JobSpec(name=job_id.split("-")[0], entrypoint=["python", "t.py"], batch={"micro_batch": 2})
     try:
-        store.create_job(plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500), {})
+        store.create_job(plan_job(job, cluster_spec(name="local"), job_id, rdzv_port=29500), {})
     except Exception:  # noqa: BLE001 - a second attempt of a job made before
         pass
     for node, lines in enumerate(node_lines):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, load_cluster, plan_job
 from launcher.backends.base import StartContext
 from launcher.backends.facts import KERNEL_LOG_LIMIT, NAME_LIMIT, NAMES_LIMIT, FactsError, NodeFacts
 from launcher.backends.local.backend import LocalBackend
@@ -21,7 +21,7 @@ from launcher.backends.slurm.backend import SlurmBackend
 from launcher.backends.ssh.survey import HostReport
 from launcher.run.check import report_json, report_table
 from launcher.run.checks import CheckReport, assess, gather, version_differences
-from launcher.spec.load import load_cluster, load_job
+from launcher.spec.load import load_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "s3cr3t-value"
@@ -105,8 +105,8 @@ def _plan():
 
 
 def test_a_backend_reports_a_malformed_answer_as_that_nodes_problem(monkeypatch) -> None:
-    cluster, plan = _plan()
-    backend = LocalBackend(cluster)
+    _, plan = _plan()
+    backend = LocalBackend(cluster_spec(name="local"))
     monkeypatch.setattr(backend, "node_command", lambda *args, **kwargs: ({"gpus": "lots", "missing": 5}, None))
     found = backend.preflight(plan)
     assert found.facts == {} and len(found.problems) == 1

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.backends import plan_job
+from launcher.backends import load_cluster, plan_job
 from launcher.backends.facts import NodeFacts
 from launcher.backends.nodechecks import node_problems
-from launcher.spec.load import load_cluster, load_job
+from launcher.spec.load import load_job
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.errors import LaunchError
 from launcher.run import detached, orchestrate
 from launcher.run.cancel import cancel, supervisor_gone
 from launcher.run.orchestrate import Prepared, stored_spec
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store, StoreError
 from launcher.store.states import JobState
 from launcher.views.watch import watch
@@ -28,7 +28,7 @@ JOB = JobSpec(name="orphan", entrypoint=["python", "t.py"], resources={"nodes": 
 
 
 def _recorded(home: Path, state: JobState = JobState.RUNNING, job: JobSpec = JOB, job_id: str = "orphan-0000aaaa") -> Store:
-    cluster = ClusterSpec(name="local", backend="local", python=sys.executable, workdir=str(home))
+    cluster = cluster_spec(name="local", backend="local", python=sys.executable, workdir=str(home))
     store = Store(home)
     store.create_job(plan_job(job, cluster, job_id, rdzv_port=29531), stored_spec(job, cluster, run_check=True))
     for step in (JobState.LAUNCHING, JobState.RUNNING)[: [JobState.PENDING, JobState.LAUNCHING, JobState.RUNNING].index(state)]:
@@ -123,7 +123,7 @@ def test_a_detached_supervisor_that_cannot_start_ends_its_job_failed_with_the_re
     assert row["first_failure"]["kind"] == "internal"
 
 
-SSH = ClusterSpec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
+SSH = cluster_spec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
                   network={"interface": "eth0", "ib_hca": None}, nodes=[{"host": "h1", "address": "10.0.0.1", "gpus": 0, "slots": 2}])
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import load_cluster, plan_job
 from launcher.cli.main import main
-from launcher.spec.load import load_cluster, load_job
+from launcher.spec.load import load_job
 from launcher.views.render import plan_json
 from tests.unit.test_plan_golden import check_golden
 

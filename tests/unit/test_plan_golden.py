@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from launcher.backends import plan_job
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.backends import cluster_spec, plan_job
+from launcher.spec import JobSpec
 from launcher.views.render import plan_json
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
-LOCAL = ClusterSpec(name="local", backend="local", python="/usr/bin/python3", workdir="/work")
+LOCAL = cluster_spec(name="local", backend="local", python="/usr/bin/python3", workdir="/work")
 
 
 def _job(nodes: int, nproc: int) -> JobSpec:
@@ -74,7 +74,7 @@ def test_plan_facts():
 def test_ssh_plan_pins_and_probes():
     from launcher.plan.netenv import NodeNetwork
 
-    cluster = ClusterSpec(
+    cluster = cluster_spec(
         name="a800", backend="ssh", python="/opt/py/bin/python", workdir="/shared",
         nodes=[{"host": "gpu-01", "address": "10.0.0.11", "gpus": 8}, {"host": "gpu-02", "gpus": 8}],
         network={"interface": "auto", "ib_hca": "auto"},
@@ -100,7 +100,7 @@ def test_ssh_plan_pins_and_probes():
 def test_too_many_nodes_for_the_cluster():
     from launcher.errors import PlanError
 
-    cluster = ClusterSpec(name="c", backend="ssh", nodes=[{"host": "a"}])
+    cluster = cluster_spec(name="c", backend="ssh", nodes=[{"host": "a"}])
     job = JobSpec(name="j", entrypoint=["python", "t.py"], batch={"micro_batch": 4}, resources={"nodes": 3})
     with pytest.raises(PlanError, match="asks for 3 nodes; cluster 'c' lists 1"):
         plan_job(job, cluster, "j-1", rdzv_port=29500)

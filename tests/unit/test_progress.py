@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.metrics.snapshot import snapshot, summary_line
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, Store
 from launcher.views.progress import PlainProgress
 from tests.helpers import ROOT, cli_env
@@ -114,7 +114,7 @@ def job_with_records(home):
     """A running job with two ranks at step 30 of 60 (rank 1 the slower)."""
     store = Store(home)
     job = JobSpec(name="p", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, max_steps=60)
-    store.create_job(plan_job(job, ClusterSpec(name="local"), "p-000001", rdzv_port=29500), {})
+    store.create_job(plan_job(job, cluster_spec(name="local"), "p-000001", rdzv_port=29500), {})
     assert store.transition("p-000001", LAUNCHING) and store.transition("p-000001", RUNNING)
     store.add_metrics("p-000001", 0, [record(0, 30, sps=80.0, step_s=0.1, mem=3 * GIB // 2),
                                       record(1, 30, sps=40.0, step_s=0.2)])

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.backends.base import StartContext
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.ray.backend import RayBackend, actor_name
@@ -74,7 +74,7 @@ class FakeRay:
 
 
 def ray_cluster(address: str = "127.0.0.1:6379") -> ClusterSpec:
-    return ClusterSpec(name="r", backend="ray", ray={"address": address}, python="python3")
+    return cluster_spec(name="r", backend="ray", ray={"address": address}, python="python3")
 
 
 def test_creating_the_backend_connects_to_nothing_the_first_use_does():

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.metrics.aggregate import summarize
 from launcher.metrics.export import write_csv
 from launcher.metrics.record import MARKER, MetricRecord, Rejected, parse_line
 from launcher.metrics.summary import JobSummary
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 from launcher.views import compare, jobstatus
 from launcher.views.report import build_report
@@ -100,7 +100,7 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def plan():
     spec = JobSpec(name="prop", entrypoint=["python", "t.py"], batch={"micro_batch": 1}, resources={"nproc_per_node": WORLD})
-    return plan_job(spec, ClusterSpec(name="local"), "prop-000000", rdzv_port=29500)
+    return plan_job(spec, cluster_spec(name="local"), "prop-000000", rdzv_port=29500)
 
 
 def _finite_numbers(record: MetricRecord) -> bool:

@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, load_cluster, plan_job
 from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.backend import batch_script
+from launcher.backends.slurm.spec import SlurmSpec, time_minutes
 from launcher.errors import PlanError
-from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
-from launcher.spec.load import load_cluster
-from launcher.spec.slurm import SlurmSpec, time_minutes
 
 EXAMPLES = sorted(Path("examples/clusters").glob("*.yaml"))
 
@@ -48,7 +46,7 @@ def test_options_launch_sets_or_that_have_a_key_are_refused_with_the_key_to_use(
 
 def test_a_slurm_cluster_needs_a_partition_and_a_shared_absolute_workdir():
     with pytest.raises(ValidationError) as caught:
-        ClusterSpec(name="c", backend="slurm", workdir="relative", setup=["make"])
+        cluster_spec(name="c", backend="slurm", workdir="relative", setup=["make"])
     text = str(caught.value)
     assert "needs 'slurm: {partition: NAME}'" in text and "needs 'workdir'" in text
     assert "'setup' is not used by backend 'slurm'" in text
@@ -114,7 +112,7 @@ def test_a_partition_and_its_gpus_are_read_from_scontrol_and_sinfo():
 
 
 def test_the_plan_has_placeholders_until_slurm_allocates_and_refuses_more_ranks_than_gpus():
-    cluster = ClusterSpec(name="s", backend="slurm", slurm={"partition": "p", "gpus_per_node": 2}, workdir="/w")
+    cluster = cluster_spec(name="s", backend="slurm", slurm={"partition": "p", "gpus_per_node": 2}, workdir="/w")
     job = JobSpec.model_validate({"name": "j", "entrypoint": ["python", "t.py"],
                                   "resources": {"nodes": 2, "nproc_per_node": 2}})
     plan = plan_job(job, cluster, "j-1", rdzv_port=29500)

@@ -10,13 +10,12 @@ import subprocess
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.backends.base import SweepOutcome
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.backend import SlurmBackend
 from launcher.backends.slurm.job import SlurmJob, SlurmNode
-from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
 
 BUSY = "slurm_load_jobs error: Socket timed out on send/recv operation"
@@ -58,7 +57,7 @@ def test_a_job_the_controller_forgot_has_no_steps_and_no_details(monkeypatch):
 
 
 def slurm_plan(tmp_path):
-    cluster = ClusterSpec(name="s", backend="slurm", slurm={"partition": "p"}, workdir=str(tmp_path))
+    cluster = cluster_spec(name="s", backend="slurm", slurm={"partition": "p"}, workdir=str(tmp_path))
     job = JobSpec.model_validate({"name": "j", "entrypoint": ["python", "t.py"],
                                   "resources": {"nodes": 2, "nproc_per_node": 1}})
     return cluster, plan_job(job, cluster, "j-00000001", rdzv_port=29500)

@@ -15,15 +15,16 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from launcher.backends import cluster_models, load_cluster
 from launcher.errors import SpecError
 from launcher.spec import ClusterSpec, JobSpec
-from launcher.spec.load import load_cluster, load_job, read_mapping
+from launcher.spec.load import load_job, read_mapping
 
 EXAMPLES = int(os.environ.get("LAUNCH_FUZZ_EXAMPLES", "600"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 SPEC_KEYS = sorted(
-    {*JobSpec.model_fields, *ClusterSpec.model_fields, "micro_batch", "global_batch", "nproc_per_node", "nodes", "host",
+    {*JobSpec.model_fields, *(key for model in cluster_models().models.values() for key in model.model_fields), "micro_batch", "global_batch", "nproc_per_node", "nodes", "host",
      "port", "address", "user", "jump_host", "stall_timeout", "known_hosts", "gpus", "slots", "<<", "LAUNCH_JOB_ID", "A"}
 )
 ODD_SCALARS = [

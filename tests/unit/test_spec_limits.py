@@ -8,9 +8,10 @@ import tracemalloc
 
 import pytest
 
+from launcher.backends import load_cluster
 from launcher.cli.main import main
 from launcher.errors import SpecError
-from launcher.spec.load import load_cluster, load_job
+from launcher.spec.load import load_job
 from launcher.spec.safeyaml import MAX_SPEC_BYTES, MAX_VALUES
 from tests.helpers import run_cli
 
@@ -207,7 +208,8 @@ def test_schema_shows_the_bounds(capsys):
     assert job["$defs"]["ResourcesSpec"]["properties"]["nproc_per_node"]["anyOf"][0]["maximum"] == 1024
     assert job["$defs"]["WatchSpec"]["properties"]["stall_timeout"]["maximum"] == 7 * 24 * 3600
     assert job["properties"]["secrets"]["items"]["pattern"] == "^[A-Za-z_][A-Za-z0-9_]*$"
-    assert cluster["properties"]["nodes"]["maxItems"] == 4096
+    assert cluster["$defs"]["SSHCluster"]["properties"]["nodes"]["maxItems"] == 4096
+    assert cluster["$defs"]["SlurmSpec"]["properties"]["time_warning"]["maximum"] == 65535
 
 
 # ---- NUL and control characters; lengths

@@ -11,12 +11,13 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from launcher.backends import cluster_spec
 from launcher.backends.ssh import settings as ssh_settings
 from launcher.backends.ssh.connection import fan_out
 from launcher.backends.ssh.hostkeys import HostKeyError, check_host_key, load_known_hosts
 from launcher.backends.ssh.settings import SSHSettings
+from launcher.backends.ssh.spec import SSHSpec
 from launcher.backends.ssh.target import Target
-from launcher.spec.cluster import ClusterSpec, SSHSpec
 
 
 def _key(tmp_path: Path, name: str) -> paramiko.PKey:
@@ -80,7 +81,7 @@ def test_fan_out_never_runs_more_than_the_cap_at_once() -> None:
 
 
 def test_the_cap_is_a_cluster_setting_like_pdshs() -> None:
-    assert ClusterSpec(name="c", backend="ssh", nodes=[{"host": "a"}]).ssh.fanout == 32
-    assert ClusterSpec(name="c", backend="ssh", nodes=[{"host": "a"}], ssh={"fanout": 8}).ssh.fanout == 8
+    assert cluster_spec(name="c", backend="ssh", nodes=[{"host": "a"}]).ssh.fanout == 32
+    assert cluster_spec(name="c", backend="ssh", nodes=[{"host": "a"}], ssh={"fanout": 8}).ssh.fanout == 8
     with pytest.raises(ValueError, match="fanout"):
-        ClusterSpec(name="c", backend="ssh", nodes=[{"host": "a"}], ssh={"fanout": 0})
+        cluster_spec(name="c", backend="ssh", nodes=[{"host": "a"}], ssh={"fanout": 0})

@@ -15,10 +15,10 @@ import pytest
 from launcher.backends.ssh.connection import error_text, fan_out
 from launcher.backends.ssh.hostkeys import HostKeyError, check_host_key, fingerprint
 from launcher.backends.ssh.settings import SSHSettings
+from launcher.backends.ssh.spec import SSHSpec
 from launcher.backends.ssh.target import Target
 from launcher.backends.ssh.trust import record_key
 from launcher.errors import LaunchError
-from launcher.spec.cluster import SSHSpec
 
 
 def _key(tmp_path: Path, name: str) -> paramiko.PKey:

@@ -7,16 +7,16 @@ import stat
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.errors import JobNotFound
 from launcher.metrics.record import MetricRecord
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
 
 
 def _plan(job_id: str):
     job = JobSpec(name="s", entrypoint=["python", "t.py"], batch={"micro_batch": 2})
-    return plan_job(job, ClusterSpec(name="local"), job_id, rdzv_port=29500)
+    return plan_job(job, cluster_spec(name="local"), job_id, rdzv_port=29500)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.follow import Followed
 from launcher.run import contact
@@ -18,12 +18,12 @@ from launcher.run.filing import Filer
 from launcher.run.liveness import Liveness
 from launcher.run.orchestrate import stored_spec
 from launcher.run.watcher import NodeWatcher, Relay, Resume
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 from launcher.store.records import Seen
 from tests.unit.fakes import output, record, sample
 
-CLUSTER = ClusterSpec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
+CLUSTER = cluster_spec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
                       nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 2} for i in (1, 2)])
 
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.run import supervisor as supervisor_module
 from launcher.run.orchestrate import stored_spec
 from launcher.run.supervisor import Supervisor
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store, StoreError
 from launcher.store.states import JobState
 from tests.unit.fakes import FakeBackend, NodeScript, output, record, sample
 
-CLUSTER = ClusterSpec(
+CLUSTER = cluster_spec(
     name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
     nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 2} for i in (1, 2)],
 )

@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import LaunchError
 from launcher.run import supervisor as supervisor_module
 from launcher.run.orchestrate import stored_spec
 from launcher.run.supervisor import Supervisor
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 from launcher.store.states import JobState
 from tests.unit.fakes import FakeBackend, NodeScript, output
 
-CLUSTER = ClusterSpec(name="s", backend="slurm", slurm={"partition": "p"}, python="/usr/bin/python3", workdir="/w")
+CLUSTER = cluster_spec(name="s", backend="slurm", slurm={"partition": "p"}, python="/usr/bin/python3", workdir="/w")
 TIME_LIMIT = Failure(kind=FailureKind.TIMEOUT, transient=True,
                      reason="Slurm: job 41 TIMEOUT (Reason=TimeLimit): the time limit (00:01:00) was reached")
 

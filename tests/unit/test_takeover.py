@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.backends.follow import Followed
 from launcher.errors import FENCED_EXIT, LaunchError, SupervisorFenced
 from launcher.node import follow, journal
 from launcher.run import takeover
 from launcher.run.recorded import stored_spec
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 from launcher.store.states import JobState
 
 JOB = JobSpec(name="taken", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 1},
               secrets=["HF_TOKEN"])
-SSH = ClusterSpec.model_validate({"name": "lab", "backend": "ssh", "python": sys.executable,
+SSH = cluster_spec({"name": "lab", "backend": "ssh", "python": sys.executable,
                                   "nodes": [{"host": "gpu1"}, {"host": "gpu2"}, {"host": "gpu3"}]})
 JOB_ID = "taken-0000cccc"
 
@@ -139,7 +139,7 @@ def test_a_record_read_back_must_be_this_jobs_on_this_cluster() -> None:
         takeover.parse_record(record, JOB_ID, other)
     with pytest.raises(LaunchError, match="it is named 'lab', this file 'lab2'"):
         takeover.parse_record(record, JOB_ID, SSH.model_copy(update={"name": "lab2"}))
-    local = ClusterSpec(name="lab", backend="local")
+    local = cluster_spec(name="lab", backend="local")
     with pytest.raises(LaunchError, match="ran on a ssh cluster \\(lab\\), not on the local cluster"):
         takeover.parse_record(record, JOB_ID, local)
     with pytest.raises(LaunchError, match="cannot be read back"):
@@ -189,7 +189,7 @@ def test_the_next_generation_and_a_reader_in_contact() -> None:
 # a supervisor taken over (fake backend: no process)
 
 NEWER = {"generation": 1, "pid": 4242, "host": "login-2"}
-TWO = ClusterSpec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
+TWO = cluster_spec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
                   nodes=[{"host": f"h{i}", "address": f"10.0.0.{i}", "gpus": 0, "slots": 1} for i in (1, 2)])
 
 

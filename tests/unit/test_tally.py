@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.cli.main import main
 from launcher.metrics import columns, tally
 from launcher.metrics.aggregate import summarize
 from launcher.metrics.columns import Column, maximum
 from launcher.metrics.record import MARKER, MetricRecord, ProcessSample, RankUsage, parse_line
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 from launcher.store.records import Batch
 from launcher.store.tally import CHUNK
@@ -74,7 +74,7 @@ def running(home):
     imported (``add_metrics``) and then filed; process samples of both, one rank of attempt 1 known only from them."""
     spec = JobSpec(name="tally", entrypoint=["python", "t.py"], batch={"micro_batch": 2},
                    resources={"nodes": NODES, "nproc_per_node": PER_NODE})
-    plan = plan_job(spec, ClusterSpec(name="local"), JOB, rdzv_port=29500)
+    plan = plan_job(spec, cluster_spec(name="local"), JOB, rdzv_port=29500)
     store = Store()
     store.create_job(plan, {})
     store.transition(JOB, LAUNCHING, attempt=0)

@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.errors import PlanError
 from launcher.run.orchestrate import deepspeed_config, planned_world
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.views.render import plan_text
 
-MIXED = ClusterSpec(name="mixed", backend="ssh", python="/usr/bin/python3", workdir="/work",
+MIXED = cluster_spec(name="mixed", backend="ssh", python="/usr/bin/python3", workdir="/work",
                     nodes=[{"host": "big", "address": "10.0.0.1", "gpus": 8},
                            {"host": "small", "address": "10.0.0.2", "gpus": 4}])
 
@@ -85,8 +85,8 @@ def test_elastic_on_unlike_nodes_is_checked_when_planned() -> None:
 
 @pytest.mark.parametrize("backend", ["slurm", "ray"])
 def test_backends_that_place_alike_nodes_refuse_auto(backend: str) -> None:
-    cluster = {"slurm": ClusterSpec(name="s", backend="slurm", workdir="/shared", slurm={"partition": "p"}),
-               "ray": ClusterSpec(name="r", backend="ray")}[backend]
+    cluster = {"slurm": cluster_spec(name="s", backend="slurm", workdir="/shared", slurm={"partition": "p"}),
+               "ray": cluster_spec(name="r", backend="ray")}[backend]
     with pytest.raises(PlanError, match="'auto' needs nodes whose GPUs or slots the cluster spec lists"):
         plan_job(_job(), cluster, "mixed-00000001", rdzv_port=29500)
 

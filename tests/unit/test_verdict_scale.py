@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import plan_job
+from launcher.backends import cluster_spec, plan_job
 from launcher.run import supervisor as supervisor_module
 from launcher.run.orchestrate import stored_spec
 from launcher.run.stackclasses import classify, main_path
 from launcher.run.stacks import RankStack, StackReport
 from launcher.run.supervisor import Supervisor
 from launcher.run.verdict import verdict_lines
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.spec import JobSpec
 from launcher.store.db import Store
 from launcher.store.states import JobState
 from tests.helpers import run_cli
@@ -32,7 +32,7 @@ from tests.unit.fakes import FakeBackend, NodeScript, output, sample
 
 NODES, PER_NODE = 125, 8
 HOSTS = [f"gpu{i:03d}" for i in range(1, NODES + 1)]
-CLUSTER = ClusterSpec(
+CLUSTER = cluster_spec(
     name="big", backend="ssh", python="/usr/bin/python3", workdir="/work",
     nodes=[{"host": host, "address": f"10.1.{i // 200}.{i % 200 + 1}", "gpus": PER_NODE, "slots": PER_NODE}
            for i, host in enumerate(HOSTS)],

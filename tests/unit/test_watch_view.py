@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from launcher.backends import plan_job
-from launcher.spec import ClusterSpec, JobSpec
+from launcher.backends import cluster_spec, plan_job
+from launcher.spec import JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store
 from launcher.views.watch import QUEUED, StageUpdate, job_stages, stage_recorder
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli
@@ -21,7 +21,7 @@ def running_job(home, job_id: str = "w-000001", lines: int = 15) -> Store:
     store = Store(home)
     job = JobSpec(name="w", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, max_steps=60,
                   resources={"nodes": 1, "nproc_per_node": 2})
-    store.create_job(plan_job(job, ClusterSpec(name="local", local={"slots": 4}), job_id, rdzv_port=29500), {})
+    store.create_job(plan_job(job, cluster_spec(name="local", local={"slots": 4}), job_id, rdzv_port=29500), {})
     assert store.transition(job_id, LAUNCHING)
     for node in (0, 1):
         path = store.run_dir(job_id) / f"attempt0-node{node}.log"

@@ -17,12 +17,13 @@ from launcher.backends import leasing
 from launcher.backends.agents import agent_exit_code, agent_start
 from launcher.backends.base import Backend, CommandResult, Preflight, Stage, StageState, StartContext
 from launcher.backends.follow import FollowHandle, follow_request, whole_lines
+from launcher.backends.local.spec import LocalCluster
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
 from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.planner import NodePlan, Plan
-from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.cluster import NodeSpec
 
 STDOUT_CLOSED_WAIT_S = 1.0  # an agent whose stdout closed exits within this, unless fenced (else: followed again)
 
@@ -121,7 +122,7 @@ def _release(agent: subprocess.Popen) -> None:
         agent.stdout.close()
 
 
-class LocalBackend(Backend):
+class LocalBackend(Backend[LocalCluster]):
     """Runs the plan's nodes as node agents on this machine (gloo on CPU slots, or local GPUs)."""
 
     name: ClassVar[str] = "local"
@@ -129,12 +130,12 @@ class LocalBackend(Backend):
     checks_capacity: ClassVar[bool] = False
     leases: ClassVar[bool] = True
 
-    def __init__(self, cluster: ClusterSpec) -> None:
+    def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(cluster)
         self._warm: dict[int, tuple[tuple, subprocess.Popen]] = {}  # node index -> (_agent_key, agent) from ``warm``
 
     @classmethod
-    def resolve_defaults(cls, cluster: ClusterSpec) -> ClusterSpec:
+    def resolve_defaults(cls, cluster: LocalCluster) -> LocalCluster:
         """This machine as it is: its usable CPUs as slots, its GPUs, the current directory, this Python."""
         from launcher.backends.local import host as localhost
 
@@ -146,40 +147,40 @@ class LocalBackend(Backend):
                                           "python": cluster.python or sys.executable})
 
     @classmethod
-    def check_host_memory(cls, job, cluster: ClusterSpec, plan: Plan) -> None:
+    def check_host_memory(cls, job, cluster: LocalCluster, plan: Plan) -> None:
         from launcher.backends.local import host as localhost
 
         localhost.check_fits(job, cluster, plan)
 
     @classmethod
-    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+    def plan_nodes(cls, cluster: LocalCluster, count: int) -> list[NodeSpec]:
         local = NodeSpec(host="localhost", address="127.0.0.1", gpus=cluster.local.gpus or 0,
                          slots=cluster.local.slots)
         return [local] * count
 
     @classmethod
-    def default_python(cls, cluster: ClusterSpec) -> str:
+    def default_python(cls, cluster: LocalCluster) -> str:
         return cluster.python or sys.executable
 
     @classmethod
-    def pinned_interface(cls, cluster: ClusterSpec) -> tuple[str, str]:
+    def pinned_interface(cls, cluster: LocalCluster) -> tuple[str, str]:
         return "lo", "local backend: every rank on this machine"
 
     @classmethod
-    def uses_hcas(cls, cluster: ClusterSpec) -> bool:
+    def uses_hcas(cls, cluster: LocalCluster) -> bool:
         return False
 
     @classmethod
-    def resource_problems(cls, job, cluster: ClusterSpec) -> list[str]:
+    def resource_problems(cls, job, cluster: LocalCluster) -> list[str]:
         return []
 
 
     @classmethod
-    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+    def check_hosts(cls, cluster: LocalCluster) -> list[str]:
         return ["localhost"]
 
     @classmethod
-    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+    def bandwidth_nodes(cls, cluster: LocalCluster) -> int:
         return 2  # two local nodes: the all-reduce crosses a process boundary, as between hosts
 
     def host(self, plan: Plan | None, index: int) -> str:

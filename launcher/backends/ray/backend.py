@@ -44,11 +44,12 @@ from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_pr
 from launcher.backends.ray import actor as rayactor
 from launcher.backends.ray.handle import SILENCE_S, RayNode, first_line
 from launcher.backends.ray.placement import UNPLACED_HINT, resource_text, why_unplaced
+from launcher.backends.ray.spec import RayCluster
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
-from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.cluster import NodeSpec
 from launcher.spec.job import JobSpec
 
 NAMESPACE = "launch"
@@ -67,7 +68,7 @@ def actor_name(job_id: str, index: int) -> str:
     return f"launch-{job_id}-node{index}"
 
 
-class RayBackend(Backend):
+class RayBackend(Backend[RayCluster]):
     """Runs a plan's nodes on an existing Ray cluster (``ray: {address: ...}``).
 
     Connects on first use, not when created (``ray.init`` installs its own SIGTERM handler in the
@@ -77,7 +78,7 @@ class RayBackend(Backend):
     name: ClassVar[str] = "ray"
     places_nodes: ClassVar[bool] = True
 
-    def __init__(self, cluster: ClusterSpec) -> None:
+    def __init__(self, cluster: RayCluster) -> None:
         super().__init__(cluster)
         self._ray: Any = None
         self._owns = False
@@ -118,15 +119,15 @@ class RayBackend(Backend):
         return ray
 
     @classmethod
-    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+    def plan_nodes(cls, cluster: RayCluster, count: int) -> list[NodeSpec]:
         return [NodeSpec(host=f"ray-node-{i}", address=AUTO) for i in range(count)]
 
     @classmethod
-    def default_python(cls, cluster: ClusterSpec) -> str:
+    def default_python(cls, cluster: RayCluster) -> str:
         return cluster.python or "(the Python of the Ray workers)"
 
     @classmethod
-    def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
+    def resource_problems(cls, job: JobSpec, cluster: RayCluster) -> list[str]:
         problems = []
         if job.resources.nproc_per_node == "auto":
             problems.append("resources.nproc_per_node: 'auto' needs nodes whose GPUs or slots the cluster spec lists "
@@ -138,7 +139,7 @@ class RayBackend(Backend):
                 "drop elastic, or run on ssh, slurm or local"]
 
     @classmethod
-    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+    def check_hosts(cls, cluster: RayCluster) -> list[str]:
         raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
 
     def preflight(self, plan: Plan) -> Preflight:

@@ -44,14 +44,14 @@ from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems
 from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
+from launcher.backends.slurm.spec import SlurmCluster, time_minutes
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.node.ship import node_argv
 from launcher.node.slurmnode import ABORT_FILE, write_private
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import Plan
-from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.cluster import NodeSpec
 from launcher.spec.job import JobSpec
-from launcher.spec.slurm import time_minutes
 
 JOB_DIR = ".launch"
 WARN_FILE = "time-warning"
@@ -93,7 +93,7 @@ def required(value: str | None, key: str) -> str:
     return value
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(Backend[SlurmCluster]):
     """Submits each attempt with ``sbatch``; follows it with ``squeue``/``scontrol`` and the job directory."""
 
     name: ClassVar[str] = "slurm"
@@ -105,7 +105,7 @@ class SlurmBackend(Backend):
     #: node's own verdict waits for squeue to say NODE_FAIL and sinfo to say which node is down
     verdict_delay_s: ClassVar[float] = 4.0
 
-    def __init__(self, cluster: ClusterSpec) -> None:
+    def __init__(self, cluster: SlurmCluster) -> None:
         super().__init__(cluster)
         self.spec = cluster.slurm
         self.partition = required(cluster.slurm.partition, "slurm.partition")
@@ -114,12 +114,12 @@ class SlurmBackend(Backend):
         self._check_nodes: list[str] | None = None
 
     @classmethod
-    def plan_nodes(cls, cluster: ClusterSpec, count: int) -> list[NodeSpec]:
+    def plan_nodes(cls, cluster: SlurmCluster, count: int) -> list[NodeSpec]:
         gpus = cluster.slurm.gpus_per_node
         return [NodeSpec(host=f"slurm-node-{i}", address=AUTO, gpus=gpus) for i in range(count)]
 
     @classmethod
-    def resource_problems(cls, job: JobSpec, cluster: ClusterSpec) -> list[str]:
+    def resource_problems(cls, job: JobSpec, cluster: SlurmCluster) -> list[str]:
         gpus, nproc = cluster.slurm.gpus_per_node, job.resources.nproc_per_node
         if nproc == "auto":
             return ["resources.nproc_per_node: 'auto' needs nodes whose GPUs or slots the cluster spec lists (ssh, "
@@ -130,7 +130,7 @@ class SlurmBackend(Backend):
         return []
 
     @classmethod
-    def check_hosts(cls, cluster: ClusterSpec) -> list[str]:
+    def check_hosts(cls, cluster: SlurmCluster) -> list[str]:
         """`launch check` probes the partition's nodes in service (CHECK_NODES at most), each through its own
         ``srun``, which may wait in the queue."""
         partition = required(cluster.slurm.partition, "slurm.partition")
@@ -143,7 +143,7 @@ class SlurmBackend(Backend):
         return names
 
     @classmethod
-    def bandwidth_nodes(cls, cluster: ClusterSpec) -> int:
+    def bandwidth_nodes(cls, cluster: SlurmCluster) -> int:
         return len(cli.nodes_in_service(required(cluster.slurm.partition, "slurm.partition"))[:CHECK_NODES])
 
     # at submit: what the controller answers at once

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from launcher.backends.slurm.spec import GpuFlag, SlurmSpec, time_minutes
 from launcher.errors import LaunchError
-from launcher.spec.slurm import GpuFlag, SlurmSpec, time_minutes
 
 COMMAND_TIMEOUT_S = 30.0
 

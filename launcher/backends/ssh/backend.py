@@ -31,13 +31,14 @@ from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_pr
 from launcher.backends.ssh import sync
 from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, error_text, fan_out
 from launcher.backends.ssh.settings import SSHSettings
+from launcher.backends.ssh.spec import SSHCluster
 from launcher.backends.stopping import term_then_kill
 from launcher.errors import LaunchError, NodeStartError
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
 from launcher.plan.shell import render_command
-from launcher.spec.cluster import ClusterSpec, NodeSpec
+from launcher.spec.cluster import NodeSpec
 
 START_TIMEOUT_S = 30.0
 CLEANUP_CONNECT_S = 1.0
@@ -155,13 +156,13 @@ class SSHStream:
         self._channel.close()
 
 
-class SSHBackend(Backend):
+class SSHBackend(Backend[SSHCluster]):
     """Runs each node of a plan on its host over SSH, fanning out to all hosts in parallel."""
 
     name: ClassVar[str] = "ssh"
     leases: ClassVar[bool] = True
 
-    def __init__(self, cluster: ClusterSpec) -> None:
+    def __init__(self, cluster: SSHCluster) -> None:
         super().__init__(cluster)
         settings = SSHSettings(cluster.ssh)
         self.targets = [settings.target(n.host, n.port, n.user) for n in cluster.nodes]
@@ -175,7 +176,7 @@ class SSHBackend(Backend):
         return self._pool
 
     @classmethod
-    def spare_nodes(cls, cluster: ClusterSpec, wanted: int) -> int:
+    def spare_nodes(cls, cluster: SSHCluster, wanted: int) -> int:
         return len(cluster.nodes) - wanted
 
     def preflight(self, plan: Plan) -> Preflight:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from launcher.backends.ssh.spec import SSHSpec
 from launcher.backends.ssh.survey import Difference, HostReport, PythonChoice
 from launcher.errors import LaunchError, SpecError
-from launcher.spec.cluster import ClusterSpec, SSHSpec
+from launcher.spec.cluster import ClusterSpec
 
 COMMENT_COLUMN = 36
 GIB = 2**30
@@ -188,7 +189,7 @@ def ray_cluster_text(command: str, name: str, address: str) -> str:
 
 def write(text: str, out: Path, overwrite: bool) -> ClusterSpec:
     """Validate ``text`` as a cluster spec and write it to ``out`` (never replacing a file unless ``overwrite``)."""
-    from launcher.spec.load import load_cluster
+    from launcher.backends import load_cluster
 
     out = out.expanduser()
     if not overwrite:

@@ -13,9 +13,9 @@ from typing import Any
 import paramiko
 
 from launcher.backends.ssh.hostkeys import MAX_SSH_FILE_BYTES, KnownHosts, load_known_hosts
+from launcher.backends.ssh.spec import SSHSpec
 from launcher.backends.ssh.target import Target
 from launcher.errors import LaunchError
-from launcher.spec.cluster import SSHSpec
 from launcher.spec.files import expand_user, read_regular
 from launcher.spec.hosts import Hop, check_host, check_port, parse_jump_hosts
 

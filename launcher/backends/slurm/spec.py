@@ -1,4 +1,4 @@
-"""The ``slurm:`` section of a cluster spec, and Slurm's time-limit format.
+"""The Slurm backend's cluster model: ``backend: slurm``, its ``slurm:`` section, and Slurm's time-limit format.
 
 A time limit is written as ``sbatch --time`` takes it (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
 ``D-HH:MM``, ``D-HH:MM:SS``); Slurm rounds seconds up to whole minutes and has no limit below one
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from launcher.spec.base import Strict
+from launcher.spec.cluster import ClusterSpec
 from launcher.spec.fields import MAX_PROCS_PER_NODE, Arg, Name
 
 UNLIMITED = ("UNLIMITED", "INFINITE")
@@ -121,3 +122,26 @@ class SlurmSpec(Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return options
+
+
+class SlurmCluster(ClusterSpec):
+    """A Slurm partition: Slurm places the nodes, which meet in a job directory under workdir (a shared filesystem)."""
+
+    backend: Literal["slurm"]
+    slurm: SlurmSpec = SlurmSpec()
+
+    @model_validator(mode="after")
+    def _check_slurm(self) -> SlurmCluster:
+        problems = []
+        if not self.slurm.partition:
+            problems.append("backend 'slurm' needs 'slurm: {partition: NAME}' (`sinfo -s` lists the partitions)")
+        if not self.workdir or not self.workdir.startswith("/"):
+            problems.append("backend 'slurm' needs 'workdir': an absolute path on a filesystem every node and this "
+                            "machine mount (the job's files meet there)")
+        for key, why in (("nodes", "Slurm chooses the nodes"), ("sync_workdir", "workdir is shared: nothing to copy"),
+                         ("setup", "put node set-up in the job's entrypoint or the site's prolog")):
+            if getattr(self, key):
+                problems.append(f"'{key}' is not used by backend 'slurm' ({why}): remove it")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
