@@ -54,7 +54,7 @@ def fill_store(work: Path, env: dict[str, str], jobs: int, real: int) -> None:
     from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
 
     store = Store()
-    template = store.job(store.jobs(limit=1)[0]["id"])
+    template = store.job(store.jobs(limit=1)[0].id)
     prepared = orchestrate.prepare(str(work / "tiny.yaml"), None)
     spec_data = {"job": prepared.job.model_dump(mode="json"), "cluster": prepared.cluster.model_dump(mode="json")}
     for index in range(jobs - real):
@@ -63,7 +63,7 @@ def fill_store(work: Path, env: dict[str, str], jobs: int, real: int) -> None:
         store.create_job(plan, spec_data)
         store.transition(job_id, LAUNCHING, attempt=0)
         store.transition(job_id, RUNNING)
-        store.transition(job_id, SUCCEEDED, summary=template["summary"])
+        store.transition(job_id, SUCCEEDED, summary=template.summary)
     store.close()
 
 

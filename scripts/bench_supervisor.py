@@ -215,14 +215,14 @@ def follow_job(bed: testbed.Testbed, work: Path, args: argparse.Namespace) -> di
 
     def supervising() -> int | None:
         row = store.job(job_id)
-        pid = row.get("supervisor_pid")
-        if row["state"] == "RUNNING" and pid and b"--supervise" in _cmdline(pid):
+        pid = row.supervisor_pid
+        if row.state == "RUNNING" and pid and b"--supervise" in _cmdline(pid):
             return pid
         return None
 
     pid = wait_for(supervising, 300)
     if pid is None:
-        out["error"] = f"no RUNNING job with a --supervise supervisor after 300 s: {store.job(job_id)['state']}"
+        out["error"] = f"no RUNNING job with a --supervise supervisor after 300 s: {store.job(job_id).state}"
         return out
     keeper = parent(pid)
     out |= {"supervisor_pid": pid, "keeper_pid": keeper, "to_running_s": time.time() - t0}
@@ -273,9 +273,9 @@ def follow_job(bed: testbed.Testbed, work: Path, args: argparse.Namespace) -> di
         out["profile"] = {"file": str(profile), "cpu_s": (cpu_s(pid) or 0) - (p0 or 0), "s": args.profile_s,
                           "top": top_frames(profile)}
     out["status_running"] = time_status(job_id, env, args.rounds)
-    wait_for(lambda: store.job(job_id)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), args.duration + 120, 1.0)
+    wait_for(lambda: store.job(job_id).state in ("SUCCEEDED", "FAILED", "CANCELLED"), args.duration + 120, 1.0)
     row = store.job(job_id)
-    out |= {"state": row["state"], "reason": row.get("reason"), "total_s": time.time() - t0,
+    out |= {"state": row.state, "reason": row.reason, "total_s": time.time() - t0,
             "records": store._query("SELECT count(*) FROM metrics WHERE job_id = ?", (job_id,))[0][0]}
     out["status_ended"] = time_status(job_id, env, args.rounds)
     return out
@@ -316,7 +316,7 @@ def thousand_ranks(home: Path, source: str, nodes: int = 125, per_node: int = 8,
 
     store = Store(home)
     row = store.job(source)
-    plan = Plan.model_validate(row["plan"])
+    plan = Plan.model_validate(row.plan)
     job_id = f"ranks{nodes * per_node}-{os.urandom(4).hex()}"
     template = plan.nodes[0]
     plan_nodes = tuple(template.model_copy(update={"index": i, "host": f"node{i + 1}", "address": f"10.0.{i // 250}.{i % 250}",
@@ -324,23 +324,23 @@ def thousand_ranks(home: Path, source: str, nodes: int = 125, per_node: int = 8,
                        for i in range(nodes))
     plan = plan.model_copy(update={"job_id": job_id, "job_name": f"ranks{nodes * per_node}", "nnodes": nodes,
                                    "nproc_per_node": per_node, "world_size": nodes * per_node, "nodes": plan_nodes})
-    spec = row["spec"]
+    spec = row.spec
     spec["job"]["resources"] = {**spec["job"].get("resources", {}), "nodes": nodes, "nproc_per_node": per_node}
     store.create_job(plan, spec)
     store.transition(job_id, "LAUNCHING", attempt=0)
     for i in range(nodes):
         store.set_node(job_id, 0, i, state="RUNNING", host=f"node{i + 1}", started_at=time.time())
     store.transition(job_id, "RUNNING")
-    for event in store.events(row["id"]):
+    for event in store.events(row.id):
         store.add_event(job_id, event["kind"], event["message"], event["data"])
-    records = [r for r in store.metrics(row["id"]) if r.rank == 0]
+    records = [r for r in store.metrics(row.id) if r.rank == 0]
     t = time.time() - steps
     for step in range(1, steps + 1):
         base = records[(step - 1) % len(records)]
         store.add_metrics(job_id, 0, [dataclasses.replace(base, job=job_id, rank=r, node=r // per_node, local_rank=r % per_node,
                                                           host=f"node{r // per_node + 1}", step=step, t=t + step)
                                       for r in range(nodes * per_node)])
-    usage = store.samples(row["id"])[0]
+    usage = store.samples(row.id)[0]
     store.add_samples(job_id, 0, [ProcessSample(node=r // per_node, rank=r, host=f"node{r // per_node + 1}", t=time.time(),
                                                 pid=1000 + r, cpu_s=usage.cpu_s or 1.0, rss_bytes=usage.rss_bytes or 1,
                                                 rss_peak_bytes=usage.rss_peak_bytes or 1)
@@ -356,7 +356,7 @@ def end_thousand(home: Path, job_id: str) -> float:
     t = time.perf_counter()
     summary = summarize(store.metrics(job_id), store.samples(job_id))
     store.transition(job_id, "SUCCEEDED", reason="finished", summary=summary)
-    for i in range(int(store.job(job_id)["nnodes"])):
+    for i in range(int(store.job(job_id).nnodes)):
         store.set_node(job_id, 0, i, state="EXITED", exit_code=0, ended_at=time.time())
     return time.perf_counter() - t
 

@@ -12,25 +12,14 @@ import re
 import signal
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from launcher.store.states import FailureKind  # with the job's states: the store keeps a job's failure kind
 
 LOST_NODE_EXIT = 255  # what a backend's poll() says for a node whose agent died unseen or went out of reach
 DEEPSPEED_KILLED_EXIT = 247  # DeepSpeed's launcher exits 256 - 9 when a rank got SIGKILL
 SHELL_KILLED_EXIT = 137  # 128 + 9: a shell's or a container runtime's code for SIGKILL
-
-
-class FailureKind(StrEnum):
-    EXIT = "exit"  # a rank or the node's agent exited non-zero
-    LOST = "lost"  # the node's agent died unseen or went out of reach
-    OOM = "oom"  # the kernel's OOM killer ended a process of the job
-    STALL = "stall"  # ranks that reported steps stopped advancing
-    HANG = "hang"  # every rank alive but silent and idle
-    START = "start"  # a node could not be started
-    PREFLIGHT = "preflight"  # a check on the allocated nodes failed (schedulers)
-    TIMEOUT = "timeout"  # the scheduler's time limit
-    INTERNAL = "internal"  # launch itself failed
 
 
 class Failure(BaseModel):
@@ -67,7 +56,7 @@ class Failure(BaseModel):
         how = f"exit code {self.exit_code}" if self.exit_code is not None else "lost"
         if self.signal:
             how += f" ({self.signal})"
-        if self.kind == FailureKind.START:
+        if self.kind in (FailureKind.START, FailureKind.LEASES):
             how = "could not start"
         reason = f": {self.reason}" if self.reason else ""
         return f"first failure: {where}, {how}{reason}"

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 LEASE_DIR_ENV = "LAUNCH_LEASE_DIR"  # another lease directory than the nodes' default (tests: one per test)
 BUSY_EVENT, LEASED_EVENT = "@busy ", "@leased "
-TAKEN_FIRST = "another job took the leases first"  # a failed job's reason with this was busy: `launch submit` exits 3
+TAKEN_FIRST = "another job took the leases first"  # said in the reason of a job that failed so (FailureKind.LEASES)
 RECHECK_S = 1.0  # after a lost race for the leases: look again this soon even if no host's state changed
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 

@@ -10,6 +10,7 @@ import sys
 import click
 
 from launcher.cli.output import echo_reason, echo_safe_line, exit_for
+from launcher.store.states import JobState
 
 
 @click.command()
@@ -74,7 +75,7 @@ def attach(job, cluster_path, takeover):
             from launcher.views.progress import open_progress
 
             row = store.job(job_id)
-            view = open_progress(sys.stdout, max_steps=row["max_steps"], nnodes=row["nnodes"] or 1, plain=False)
+            view = open_progress(sys.stdout, max_steps=row.max_steps, nnodes=row.nnodes or 1, plain=False)
             view.attach(store, job_id)
 
     try:
@@ -88,6 +89,6 @@ def attach(job, cluster_path, takeover):
         if view is not None:
             view.close()
     click.echo(f"job {job_id}: {state}  (launch status {job_id})", err=True)
-    if state != "SUCCEEDED":
-        echo_reason(store.job(job_id).get("reason"))
+    if state != JobState.SUCCEEDED:
+        echo_reason(store.job(job_id).reason)
     exit_for(state)

@@ -13,6 +13,7 @@ import click
 
 from launcher.cli.output import EXIT_CANCELLED, echo_line, echo_reason, exit_for
 from launcher.errors import LaunchError
+from launcher.store.states import JobState, SupervisorState
 from launcher.views.render import console
 from launcher.views.terminal import safe_text
 
@@ -52,18 +53,18 @@ def status(job, as_json, last, limit, watch):
         newest = store.jobs(limit=1)
         if not newest:
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
-        job = newest[0]["id"]
+        job = newest[0].id
     if job is not None:
         from launcher.run import stacks
 
         row = store.job(job)
         summary = jobstatus.job_summary(store, row)
         supervision = _supervision(store, row)
-        if supervision is not None and supervision["state"] == "lost":
+        if supervision is not None and supervision["state"] == SupervisorState.LOST:
             supervision["agents"] = _agents_left(store, row)
-        obj = jobstatus.job_object(row, summary, store.nodes(row["id"]), supervision)
-        events = store.events(row["id"])
-        kept = stacks.latest(store.run_dir(row["id"]))
+        obj = jobstatus.job_object(row, summary, store.nodes(row.id), supervision)
+        events = store.events(row.id)
+        kept = stacks.latest(store.run_dir(row.id))
         if as_json:
             verdict = _verdict_json(kept, row, events)
             click.echo(render.json_text({**obj, "events": events, "stacks": stacks.json_entries(kept) if kept else [],
@@ -81,9 +82,9 @@ def status(job, as_json, last, limit, watch):
                     out.print(Text(safe_text(line, colour=False)))
         return
     jobs = [(r, jobstatus.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
-    supervisors = {r["id"]: said for r, _ in jobs if (said := _supervision(store, r)) is not None}
+    supervisors = {r.id: said for r, _ in jobs if (said := _supervision(store, r)) is not None}
     if as_json:
-        click.echo(render.json_text([jobstatus.job_object(r, summary, supervisor=supervisors.get(r["id"]))
+        click.echo(render.json_text([jobstatus.job_object(r, summary, supervisor=supervisors.get(r.id))
                                      for r, summary in jobs]))
     elif not jobs:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
@@ -106,9 +107,9 @@ def _supervision(store, row) -> dict | None:
     from launcher.run import identity
     from launcher.store.states import is_terminal
 
-    if is_terminal(row["state"]):
+    if is_terminal(row.state):
         return None
-    said = identity.described(store.runs / row["id"], row["id"], row.get("supervisor_pid"), row.get("supervisor_at"))
+    said = identity.described(store.runs / row.id, row.id, row.supervisor_pid, row.supervisor_at)
     return said.as_json()
 
 
@@ -123,7 +124,7 @@ def _agents_left(store, row) -> dict | None:
     from launcher.run.recorded import RecordedJob
 
     try:
-        job = RecordedJob.read(store, row["id"])
+        job = RecordedJob.read(store, row.id)
         backend = get_backend(job.cluster)
     except Exception:  # noqa: BLE001 - status shows what the store says when the nodes cannot be asked
         return None
@@ -152,16 +153,16 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
         newest = store.jobs(limit=1)
         if not newest:
             raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
-        job = newest[0]["id"]
+        job = newest[0].id
     try:
         row = watch(store, str(job), stream=sys.stdout, supervisor_gone=lambda job_id: supervisor_gone(store, job_id))
     except KeyboardInterrupt:
         click.echo("stopped watching; the job goes on (`launch cancel` ends it)", err=True)
         sys.exit(EXIT_CANCELLED)
-    click.echo(f"job {row['id']}: {row['state']}", err=True)
-    if row["state"] != "SUCCEEDED":
-        echo_reason(row.get("reason"))
-    exit_for(row["state"])
+    click.echo(f"job {row.id}: {row.state}", err=True)
+    if row.state != JobState.SUCCEEDED:
+        echo_reason(row.reason)
+    exit_for(row.state)
 
 
 @click.command()
@@ -197,7 +198,6 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw
     import re
 
     from launcher.store.db import Store
-    from launcher.store.states import is_terminal
     from launcher.views.logs import LogFormat, LogQuery, parse_since, print_logs
 
     try:
@@ -217,7 +217,7 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw
     print_logs(store, job, query, follow=follow, fmt=fmt, out=echo_line,
                supervisor_gone=lambda job_id: supervisor_gone(store, job_id),
                say=lambda text: click.echo(safe_text(text, colour=False), err=True))
-    if follow and not is_terminal(store.job(job)["state"]):
+    if follow and not store.job(job).terminal:
         sys.exit(1)
 
 
@@ -236,8 +236,8 @@ def cancel(job):
     from launcher.store.db import Store
 
     row = cancel_job(Store(), job)
-    click.echo(f"job {row['id']}: {row['state']}")
-    if row["state"] != "CANCELLED":
+    click.echo(f"job {row.id}: {row.state}")
+    if row.state != JobState.CANCELLED:
         sys.exit(1)
 
 
@@ -266,15 +266,15 @@ def stacks_command(job):
 
     store = Store()
     row = store.job(job)
-    if is_terminal(row["state"]):
-        report = stacks.latest(store.run_dir(row["id"]))
+    if is_terminal(row.state):
+        report = stacks.latest(store.run_dir(row.id))
         if report is None:
-            raise LaunchError(f"job {row['id']} ended {row['state']} and no stacks were taken; stacks are taken from "
+            raise LaunchError(f"job {row.id} ended {row.state} and no stacks were taken; stacks are taken from "
                               "running jobs, and from hung or stalled ones before they are torn down")
     else:
-        backend = get_backend(cluster_spec(row["spec"]["cluster"]))
+        backend = get_backend(cluster_spec((row.spec or {}).get("cluster")))
         try:
-            report = stacks.collect(backend, Plan.model_validate(row["plan"]), store, row["attempt"])
+            report = stacks.collect(backend, Plan.model_validate(row.plan), store, row.attempt)
         finally:
             backend.close()
     out = console()

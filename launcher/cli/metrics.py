@@ -11,6 +11,7 @@ import sys
 import click
 
 from launcher.catalog.strategies import BENCH_DEFAULT, REGISTRY
+from launcher.store.states import JobState
 from launcher.views.render import console, json_text
 
 
@@ -19,7 +20,7 @@ def _load(store, refs):
     entries = []
     for ref in refs:
         job = store.job(ref)
-        entries.append((job, store.metrics(job["id"])))
+        entries.append((job, store.metrics(job.id)))
     return entries
 
 
@@ -55,12 +56,12 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
         raise click.UsageError("--json and --csv are exclusive: give one")
     store = Store()
     [(row, records)] = _load(store, [job])
-    usage = store.samples(row["id"])
+    usage = store.samples(row.id)
     if tb_dir:
         from launcher.metrics.export import write_tensorboard
 
-        runs = write_tensorboard(row, records, tb_dir)
-        click.echo(f"wrote TensorBoard event files for {len(runs)} rank(s) under {tb_dir}/{row['id']}", err=True)
+        runs = write_tensorboard(row.id, row.spec, records, tb_dir)
+        click.echo(f"wrote TensorBoard event files for {len(runs)} rank(s) under {tb_dir}/{row.id}", err=True)
     if as_csv:
         from launcher.metrics.export import write_csv
 
@@ -68,7 +69,7 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
         return
     figures = job_metrics(row, records, attempt, usage)
     if as_json:
-        click.echo(json_text({"id": row["id"], "state": row["state"], **figures}))
+        click.echo(json_text({"id": row.id, "state": row.state, **figures}))
         return
     out = console()
     for part in metrics_renderables(row, figures):
@@ -95,7 +96,7 @@ def compare(jobs, as_json):
 
     store = Store()
     entries = _load(store, jobs)
-    rows = comparison([(job, job_metrics(job, records, usage=store.samples(job["id"]))) for job, records in entries])
+    rows = comparison([(job, job_metrics(job, records, usage=store.samples(job.id))) for job, records in entries])
     if as_json:
         click.echo(json_text(rows))
     else:
@@ -161,7 +162,7 @@ def bench(job_file, strategies, steps, cluster_file, overrides, out_file, show_l
     else:
         console().print(comparison_table(result.rows))
     click.echo("saved " + ", ".join(str(path) for path in saved), err=True)
-    if any(run.state != "SUCCEEDED" for run in result.runs):
+    if any(run.state != JobState.SUCCEEDED for run in result.runs):
         sys.exit(1)
 
 
@@ -188,7 +189,7 @@ def report(jobs, out_file, title):
 
     store = Store()
     entries = _load(store, jobs)
-    page = build_report(entries, title=title, usage={job["id"]: store.samples(job["id"]) for job, _ in entries})
+    page = build_report(entries, title=title, usage={job.id: store.samples(job.id) for job, _ in entries})
     path = expand_user(out_file, "report --out")
     _write_new_or_own(path, page)
     click.echo(f"wrote {path} ({len(jobs)} job(s), {len(page) // 1024} KB)")

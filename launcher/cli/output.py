@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from launcher.store.states import JobState
 from launcher.views.terminal import safe_lines, safe_text
 
 EXIT_CANCELLED = 130
@@ -32,7 +33,7 @@ def echo_reason(reason: str | None) -> None:
         click.echo(f"  reason: {safe_lines(reason, colour=False)}", err=True)
 
 
-def exit_for(state: str) -> None:
+def exit_for(state: JobState | None) -> None:
     """Exit as a foreground job ends: 0 SUCCEEDED (returns), 130 CANCELLED, 1 otherwise."""
-    if state != "SUCCEEDED":
-        sys.exit(EXIT_CANCELLED if state == "CANCELLED" else 1)
+    if state != JobState.SUCCEEDED:
+        sys.exit(EXIT_CANCELLED if state == JobState.CANCELLED else 1)

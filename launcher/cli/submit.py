@@ -12,6 +12,7 @@ import click
 
 from launcher.cli.output import echo_reason, echo_safe_line, exit_for
 from launcher.errors import LaunchError, PreflightError
+from launcher.store.states import JobState
 from launcher.views.render import console
 
 
@@ -65,10 +66,10 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
         if view is not None:
             view.close()
     _tell_outcome(job_id, state, as_json=as_json, detach=detach)
-    if state == "FAILED" and _lost_the_leases(job_id):
+    if state == JobState.FAILED and _lost_the_leases(job_id):
         sys.exit(PreflightError.exit_code)  # as when preflight finds them held: another job was quicker
     if detach:
-        if state in ("FAILED", "CANCELLED"):  # a scheduler refused the job before --detach returned
+        if state in (JobState.FAILED, JobState.CANCELLED):  # a scheduler refused the job before --detach returned
             exit_for(state)
     else:
         exit_for(state)
@@ -76,10 +77,10 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
 
 def _lost_the_leases(job_id: str) -> bool:
     """Whether the job found its GPUs or slots taken by another job between preflight and start."""
-    from launcher.backends.leasing import TAKEN_FIRST
     from launcher.store.db import Store
+    from launcher.store.states import FailureKind
 
-    return TAKEN_FIRST in (Store().job(job_id).get("reason") or "")
+    return Store().job(job_id).failure_kind == FailureKind.LEASES
 
 
 def _print_plan(plan, as_json: bool) -> None:
@@ -122,15 +123,15 @@ def _tell_outcome(job_id: str, state: str, *, as_json: bool, detach: bool) -> No
         return
     if detach:
         click.echo(job_id)
-        if state not in ("FAILED", "CANCELLED"):
+        if state not in (JobState.FAILED, JobState.CANCELLED):
             return
     else:
         click.echo(f"job {job_id}: {state}  (launch status {job_id})", err=True)
-        if state == "SUCCEEDED":
+        if state == JobState.SUCCEEDED:
             return
     from launcher.store.db import Store
 
-    echo_reason(Store().job(job_id).get("reason"))
+    echo_reason(Store().job(job_id).reason)
 
 
 @click.command("plan")

@@ -67,8 +67,10 @@ def scalars(record: MetricRecord, peak_tflops: float | None) -> dict[str, float]
     return {tag: float(v) for tag, v in values.items() if v is not None}
 
 
-def write_tensorboard(job: Mapping[str, Any], records: Sequence[MetricRecord], logdir: str | Path) -> list[Path]:
-    """Write a job's records as TensorBoard scalars under ``logdir/JOB/rankN``; the run directories."""
+def write_tensorboard(job_id: str, spec: Mapping[str, Any] | None, records: Sequence[MetricRecord],
+                      logdir: str | Path) -> list[Path]:
+    """Write a job's records (``spec``: its stored specs) as TensorBoard scalars under ``logdir/JOB/rankN``; the run
+    directories."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
@@ -76,13 +78,13 @@ def write_tensorboard(job: Mapping[str, Any], records: Sequence[MetricRecord], l
             f"TensorBoard export needs torch and the tensorboard package ({exc})",
             hint="pip install tensorboard  (or use `launch metrics JOB --csv`)",
         ) from None
-    peak = mfu_mod.peak_tflops(job, records)
+    peak = mfu_mod.peak_tflops(spec, records)
     by_rank: dict[int, list[MetricRecord]] = {}
     for record in records:
         by_rank.setdefault(record.rank, []).append(record)
     runs = []
     for rank, rows in sorted(by_rank.items()):
-        run = expand_user(logdir, "--tensorboard") / job["id"] / f"rank{rank}"
+        run = expand_user(logdir, "--tensorboard") / job_id / f"rank{rank}"
         try:
             writer = SummaryWriter(log_dir=str(run))
         except OSError as exc:

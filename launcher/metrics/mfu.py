@@ -41,28 +41,28 @@ def table_peak_tflops(gpu_name: str | None) -> float | None:
     return None
 
 
-def cluster_gpu(job: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The ``gpu`` section of the cluster spec stored with a job row ({} when absent or not a mapping)."""
-    section: Any = job
-    for key in ("spec", "cluster", "gpu"):
+def cluster_gpu(spec: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The ``gpu`` section of the cluster spec in a job's stored specs ({} when absent or not a mapping)."""
+    section: Any = spec
+    for key in ("cluster", "gpu"):
         section = section.get(key) if isinstance(section, Mapping) else None
     return section if isinstance(section, Mapping) else {}
 
 
-def gpu_name(job: Mapping[str, Any], records: Sequence[MetricRecord] = ()) -> str | None:
-    """The GPU's name: the cluster spec's ``gpu.name``, else one reported by a rank."""
-    name = cluster_gpu(job).get("name")
+def gpu_name(spec: Mapping[str, Any] | None, records: Sequence[MetricRecord] = ()) -> str | None:
+    """The GPU's name: the cluster spec's ``gpu.name`` (``spec``: a job's stored specs), else one reported by a rank."""
+    name = cluster_gpu(spec).get("name")
     if isinstance(name, str) and name:
         return name
     return next((r.gpu_name for r in reversed(records) if r.gpu_name), None)
 
 
-def peak_tflops(job: Mapping[str, Any], records: Sequence[MetricRecord] = ()) -> float | None:
+def peak_tflops(spec: Mapping[str, Any] | None, records: Sequence[MetricRecord] = ()) -> float | None:
     """Peak TFLOP/s per GPU for a job: ``gpu.peak_tflops`` from its cluster spec wins, else the table."""
-    override = cluster_gpu(job).get("peak_tflops")
+    override = cluster_gpu(spec).get("peak_tflops")
     if isinstance(override, (int, float)) and not isinstance(override, bool) and math.isfinite(override) and override > 0:
         return float(override)
-    return table_peak_tflops(gpu_name(job, records))
+    return table_peak_tflops(gpu_name(spec, records))
 
 
 def mfu(
@@ -77,11 +77,11 @@ def mfu(
     return samples_per_sec * flops_per_sample / (world_size * peak_tflops_per_gpu * 1e12)
 
 
-def job_mfu(job: Mapping[str, Any], summary: JobSummary, records: Sequence[MetricRecord] = ()) -> float | None:
-    """The MFU of a job from its summary (whole-job samples/s over all its ranks)."""
-    world = job.get("world_size")
-    world = world if isinstance(world, int) and world > 0 else len(summary.per_rank) or None
-    return mfu(summary.samples_per_sec, summary.flops_per_sample, world, peak_tflops(job, records))
+def job_mfu(world_size: int | None, spec: Mapping[str, Any] | None, summary: JobSummary,
+            records: Sequence[MetricRecord] = ()) -> float | None:
+    """The MFU of a job from its summary (whole-job samples/s over all its ranks; ``spec``: its stored specs)."""
+    world = world_size if isinstance(world_size, int) and world_size > 0 else len(summary.per_rank) or None
+    return mfu(summary.samples_per_sec, summary.flops_per_sample, world, peak_tflops(spec, records))
 
 
 def rank_mfu(samples_per_sec: float | None, flops_per_sample: float | None, peak: float | None) -> float | None:

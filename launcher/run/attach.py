@@ -68,8 +68,8 @@ def attach(
                           hint=f"`launch status --watch {job.id}` follows it from here; `launch attach {job.id} "
                                f"--takeover` takes the job from it; `launch cancel {job.id}` ends it")
     row = store.job(job.id)
-    if row["state"] != JobState.RUNNING:
-        raise LaunchError(f"job {job.id} is {row['state']}: only a RUNNING job's nodes can be followed again"
+    if row.state != JobState.RUNNING:
+        raise LaunchError(f"job {job.id} is {row.state}: only a RUNNING job's nodes can be followed again"
                           + (f" (its supervisor is gone: {found.gone})" if found.gone else ""),
                           hint=f"`launch cancel {job.id}` ends whatever it started")
     backend = get_backend(job.cluster)
@@ -109,9 +109,9 @@ def attach(
         lock.close()
         raise
     if on_attached is not None:
-        on_attached(job.id, row["attempt"] or 0)
+        on_attached(job.id, row.attempt or 0)
     try:
-        return job.id, supervisor.attach(row["attempt"] or 0)
+        return job.id, supervisor.attach(row.attempt or 0)
     finally:
         lock.close()
 

@@ -23,7 +23,9 @@ from launcher.catalog.strategies import BENCH_DEFAULT, find_strategy
 from launcher.errors import LaunchError, SpecError
 from launcher.metrics.record import MetricRecord
 from launcher.spec.job import JobSpec
-from launcher.store.db import CANCELLED, Store, launch_home
+from launcher.store.db import Store, launch_home
+from launcher.store.rows import JobRow
+from launcher.store.states import JobState
 from launcher.views.compare import compare_row, failed_row, job_metrics, with_ratios
 
 
@@ -33,7 +35,7 @@ class BenchRun:
 
     strategy: str
     job_id: str | None
-    state: str
+    state: JobState
     reason: str | None
     seconds: float
 
@@ -44,7 +46,7 @@ class BenchResult:
 
     runs: list[BenchRun]
     rows: list[dict[str, Any]]
-    entries: list[tuple[dict[str, Any], list[MetricRecord]]] = field(default_factory=list)
+    entries: list[tuple[JobRow, list[MetricRecord]]] = field(default_factory=list)
 
 
 def parse_strategies(text: str) -> list[str]:
@@ -99,8 +101,8 @@ def run_bench(
     store = Store()
     runs: list[BenchRun] = []
     for index, strategy in enumerate(strategies, start=1):
-        if runs and runs[-1].state == CANCELLED:
-            runs.append(BenchRun(strategy, None, CANCELLED, "not run: the bench was cancelled", 0.0))
+        if runs and runs[-1].state == JobState.CANCELLED:
+            runs.append(BenchRun(strategy, None, JobState.CANCELLED, "not run: the bench was cancelled", 0.0))
             continue
         sets = _merged_sets(overrides, [*strategy_overrides(base, strategy), *([f"max_steps={steps}"] if steps else [])])
         progress(f"bench {index}/{len(strategies)}: {strategy}")
@@ -124,11 +126,11 @@ def _run_one(store: Store, job_file: str, cluster_file: str | None, strategy: st
         prepared = orchestrate.prepare(job_file, cluster_file, sets)
         job_id, state = orchestrate.submit(prepared, detach=False, echo=echo)
     except LaunchError as exc:
-        return BenchRun(strategy, None, "FAILED", str(exc), time.monotonic() - start)
+        return BenchRun(strategy, None, JobState.FAILED, str(exc), time.monotonic() - start)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    reason = store.job(job_id).get("reason")
+    reason = store.job(job_id).reason
     return BenchRun(strategy, job_id, state, reason, time.monotonic() - start)
 
 

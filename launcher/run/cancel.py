@@ -12,12 +12,13 @@ from launcher.errors import LaunchError
 from launcher.run import identity
 from launcher.run.recorded import RecordedJob
 from launcher.store.db import Store
-from launcher.store.states import JobState, is_terminal
+from launcher.store.rows import JobRow
+from launcher.store.states import JobState
 
 RECORDS_ITSELF_S = 5.0  # how long `cancel` waits for a starting supervisor to record itself
 
 
-def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
+def cancel(store: Store, job_ref: str, wait: float = 30.0) -> JobRow:
     """Cancel a job: signal its supervisor (once proven to be it), or, once it is proven gone, clean up directly.
 
     A supervisor that is alive but slow to tear the job down is never declared gone. It is waited for while it
@@ -35,13 +36,13 @@ def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
         found = supervisor_presence(store, job.id)
     if found.pid is not None:
         os.kill(found.pid, signal.SIGTERM)
-        moved_at, beat = time.monotonic(), store.job(job.id).get("supervisor_at")
+        moved_at, beat = time.monotonic(), store.job(job.id).supervisor_at
         while found.gone is None:
             row = store.job(job.id)
-            if is_terminal(row["state"]):
+            if row.terminal:
                 return row
-            if row.get("supervisor_at") != beat:
-                moved_at, beat = time.monotonic(), row.get("supervisor_at")
+            if row.supervisor_at != beat:
+                moved_at, beat = time.monotonic(), row.supervisor_at
             if time.monotonic() - moved_at >= wait:
                 raise LaunchError(
                     f"job {job.id}: its supervisor (PID {found.pid}) was asked to cancel and is still ending the job, "
@@ -50,7 +51,7 @@ def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
             time.sleep(0.1)
             found = supervisor_presence(store, job.id)
     row = store.job(job.id)
-    if is_terminal(row["state"]):  # it ended the job as it went
+    if row.terminal:  # it ended the job as it went
         return row
     _cancel_orphaned(store, job, found.gone or "no supervisor ever recorded itself for this job")
     return store.job(job.id)
@@ -58,7 +59,7 @@ def cancel(store: Store, job_ref: str, wait: float = 30.0) -> dict:
 
 def supervisor_presence(store: Store, job_id: str) -> identity.Presence:
     """What is known of the supervisor of ``job_id``: proven alive (its pid), gone (why), or neither yet."""
-    return identity.presence(store.run_dir(job_id), job_id, store.job(job_id).get("supervisor_pid"))
+    return identity.presence(store.run_dir(job_id), job_id, store.job(job_id).supervisor_pid)
 
 
 def supervisor_gone(store: Store, job_id: str) -> str | None:

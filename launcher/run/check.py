@@ -15,6 +15,7 @@ from typing import Any
 from launcher.backends import get_backend
 from launcher.run.checks import CheckReport, assess, gather
 from launcher.spec.cluster import ClusterSpec
+from launcher.store.states import JobState
 
 
 def run_check(cluster: ClusterSpec, port: int, bandwidth: bool = True) -> CheckReport:
@@ -48,7 +49,7 @@ def allreduce_bandwidth(cluster: ClusterSpec, nodes: int) -> tuple[str, float | 
     )
     prepared = orchestrate.prepare_job(job, cluster)
     job_id, state = orchestrate.submit(prepared, detach=False, echo=None)
-    if state != "SUCCEEDED":
+    if state != JobState.SUCCEEDED:
         return job_id, None, f"job {job_id} ended {state} (launch status {job_id})"
     values = [v for v in (r.number("allreduce_busbw_gbps") for r in Store().metrics(job_id)) if v is not None]
     return job_id, (max(values) if values else None), None

@@ -29,7 +29,7 @@ from launcher.run.orchestrate import end_unsupervised, make_supervisor
 from launcher.run.recorded import RecordedJob
 from launcher.run.secrets import read_secrets
 from launcher.store.db import Store
-from launcher.store.states import JobState, is_terminal
+from launcher.store.states import JobState
 from launcher.views.watch import stage_recorder
 
 MAX_REATTACH = 3
@@ -59,13 +59,13 @@ def keep(store: Store, job_id: str) -> int:
         if code == FENCED_EXIT:  # taken over by a newer supervisor: it decides now, nothing to restart
             return FENCED_EXIT
         row = store.job(job_id)
-        if is_terminal(row["state"]):
-            return 0 if row["state"] == JobState.SUCCEEDED else 1
-        died = f"the detached supervisor (PID {child.pid}) {_how(code)} while the job was {row['state']}"
-        if row["state"] == JobState.PENDING:
+        if row.terminal:
+            return 0 if row.state == JobState.SUCCEEDED else 1
+        died = f"the detached supervisor (PID {child.pid}) {_how(code)} while the job was {row.state}"
+        if row.state == JobState.PENDING:
             end_unsupervised(store, job_id, f"{died}; nothing had been started")
             return 1
-        if row["state"] != JobState.RUNNING or restart > MAX_REATTACH:
+        if row.state != JobState.RUNNING or restart > MAX_REATTACH:
             why = (f"{died}; not restarted again after {MAX_REATTACH} restarts" if restart > MAX_REATTACH
                    else f"{died}, before its nodes could be followed again")
             store.add_event(job_id, "supervisor_lost", f"{why}: the node agents end the job after "
@@ -145,7 +145,7 @@ def _notify_unattended(store: Store, job_id: str, reason: str) -> None:
         if job.job.notify is None:
             return
         notifier = Notifier(job.job.notify, read_secrets(job.plan.secrets))
-        notifier.tell(store, job_id, job.plan.job_name, "unattended", store.job(job_id)["state"], reason)
+        notifier.tell(store, job_id, job.plan.job_name, "unattended", store.state(job_id), reason)
     except Exception as exc:  # noqa: BLE001 - a notice never stops the keeper
         store.add_event(job_id, "notify_failed", f"the unattended notice could not be sent: {exc!r}")
 

@@ -48,17 +48,19 @@ def finish(store: Store, job_id: str, outcome: Outcome, note: Callable[[str], No
         summary = None
     failure = outcome.failure.model_dump(mode="json") if outcome.failure else None
     try:
-        written = store.transition(job_id, outcome.state, reason=outcome.reason, first_failure=failure, summary=summary)
+        written = store.transition(job_id, outcome.state, reason=outcome.reason, first_failure=failure, summary=summary,
+                                   failure_kind=outcome.failure.kind if outcome.failure else None)
     except Exception as exc:  # noqa: BLE001 - then the state and its reason alone
         note(f"the final state could not be written with its details: {exc!r}")
         try:
-            written = store.transition(job_id, outcome.state, reason=outcome.reason)
+            written = store.transition(job_id, outcome.state, reason=outcome.reason,
+                                       failure_kind=outcome.failure.kind if outcome.failure else None)
         except Exception as again:  # noqa: BLE001 - nothing more can be done here; the note says it
             note(f"the final state {outcome.state} ({outcome.reason}) could not be written: {again!r}")
             return outcome.state
     if not written:
         try:
-            return JobState(store.job(job_id)["state"])
+            return store.state(job_id)
         except Exception as exc:  # noqa: BLE001 - the store cannot be read: what this supervisor decided
             note(f"the job's state could not be read back: {exc!r}")
             return outcome.state

@@ -21,6 +21,7 @@ from typing import Any
 
 from launcher.node.journal import write_atomically
 from launcher.node.proctree import start_ticks
+from launcher.store.states import Supervision, SupervisorState
 
 IDENTITY_FILE = "supervisor.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -94,23 +95,6 @@ def presence(run_dir: Path, job_id: str, spawned_pid: int | None) -> Presence:
     return Presence(pid=pid)
 
 
-@dataclass(frozen=True)
-class Supervision:
-    """What `launch status` says of a job's supervisor: ``attached`` (alive: where, since when it took the job),
-    ``lost`` (proven gone: where it ran, when it was last alive) or ``unknown`` (nothing proven either way)."""
-
-    state: str
-    host: str | None = None
-    pid: int | None = None
-    since: float | None = None
-    why: str | None = None
-    generation: int | None = None  # 0: the submitting supervisor; each `launch attach` one more
-
-    def as_json(self) -> dict[str, Any]:
-        return {"state": self.state, "host": self.host, "pid": self.pid, "since": self.since,
-                "generation": self.generation}
-
-
 def described(run_dir: Path, job_id: str, spawned_pid: int | None, alive_at: float | None) -> Supervision:
     """The supervision of a job that has not ended; ``alive_at``: when its supervisor last said it was alive."""
     found = presence(run_dir, job_id, spawned_pid)
@@ -121,7 +105,7 @@ def described(run_dir: Path, job_id: str, spawned_pid: int | None, alive_at: flo
     began = identity.get("since") if mine and isinstance(identity.get("since"), (int, float)) else None
     generation = identity.get("generation", 0) if mine and isinstance(identity.get("generation", 0), int) else None
     if found.pid is not None:
-        return Supervision("attached", host or socket.gethostname(), found.pid, began, generation=generation)
+        return Supervision(SupervisorState.ATTACHED, host or socket.gethostname(), found.pid, began, generation=generation)
     if found.gone is not None:
-        return Supervision("lost", host, pid, alive_at if alive_at is not None else began, found.gone, generation)
-    return Supervision("unknown", host, pid, None, generation=generation)
+        return Supervision(SupervisorState.LOST, host, pid, alive_at if alive_at is not None else began, found.gone, generation)
+    return Supervision(SupervisorState.UNKNOWN, host, pid, None, generation=generation)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from launcher.backends.base import Backend, NodeHandle, StartContext
 from launcher.backends.failures import LOST_NODE_EXIT, Failure, FailureKind
+from launcher.backends.leasing import LeasesBusy
 from launcher.errors import LaunchError, NodeStartError, PreflightError, SupervisorFenced
 from launcher.plan.planner import Plan
 from launcher.run import contact
@@ -20,6 +21,7 @@ from launcher.run.liveness import Liveness
 from launcher.run.step import Exited, Fenced
 from launcher.run.watcher import Follow, NodeWatcher, Relay, Resume
 from launcher.store.db import Store
+from launcher.store.rows import NodeRow
 from launcher.store.states import NodeState
 
 DRAIN_S = 5.0  # how long the node watchers may take to read their nodes' last lines, all together
@@ -105,7 +107,8 @@ class Nodes:
                 self.store.update_job(job_id, plan=self.plan.model_dump(mode="json"))
         except NodeStartError as exc:
             node = self.plan.nodes[exc.node]
-            return Failure(kind=FailureKind.START, node=node.index, host=node.host, reason=f"could not start: {exc}")
+            kind = FailureKind.LEASES if isinstance(exc, LeasesBusy) else FailureKind.START
+            return Failure(kind=kind, node=node.index, host=node.host, reason=f"could not start: {exc}")
         except PreflightError as exc:
             return Failure(kind=FailureKind.PREFLIGHT, reason=str(exc))
         except LaunchError as exc:
@@ -127,23 +130,22 @@ class Nodes:
         """`launch attach`: a watcher on every node still running, each from the lines the store has
         (``nodes.seen``); a node that cannot be reached now starts out of contact. Exits already recorded stand."""
         job_id, attempt = self.plan.job_id, self.attempt
-        rows = {row["node"]: row for row in self.store.nodes(job_id, attempt)}
+        rows = {row.node: row for row in self.store.nodes(job_id, attempt)}
         follow = follower(self.backend, self.plan, self.generation)
         for node in self.plan.nodes:
-            row = rows.get(node.index, {})
-            if row.get("state") in (NodeState.EXITED, NodeState.STOPPED) and isinstance(row.get("exit_code"), int):
-                self.exits[node.index] = NodeExit(row["exit_code"], self._sequence())
+            row = rows.get(node.index) or NodeRow(job_id, attempt, node.index)
+            if row.state in (NodeState.EXITED, NodeState.STOPPED) and row.exit_code is not None:
+                self.exits[node.index] = NodeExit(row.exit_code, self._sequence())
                 continue
-            pid, ticks = row.get("pid"), row.get("start_ticks")
-            agent = (pid, ticks if isinstance(ticks, int) else None) if isinstance(pid, int) else None
-            seen: int = row["seen"] if isinstance(row.get("seen"), int) else 0
-            resume = Resume(seen, row.get("log_bytes") if isinstance(row.get("log_bytes"), int) else None, agent)
+            agent = (row.pid, row.start_ticks) if row.pid is not None else None
+            seen = row.seen or 0
+            resume = Resume(seen, row.log_bytes, agent)
             handle: NodeHandle
             try:
                 handle = self.backend.follow(self.plan, node.index, seen, agent, self.generation)
             except Exception as exc:  # noqa: BLE001 - unreachable now: its watcher tries again, the loop decides
                 handle = _Unreached(node.index, agent, f"{exc}"[:300])
-            log_path = Path(row.get("log_path") or run_dir / f"attempt{attempt}-node{node.index}.log")
+            log_path = Path(row.log_path or run_dir / f"attempt{attempt}-node{node.index}.log")
             self.watchers.append(NodeWatcher(handle, node.host, log_path, relay, follow=follow, resume=resume))
         self.store.add_event(job_id, "attached", f"supervisor attached (pid {os.getpid()}): following "
                              f"{len(self.watchers)} node(s) from the lines the store has",

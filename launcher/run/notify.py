@@ -59,8 +59,8 @@ class Notifier:
         if not self.wants(event):
             return
         row = store.job(job_id)
-        notice = Notice(job=job_id, name=name, event=event, state=state, reason=reason or row.get("reason") or state,
-                        attempt=row.get("attempt") or 0)
+        notice = Notice(job=job_id, name=name, event=event, state=state, reason=reason or row.reason or state,
+                        attempt=row.attempt or 0)
         for problem in self.send(notice):
             store.add_event(job_id, "notify_failed", problem)
 

@@ -28,7 +28,7 @@ from launcher.spec.files import expand_user, read_regular
 from launcher.spec.job import JobSpec
 from launcher.spec.load import MAX_NAMED_FILE_BYTES
 from launcher.store.db import Store
-from launcher.store.states import JobState, is_terminal
+from launcher.store.states import JobState
 
 if TYPE_CHECKING:
     from launcher.run.supervisor import Supervisor
@@ -216,7 +216,8 @@ def make_supervisor(
 def end_unsupervised(store: Store, job_id: str, reason: str) -> None:
     """End a job FAILED that no supervisor took (its reason says why); a job already ended keeps its state."""
     failure = Failure(kind=FailureKind.INTERNAL, reason=reason)
-    if store.transition(job_id, JobState.FAILED, reason=reason, first_failure=failure.model_dump(mode="json")):
+    if store.transition(job_id, JobState.FAILED, reason=reason, first_failure=failure.model_dump(mode="json"),
+                        failure_kind=failure.kind):
         store.add_event(job_id, "failed", reason)
 
 
@@ -226,10 +227,10 @@ def _scheduler_has(store: Store, job_id: str, timeout: float = SUBMITTED_WAIT_S)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = store.job(job_id)
-        if job.get("scheduler_id") or is_terminal(job["state"]):
-            return JobState(job["state"])
+        if job.scheduler_id or job.terminal:
+            return store.state(job_id)
         time.sleep(0.1)
-    return JobState(store.job(job_id)["state"])
+    return store.state(job_id)
 
 
 def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool):

@@ -37,10 +37,12 @@ class RecordedJob:
     def read(cls, store: Store, ref: str) -> RecordedJob:
         """The job ``ref`` names (an id or its unique prefix); LaunchError if its record cannot be read back."""
         row = store.job(ref)
-        spec: dict[str, Any] = row["spec"] if isinstance(row.get("spec"), dict) else {}
+        spec = row.spec or {}
+        if row.state is None:
+            raise LaunchError(f"job {row.id}: its stored state is not one this launch knows")
         try:
-            return cls(id=row["id"], state=JobState(row["state"]), plan=Plan.model_validate(row.get("plan")),
+            return cls(id=row.id, state=row.state, plan=Plan.model_validate(row.plan),
                        job=JobSpec.model_validate(spec.get("job")), cluster=cluster_spec(spec.get("cluster")),
-                       check=spec.get("check", True) is not False, supervisor_pid=row.get("supervisor_pid"))
+                       check=spec.get("check", True) is not False, supervisor_pid=row.supervisor_pid)
         except (ValidationError, ValueError) as exc:
-            raise LaunchError(f"job {row['id']}: its stored record cannot be read back: {exc}") from None
+            raise LaunchError(f"job {row.id}: its stored record cannot be read back: {exc}") from None

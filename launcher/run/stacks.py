@@ -202,7 +202,7 @@ def _job_created(store: Store | None, job_id: str) -> float | None:
     if store is None:
         return None
     try:
-        created = store.job(job_id).get("created_at")
+        created = store.job(job_id).created_at
     except Exception:  # noqa: BLE001 - no filter then
         return None
     return float(created) if isinstance(created, (int, float)) else None

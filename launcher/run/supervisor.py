@@ -192,7 +192,7 @@ class Supervisor:
     def _finish(self, outcome: Outcome | None) -> JobState:
         job_id = self.plan.job_id
         if outcome is None:
-            return JobState(self.store.job(job_id)["state"])
+            return self.store.state(job_id)
         self._intake.file_losses(self.live)
         state = finish(self.store, job_id, outcome.with_losses(self._intake.lost), self.internal_note)
         self._guarded("notifying", lambda: self._notify(state))
@@ -292,7 +292,7 @@ class Supervisor:
         """Record the new attempt (RUNNING -> LAUNCHING); False if the job was cancelled meanwhile."""
         job_id = self.plan.job_id
         self._quiet.clear()
-        if self.store.job(job_id)["state"] == JobState.LAUNCHING:
+        if self.store.state(job_id) == JobState.LAUNCHING:
             self.store.update_job(job_id, attempt=attempt)
             return True
         return self.store.transition(job_id, JobState.LAUNCHING, attempt=attempt)

@@ -31,6 +31,7 @@ from launcher.run.recorded import RecordedJob, stored_spec
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
 from launcher.store.db import Store
+from launcher.store.rows import JobRow
 from launcher.store.states import JobState, NodeState
 
 FRESH_CONTACT_S = 3.0  # a node whose reader was in contact this recently is being followed by a supervisor
@@ -118,11 +119,11 @@ def take(backend: Backend, plan: Plan, nodes: list[NodeGeneration], *, every_nod
 # a job read back from its nodes
 
 
-def node_record(row: dict[str, Any], plan: Plan, attempt: int) -> dict[str, Any]:
+def node_record(row: JobRow, plan: Plan, attempt: int) -> dict[str, Any]:
     """What each node keeps of the job (``job.json``): its stored specs (names of secrets, never their values),
     its plan as run, and the attempt."""
-    return {"version": RECORD_VERSION, "job_id": plan.job_id, "created_at": row.get("created_at"), "attempt": attempt,
-            "plan": plan.model_dump(mode="json"), "spec": row.get("spec")}
+    return {"version": RECORD_VERSION, "job_id": plan.job_id, "created_at": row.created_at, "attempt": attempt,
+            "plan": plan.model_dump(mode="json"), "spec": row.spec}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from launcher.run.stackclasses import StackClass, ranges
 from launcher.run.stacks import StackReport
+from launcher.store.rows import JobRow
 
 SCREEN = 40
 CLASSES_SHOWN = 8
@@ -29,7 +30,7 @@ _KERNEL_STAMP = re.compile(r"^\S*\d{4}-\d\d-\d\dT\S+\s+")
 _DEVICES = re.compile(r"GPUs? ([\d,\-]+)")
 
 
-def verdict_lines(report: StackReport, row: dict[str, Any], events: Sequence[dict[str, Any]],
+def verdict_lines(report: StackReport, row: JobRow, events: Sequence[dict[str, Any]],
                   devices: dict[int, list[int]] | None = None) -> list[str]:
     """The verdict, at most ``SCREEN`` lines."""
     devices = devices if devices is not None else leased_devices(events)
@@ -49,12 +50,12 @@ def verdict_lines(report: StackReport, row: dict[str, Any], events: Sequence[dic
     lines += _suspect_lines(report, apart)
     lines += _flight_lines(report.flight)
     lines.append(f"action: {_action(report, row, events)}")
-    lines.append(f"every class with its frames: launch status {row.get('id', 'JOB')} --json (verdict.classes); "
-                 f"full stacks: launch stacks {row.get('id', 'JOB')}")
+    lines.append(f"every class with its frames: launch status {row.id or 'JOB'} --json (verdict.classes); "
+                 f"full stacks: launch stacks {row.id or 'JOB'}")
     return lines[:SCREEN]
 
 
-def verdict_json(report: StackReport, row: dict[str, Any], events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def verdict_json(report: StackReport, row: JobRow, events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """``status --json``'s ``verdict``: every class, the ranks apart, every suspect node's evidence, the flight
     recorder's analysis and the action."""
     classes = report.classes()
@@ -88,9 +89,9 @@ def leased_devices(events: Sequence[dict[str, Any]]) -> dict[int, list[int]]:
     return found
 
 
-def _head(row: dict[str, Any]) -> str:
+def _head(row: JobRow) -> str:
     """The reason's first clause: ``hung before the first step``, ``stalled at step 41 on node 3/rank 24``."""
-    reason = str(row.get("reason") or "")
+    reason = row.reason or ""
     return reason.split(":", 1)[0][:120] if reason else "stacks taken on request"
 
 
@@ -290,12 +291,12 @@ def _flight_lines(flight: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _action(report: StackReport, row: dict[str, Any], events: Sequence[dict[str, Any]]) -> str:
+def _action(report: StackReport, row: JobRow, events: Sequence[dict[str, Any]]) -> str:
     """What launch did after taking the stacks, from the events filed since."""
     after = [e for e in events if isinstance(e.get("t"), (int, float)) and e["t"] >= report.taken_at - 1]
     kinds = {e.get("kind"): e for e in after}
-    state = row.get("state")
-    if state in (None, "RUNNING", "LAUNCHING", "PENDING", "QUEUED") and "restarting" not in kinds:
+    state = row.state
+    if (state is None or not state.terminal) and "restarting" not in kinds:
         return f"none yet: stacks taken on request while the job is {state or 'running'}"
     nodes = f"its {len(report.hosts)} node(s)" if report.hosts else "its nodes"
     said = f"stacks taken, then every process of attempt {report.attempt} ended on {nodes}"

@@ -16,7 +16,7 @@ from typing import Any
 from launcher.errors import JobNotFound, LaunchError
 from launcher.store.base import StoreBase, launch_home
 from launcher.store.records import MAX_METRIC_RECORDS, RecordsStore
-from launcher.store.rows import JSON_COLUMNS, job_dict, json_safe, json_text
+from launcher.store.rows import JSON_COLUMNS, JobRow, NodeRow, json_safe, json_text
 from launcher.store.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, StoreError
 from launcher.store.states import TERMINAL, JobState, NodeState
 
@@ -53,7 +53,7 @@ class Store(RecordsStore):
             ),
         )
 
-    def transition(self, job_id: str, state: str, **fields: Any) -> bool:
+    def transition(self, job_id: str, state: JobState, **fields: Any) -> bool:
         """Move a job to ``state`` if that is legal from its current state; False if not."""
         allowed = JobState(state).allowed_from
         updates = {"state": state, **fields}
@@ -86,7 +86,7 @@ class Store(RecordsStore):
         values = [json_text(v) if k in JSON_COLUMNS and v is not None else v for k, v in fields.items()]
         self._execute(f"UPDATE jobs SET {cols} WHERE id = ?", [*values, job_id])
 
-    def job(self, ref: str) -> dict[str, Any]:
+    def job(self, ref: str) -> JobRow:
         """The job with this id, or the only one whose id starts with it (an empty reference matches none)."""
         if not ref or not ref.strip():
             raise JobNotFound("no job id given (an empty or blank reference matches no job)",
@@ -102,19 +102,27 @@ class Store(RecordsStore):
         if len(rows) > 1:
             ids = ", ".join(r["id"] for r in rows)
             raise JobNotFound(f"'{ref}' matches several jobs: {ids}; give more of the id")
-        return job_dict(rows[0])
+        return JobRow.read(rows[0])
 
-    def jobs(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def state(self, job_id: str) -> JobState:
+        """The state of the job ``job_id``; a StoreError when it is one this launch does not know (a damaged row)."""
+        state = self.job(job_id).state
+        if state is None:
+            raise StoreError(f"job {job_id} has a state this launch does not know in {self.home}")
+        return state
+
+    def jobs(self, limit: int | None = None) -> list[JobRow]:
         """Jobs, newest first, without their plans and specs."""
         sql = (
             "SELECT id, name, state, created_at, started_at, ended_at, backend, cluster, launcher, strategy,"
             " precision, nnodes, nproc_per_node, world_size, micro_batch, grad_accum, global_batch, max_steps,"
-            " attempt, reason, queue_reason, scheduler_id, first_failure, summary, supervisor_pid, supervisor_at"
+            " attempt, reason, failure_kind, queue_reason, scheduler_id, first_failure, summary, supervisor_pid,"
+            " supervisor_at"
             " FROM jobs ORDER BY created_at DESC"
         )
         if limit:
             sql += f" LIMIT {int(limit)}"
-        return [job_dict(r) for r in self._query(sql)]
+        return [JobRow.read(r) for r in self._query(sql)]
 
     def job_ids(self, prefix: str = "", limit: int = 100) -> list[tuple[str, str]]:
         """(id, state) of the newest jobs whose id starts with ``prefix`` (for shell completion)."""
@@ -140,10 +148,10 @@ class Store(RecordsStore):
                 [*fields.values(), job_id, attempt, node],
             )
 
-    def nodes(self, job_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    def nodes(self, job_id: str, attempt: int | None = None) -> list[NodeRow]:
         """Node rows of a job (all attempts unless one is named), in order."""
         if attempt is None:
             rows = self._query("SELECT * FROM nodes WHERE job_id = ? ORDER BY attempt, node", (job_id,))
         else:
             rows = self._query("SELECT * FROM nodes WHERE job_id = ? AND attempt = ? ORDER BY node", (job_id, attempt))
-        return [dict(r) for r in rows]
+        return [NodeRow.read(r) for r in rows]

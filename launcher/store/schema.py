@@ -110,8 +110,10 @@ CREATE TABLE IF NOT EXISTS samples (
 # (``nodes.seen``: the whole lines received; ``nodes.log_bytes``: the node's log file then; the agent's
 # ``start_ticks``, to signal it by PID safely) and when the job's supervisor was last alive (``jobs.supervisor_at``).
 # Version 4: the running summary of each rank's metric records (``store.tally``), for `launch status` of a running
-# job; a job's records stored before it are not tallied, and its summary is made from them.
-SCHEMA_VERSION = 4
+# job; a job's records stored before it are not tallied, and its summary is made from them. Version 5: the kind of the
+# job's first failure (``jobs.failure_kind``, a ``FailureKind``), which `launch submit` decides from; a job ended
+# before it has none.
+SCHEMA_VERSION = 5
 MIGRATIONS: dict[int, str] = {
     0: SCHEMA,
     1: "ALTER TABLE jobs ADD COLUMN queue_reason TEXT; ALTER TABLE jobs ADD COLUMN scheduler_id TEXT",
@@ -150,6 +152,7 @@ CREATE TABLE IF NOT EXISTS tally_attempts (
     flops_per_sample REAL,
     PRIMARY KEY (job_id, attempt)
 )""",
+    4: "ALTER TABLE jobs ADD COLUMN failure_kind TEXT",
 }
 
 

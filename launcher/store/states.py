@@ -1,4 +1,5 @@
-"""The states of a job and of its nodes, and the moves allowed between them.
+"""The states of a job, of its nodes and of its supervisor, the moves allowed between them, and the kinds of failure
+a job ends with.
 
 A job moves PENDING -> (QUEUED ->) LAUNCHING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED.
 QUEUED is a scheduler holding the job (Slurm's pending jobs); a restart goes back from RUNNING
@@ -9,7 +10,9 @@ a supervisor cannot bring a finished job back. The values are the strings users 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class JobState(StrEnum):
@@ -54,6 +57,47 @@ class NodeState(StrEnum):
     STOPPED = "STOPPED"
 
 
-def is_terminal(state: str) -> bool:
-    """True for a finished job's state (a stored string or a JobState)."""
+class FailureKind(StrEnum):
+    """What failed first (``first_failure.kind`` in ``status --json``; the job's ``failure_kind`` column)."""
+
+    EXIT = "exit"  # a rank or the node's agent exited non-zero
+    LOST = "lost"  # the node's agent died unseen or went out of reach
+    OOM = "oom"  # the kernel's OOM killer ended a process of the job
+    STALL = "stall"  # ranks that reported steps stopped advancing
+    HANG = "hang"  # every rank alive but silent and idle
+    START = "start"  # a node could not be started
+    LEASES = "leases"  # another job took the nodes' GPUs or slots between preflight and start (submit exits 3)
+    PREFLIGHT = "preflight"  # a check on the allocated nodes failed (schedulers)
+    TIMEOUT = "timeout"  # the scheduler's time limit
+    INTERNAL = "internal"  # launch itself failed
+
+
+class SupervisorState(StrEnum):
+    """What is known of a job's supervisor (``supervisor.state`` in ``status --json``): alive, proven gone (the job is
+    unattended: `launch attach` takes it), or neither proven."""
+
+    ATTACHED = "attached"
+    LOST = "lost"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What `launch status` says of a job's supervisor: ``attached`` (where, since when it took the job), ``lost``
+    (where it ran, when it was last alive, why it is known gone) or ``unknown``."""
+
+    state: SupervisorState
+    host: str | None = None
+    pid: int | None = None
+    since: float | None = None
+    why: str | None = None
+    generation: int | None = None  # 0: the submitting supervisor; each `launch attach` one more
+
+    def as_json(self) -> dict[str, Any]:
+        return {"state": self.state, "host": self.host, "pid": self.pid, "since": self.since,
+                "generation": self.generation}
+
+
+def is_terminal(state: JobState | str | None) -> bool:
+    """True for a finished job's state (a stored string or a JobState; None, an unknown state, has not ended)."""
     return state in TERMINAL

@@ -18,7 +18,8 @@ from launcher.metrics import mfu as mfu_mod
 from launcher.metrics.aggregate import as_records, summarize
 from launcher.metrics.columns import fmt, fmt_mem, fmt_pct
 from launcher.metrics.record import MetricRecord, RankUsage
-from launcher.store.db import TERMINAL
+from launcher.store.rows import JobRow
+from launcher.store.states import JobState
 from launcher.views.render import batch_text
 
 STRAGGLER_SLOWDOWN = 1.10
@@ -58,7 +59,7 @@ def stragglers(per_rank: list[dict[str, Any]], threshold: float = STRAGGLER_SLOW
     return sorted(rank for rank, slow in rank_slowdowns(per_rank).items() if slow > threshold)
 
 
-def job_metrics(job: Mapping[str, Any], records: Iterable[MetricRecord | Mapping[str, Any]], attempt: int | None = None,
+def job_metrics(job: JobRow, records: Iterable[MetricRecord | Mapping[str, Any]], attempt: int | None = None,
                 usage: Iterable[RankUsage] = ()) -> dict[str, Any]:
     """The `launch metrics --json` object of a job (without id and state).
 
@@ -67,7 +68,7 @@ def job_metrics(job: Mapping[str, Any], records: Iterable[MetricRecord | Mapping
     """
     records = as_records(records)
     summary = summarize(records, usage, attempt)
-    peak = mfu_mod.peak_tflops(job, records)
+    peak = mfu_mod.peak_tflops(job.spec, records)
     data = summary.as_json()
     slowdowns = rank_slowdowns(data["per_rank"])
     flagged = {rank for rank, slow in slowdowns.items() if slow > STRAGGLER_SLOWDOWN}
@@ -82,24 +83,24 @@ def job_metrics(job: Mapping[str, Any], records: Iterable[MetricRecord | Mapping
     ]
     return {
         **data,
-        "mfu": mfu_mod.job_mfu(job, summary, records),
-        "gpu_name": mfu_mod.gpu_name(job, records),
+        "mfu": mfu_mod.job_mfu(job.world_size, job.spec, summary, records),
+        "gpu_name": mfu_mod.gpu_name(job.spec, records),
         "peak_tflops": peak,
         "stragglers": sorted(flagged),
     }
 
 
-def compare_row(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+def compare_row(job: JobRow, metrics: Mapping[str, Any]) -> dict[str, Any]:
     """One job's row of the comparison (before the ratios against the baseline); ``metrics`` from ``job_metrics``."""
     row = {
-        "job": job.get("id"),
-        "name": job.get("name"),
-        "state": job.get("state"),
-        "reason": job.get("reason"),
-        "strategy": job.get("strategy"),
-        "precision": job.get("precision"),
-        "world_size": job.get("world_size"),
-        "grad_accum": job.get("grad_accum"),
+        "job": job.id,
+        "name": job.name,
+        "state": job.state,
+        "reason": job.reason,
+        "strategy": job.strategy,
+        "precision": job.precision,
+        "world_size": job.world_size,
+        "grad_accum": job.grad_accum,
     }
     row.update({column.row_key: metrics.get(column.name) for column in registry.columns() if column.row_key})
     row["mfu"] = metrics.get("mfu")
@@ -107,9 +108,9 @@ def compare_row(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str,
     return row
 
 
-def failed_row(strategy: str, reason: str, state: str = "FAILED") -> dict[str, Any]:
+def failed_row(strategy: str, reason: str, state: JobState = JobState.FAILED) -> dict[str, Any]:
     """A comparison row for a run that never got a job (its spec was refused, preflight failed...)."""
-    return compare_row({"id": None, "name": None, "state": state, "reason": reason, "strategy": strategy}, {})
+    return {**compare_row(JobRow(id="", name=None, state=state, reason=reason, strategy=strategy), {}), "job": None}
 
 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -127,7 +128,7 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def comparison(entries: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+def comparison(entries: list[tuple[JobRow, dict[str, Any]]]) -> list[dict[str, Any]]:
     """The comparison rows for (job row, ``job_metrics``) pairs, first job = baseline."""
     return with_ratios([compare_row(job, metrics) for job, metrics in entries])
 
@@ -142,7 +143,7 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 def row_cells(row: Mapping[str, Any]) -> list[str]:
     """The text of one comparison row, in ``table_headers()`` order."""
     figures = registry.table_columns()
-    if row["state"] == "FAILED" and row.get("samples_per_sec") is None:
+    if row["state"] == JobState.FAILED and row.get("samples_per_sec") is None:
         metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 1)
     else:
         metrics = [column.cell(row.get(column.row_key) if column.row_key else None) for column in figures] + [
@@ -162,14 +163,14 @@ def comparison_table(rows: list[dict[str, Any]]):
     for header in table_headers():
         table.add_column(header, no_wrap=header == "JOB", justify="left" if header in TEXT_HEADERS else "right")
     for row in rows:
-        table.add_row(*map(Text, row_cells(row)), style="red" if row["state"] == "FAILED" else None)
+        table.add_row(*map(Text, row_cells(row)), style="red" if row["state"] == JobState.FAILED else None)
     base = next((row for row in rows if row.get("baseline")), None)
     notes = []
     if base is not None:
         notes.append(Text(f"speed-up (samples/s) and memory ratio (peak memory per GPU) are against {base['job']}", style="dim"))
     notes += [
         Text(f"{row['strategy'] or row['job']}: {str(row['state']).lower()}: {row['reason'] or 'no reason recorded'}", style="red")
-        for row in rows if row["state"] in ("FAILED", "CANCELLED")
+        for row in rows if row["state"] in (JobState.FAILED, JobState.CANCELLED)
     ]
     notes += [Text(f"{row['job']}: straggler rank(s) {', '.join(map(str, row['stragglers']))}", style="yellow")
               for row in rows if row.get("stragglers")]
@@ -181,7 +182,7 @@ _SHOWN = {"step_time_ms_p50", "step_time_ms_p95", "steps_per_sec", "samples_per_
           "gpu_util", "flops_per_sample", "loss"}
 
 
-def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Any]:
+def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
     """What `launch metrics JOB` prints: the summary, the per-rank table and straggler warnings."""
     from rich.markup import escape
     from rich.table import Table
@@ -189,11 +190,11 @@ def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> l
 
     m = metrics
     out: list[Any] = [
-        f"[bold]{escape(str(job['id']))}[/]  {escape(str(job['state']))}  "
-        + escape(f"{job.get('strategy') or '(entrypoint)'}, {job.get('precision')}, "
-                 f"{job.get('nnodes')} node(s) x {job.get('nproc_per_node')} = {job.get('world_size')} ranks"),
-        Text(f"  batch       {batch_text(job.get('global_batch'), job.get('micro_batch'), job.get('grad_accum'), job.get('world_size'))}"),
-        f"  steps       {m['steps']}/{escape(str(job.get('max_steps')))}  ({m['records']} records, warm-up excluded)",
+        f"[bold]{escape(str(job.id))}[/]  {escape(str(job.state or '?'))}  "
+        + escape(f"{job.strategy or '(entrypoint)'}, {job.precision}, "
+                 f"{job.nnodes} node(s) x {job.nproc_per_node} = {job.world_size} ranks"),
+        Text(f"  batch       {batch_text(job.global_batch, job.micro_batch, job.grad_accum, job.world_size)}"),
+        f"  steps       {m['steps']}/{escape(str(job.max_steps))}  ({m['records']} records, warm-up excluded)",
         f"  throughput  {fmt(m['samples_per_sec'])} samples/s, {fmt(m['tokens_per_sec'], '.0f')} tokens/s, "
         f"{fmt(m['steps_per_sec'], '.2f')} steps/s",
         f"  step time   p50 {fmt(m['step_time_ms_p50'], '.1f', ' ms')}, p95 {fmt(m['step_time_ms_p95'], '.1f', ' ms')}",
@@ -204,10 +205,10 @@ def metrics_renderables(job: Mapping[str, Any], metrics: Mapping[str, Any]) -> l
     ]
     out += [Text(f"  {column.name:<11} {column.cell(m.get(column.name))}") for column in registry.columns()
             if column.name not in _SHOWN]
-    if job.get("reason"):
-        out.insert(1, Text(f"  reason      {job['reason']}"))
+    if job.reason:
+        out.insert(1, Text(f"  reason      {job.reason}"))
     if not m["per_rank"]:
-        out.append("no metric records" + (" yet" if job["state"] not in TERMINAL else ""))
+        out.append("no metric records" + ("" if job.terminal else " yet"))
         return out
     table = Table(title="ranks", box=None, header_style="bold", title_justify="left")
     for column in ("RANK", "NODE", "HOST", "SAMPLES/S", "TOKENS/S", "STEP P50", "VS MEDIAN", "PEAK MEM", "MFU", "STEPS", ""):

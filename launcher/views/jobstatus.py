@@ -9,24 +9,24 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any
 
+from launcher.store.states import JobState, SupervisorState
 from launcher.views.render import batch_text
 from launcher.views.terminal import safe_lines
 
 if TYPE_CHECKING:
     from launcher.metrics.summary import JobSummary
+    from launcher.store.rows import JobRow, NodeRow
 
 
-def job_summary(store: Any, job: dict[str, Any]) -> JobSummary:
+def job_summary(store: Any, job: JobRow) -> JobSummary:
     """A job's metric summary: the stored one of a finished job, else live from its running summary (the same
     figures, a row a rank), or from its records and process samples where that does not cover them all."""
     from launcher.metrics.aggregate import summarize
     from launcher.metrics.summary import JobSummary
-    from launcher.store.db import TERMINAL
-
-    if job["state"] in TERMINAL and job.get("summary"):
-        return JobSummary.from_stored(job["summary"])
-    running = store.running_summary(job["id"])
-    return running if running is not None else summarize(store.metrics(job["id"]), store.samples(job["id"]))
+    if job.terminal and job.summary:
+        return JobSummary.from_stored(job.summary)
+    running = store.running_summary(job.id)
+    return running if running is not None else summarize(store.metrics(job.id), store.samples(job.id))
 
 
 NETWORK_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
@@ -55,18 +55,18 @@ def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def unattended(job: dict[str, Any], supervisor: dict[str, Any] | None) -> str | None:
+def unattended(job_id: str, state: JobState | None, supervisor: dict[str, Any] | None) -> str | None:
     """``RUNNING, unattended since HH:MM (no supervisor): launch attach JOB`` for a job whose supervisor is gone.
 
     Only a RUNNING job can be attached to; one that had not started (QUEUED, PENDING) is cleared with
     ``launch cancel`` and submitted again."""
-    if not supervisor or supervisor.get("state") != "lost":
+    if not supervisor or supervisor.get("state") != SupervisorState.LOST:
         return None
     since = supervisor.get("since")
     when = time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    remedy = "launch attach" if job["state"] == "RUNNING" else "launch cancel"
-    return f"{job['state']}, unattended since {when} (no supervisor){_agents_said(supervisor.get('agents'))}: " \
-           f"{remedy} {job['id']}"
+    remedy = "launch attach" if state == JobState.RUNNING else "launch cancel"
+    return f"{state}, unattended since {when} (no supervisor){_agents_said(supervisor.get('agents'))}: " \
+           f"{remedy} {job_id}"
 
 
 def _agents_said(agents: Any) -> str:
@@ -87,42 +87,42 @@ def _agents_said(agents: Any) -> str:
                             for word, indices in said.items() if indices)
 
 
-def job_object(job: dict[str, Any], summary: JobSummary, nodes: list[dict[str, Any]] | None = None,
+def job_object(job: JobRow, summary: JobSummary, nodes: list[NodeRow] | None = None,
                supervisor: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``status --json`` object of one job; ``supervisor`` (a job not ended): {"state": "attached" | "lost" |
     "unknown", "host", "pid", "since"} (since: when it took the job, or when it was last alive once lost)."""
-    obj = {
-        "id": job["id"],
-        "name": job["name"],
-        "state": job["state"],
-        "backend": job["backend"],
-        "cluster": job["cluster"],
-        "launcher": job["launcher"],
-        "strategy": job["strategy"],
-        "precision": job["precision"],
-        "nnodes": job["nnodes"],
-        "nproc_per_node": job["nproc_per_node"],
-        "world_size": job["world_size"],
-        "micro_batch": job["micro_batch"],
-        "grad_accum": job["grad_accum"],
-        "global_batch": job["global_batch"],
-        "max_steps": job["max_steps"],
-        "attempt": job["attempt"],
-        "created_at": job["created_at"],
-        "started_at": job["started_at"],
-        "ended_at": job["ended_at"],
-        "reason": job["reason"],
-        "queue_reason": job.get("queue_reason"),
-        "scheduler_id": job.get("scheduler_id"),
-        "first_failure": job["first_failure"],
+    obj: dict[str, Any] = {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state,
+        "backend": job.backend,
+        "cluster": job.cluster,
+        "launcher": job.launcher,
+        "strategy": job.strategy,
+        "precision": job.precision,
+        "nnodes": job.nnodes,
+        "nproc_per_node": job.nproc_per_node,
+        "world_size": job.world_size,
+        "micro_batch": job.micro_batch,
+        "grad_accum": job.grad_accum,
+        "global_batch": job.global_batch,
+        "max_steps": job.max_steps,
+        "attempt": job.attempt,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "reason": job.reason,
+        "queue_reason": job.queue_reason,
+        "scheduler_id": job.scheduler_id,
+        "first_failure": job.first_failure,
         "metrics": summary.as_json(records=False),
         "supervisor": supervisor,
     }
     if nodes is not None:
-        obj["nodes"] = nodes
-    if job.get("plan"):
-        obj["network"] = node_network(job["plan"])
-        obj["procs"] = _procs(job["plan"])
+        obj["nodes"] = [node.as_json() for node in nodes]
+    if job.plan:
+        obj["network"] = node_network(job.plan)
+        obj["procs"] = _procs(job.plan)
     return obj
 
 
@@ -156,7 +156,7 @@ def _age(t: float | None) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]], supervisors: dict[str, dict[str, Any]] | None = None):
+def jobs_table(jobs: list[tuple[JobRow, JobSummary]], supervisors: dict[str, dict[str, Any]] | None = None):
     """A rich table of (job row, summary) pairs (stored text shown through ``safe_text``); a job whose supervisor
     is gone (``supervisors``, by job id) says so in its state."""
     from rich.table import Table
@@ -169,10 +169,10 @@ def jobs_table(jobs: list[tuple[dict[str, Any], JobSummary]], supervisors: dict[
         table.add_column(column, no_wrap=True)
     for job, m in jobs:
         table.add_row(
-            Text(_fmt(job["id"], "")), _state(job["state"], unattended(job, (supervisors or {}).get(job["id"]))),
-            Text(f"{_fmt(job['nnodes'], 'd')}x{_fmt(job['nproc_per_node'], 'd')}"),
-            Text(f"{m.steps}/{_fmt(job['max_steps'], 'd')}"), _fmt(m.samples_per_sec),
-            _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job["created_at"]),
+            Text(_fmt(job.id, "")), _state(job.state, unattended(job.id, job.state, (supervisors or {}).get(job.id))),
+            Text(f"{_fmt(job.nnodes, 'd')}x{_fmt(job.nproc_per_node, 'd')}"),
+            Text(f"{m.steps}/{_fmt(job.max_steps, 'd')}"), _fmt(m.samples_per_sec),
+            _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job.created_at),
         )
     return table
 
@@ -248,10 +248,14 @@ def _safe_text_class() -> Any:
     return SafeText
 
 
+STATE_COLOURS = {JobState.SUCCEEDED: "green", JobState.FAILED: "red", JobState.CANCELLED: "yellow",
+                 JobState.RUNNING: "cyan"}
+
+
 def _state(state: Any, said: str | None = None):
     Text = _safe_text_class()
 
-    color = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}.get(state, "white")
+    color = STATE_COLOURS.get(state, "white")
     return Text(said or _fmt(state, ""), style="magenta" if said else color)
 
 
@@ -274,9 +278,9 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     """
     Text = _safe_text_class()
     m = summary
-    waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == "QUEUED" and obj.get("queue_reason") else ""
+    waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == JobState.QUEUED and obj.get("queue_reason") else ""
     scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
-    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], unattended(obj, obj.get("supervisor"))),
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], unattended(obj["id"], obj["state"], obj.get("supervisor"))),
                            Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))
     out: list[Any] = [
         header,

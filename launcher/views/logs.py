@@ -13,13 +13,14 @@ import heapq
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from launcher.store.db import TERMINAL, Store
+from launcher.store.db import Store
+from launcher.store.rows import JobRow
 from launcher.views.terminal import safe_text
 
 TIMESTAMP = re.compile(r"^(\d+\.\d{3}) ")
@@ -126,11 +127,11 @@ def parse_since(text: str, now: float | None = None) -> float:
         ) from None
 
 
-def log_files(store: Store, job: dict, node: int | None, attempts: Iterable[int]) -> list[Path]:
+def log_files(store: Store, job: JobRow, node: int | None, attempts: Iterable[int]) -> list[Path]:
     """The job's log files of these attempts, in attempt and node order."""
     wanted = set(attempts)
-    rows = [r for r in store.nodes(job["id"]) if r["attempt"] in wanted and (node is None or r["node"] == node)]
-    return [Path(r["log_path"]) for r in rows if r.get("log_path")]
+    rows = [r for r in store.nodes(job.id) if r.attempt in wanted and (node is None or r.node == node)]
+    return [Path(r.log_path) for r in rows if r.log_path]
 
 
 def _complete_end(handle, size: int) -> int:
@@ -213,14 +214,14 @@ class LogReader:
     def __init__(self, store: Store, job_ref: str, query: LogQuery) -> None:
         self.store, self.query = store, query
         self.job = store.job(job_ref)
-        self.first_attempt = self.job["attempt"] if query.attempt is None else query.attempt
+        self.first_attempt = (self.job.attempt or 0) if query.attempt is None else query.attempt
         self.offsets: dict[Path, int] = {}
 
     def _paths(self) -> list[Path]:
         if self.query.attempt is not None:
             attempts: Iterable[int] = (self.query.attempt,)
         else:
-            attempts = range(self.first_attempt, self.job["attempt"] + 1)
+            attempts = range(self.first_attempt, (self.job.attempt or 0) + 1)
         paths = log_files(self.store, self.job, self.query.node, attempts)
         if self.query.since is not None:
             paths = [p for p in paths if not p.exists() or p.stat().st_mtime >= self.query.since]
@@ -253,7 +254,7 @@ class LogReader:
 
     def new(self) -> list[LogLine]:
         """Complete lines written since the last read (new attempts' files included), merged in time order."""
-        self.job = self.store.job(self.job["id"])
+        self.job = self.store.job(self.job.id)
         per_file: list[Iterable[LogLine]] = []
         for path in self._paths():
             try:
@@ -269,14 +270,14 @@ class LogReader:
 
     @property
     def ended(self) -> bool:
-        return self.job["state"] in TERMINAL
+        return self.job.terminal
 
 
-def gone_text(job: Mapping[str, Any], gone: str) -> str:
+def gone_text(job: JobRow, gone: str) -> str:
     """What `status --watch` and `logs --follow` say when a job's supervisor is proven gone."""
-    return (f"launch: job {job['id']} is {job['state']} but its supervisor is gone ({gone}): nothing relays its nodes' "
-            f"lines or records its end now; `launch attach {job['id']}` supervises it again, "
-            f"`launch cancel {job['id']}` ends it")
+    return (f"launch: job {job.id} is {job.state} but its supervisor is gone ({gone}): nothing relays its nodes' "
+            f"lines or records its end now; `launch attach {job.id}` supervises it again, "
+            f"`launch cancel {job.id}` ends it")
 
 
 def print_logs(
@@ -302,8 +303,8 @@ def print_logs(
             out(fmt.render(line))
         if ended:
             return
-        gone = supervisor_gone(reader.job["id"]) if supervisor_gone is not None else None
-        if gone is not None and store.job(reader.job["id"])["state"] not in TERMINAL:
+        gone = supervisor_gone(reader.job.id) if supervisor_gone is not None else None
+        if gone is not None and not store.job(reader.job.id).terminal:
             (say or out)(gone_text(reader.job, gone))
             return
         if gone is None:

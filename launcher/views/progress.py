@@ -155,7 +155,7 @@ class Progress:
             records = store.metrics(job_id)
         except Exception:  # noqa: BLE001 - a store that cannot be read now leaves the last figures shown
             return
-        self._started_at, self._ended_at = job.get("started_at"), job.get("ended_at")
+        self._started_at, self._ended_at = job.started_at, job.ended_at
         started = self._started_at if self._started_at is not None else time.time()
         snap = snapshot(records, self.max_steps, started, self._ended_at or time.time())
         self._snapshot = dataclasses.replace(snap, eta_s=None) if self._ended_at else snap

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.metrics.record import MetricRecord, RankUsage
+from launcher.store.rows import JobRow
+from launcher.store.states import JobState
 from launcher.views.compare import (
     TEXT_HEADERS,
     comparison,
@@ -187,8 +189,8 @@ def loss_series(records: Sequence[MetricRecord]) -> list[tuple[float, float]]:
     return sorted((step, sum(v) / len(v)) for step, v in losses.items())
 
 
-def _series_label(job: dict[str, Any]) -> str:
-    return f"{job['id']} ({job.get('strategy') or 'entrypoint'})"
+def _series_label(job: JobRow) -> str:
+    return f"{job.id} ({job.strategy or 'entrypoint'})"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -198,7 +200,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     body = []
     for row in rows:
         cells = row_cells(row)
-        klass = "failed" if row["state"] == "FAILED" else "base" if row.get("baseline") else ""
+        klass = "failed" if row["state"] == JobState.FAILED else "base" if row.get("baseline") else ""
         tds = "".join(
             f'<td class="{"l" if h in left else ""}">{html.escape(str(c))}</td>' for c, h in zip(cells, headers)
         )
@@ -210,7 +212,7 @@ def _notes(rows: list[dict[str, Any]], metrics: dict[str, dict[str, Any]]) -> st
     notes = []
     for row in rows:
         name = html.escape(str(row["job"] or row["strategy"] or "?"))
-        if row["state"] in ("FAILED", "CANCELLED"):
+        if row["state"] in (JobState.FAILED, JobState.CANCELLED):
             reason = html.escape(str(row["reason"] or "no reason recorded"))
             notes.append(f'<li class="note">{name}: {html.escape(str(row["state"]).lower())}: {reason}</li>')
         for rank in (metrics.get(row["job"]) or {}).get("per_rank", []):
@@ -222,24 +224,24 @@ def _notes(rows: list[dict[str, Any]], metrics: dict[str, dict[str, Any]]) -> st
     return f"<ul>{''.join(notes)}</ul>" if notes else "<p>No failures or stragglers.</p>"
 
 
-def build_report(entries: Sequence[tuple[dict[str, Any], Sequence[MetricRecord]]], rows: list[dict[str, Any]] | None = None,
+def build_report(entries: Sequence[tuple[JobRow, Sequence[MetricRecord]]], rows: list[dict[str, Any]] | None = None,
                  title: str = "launch report", usage: Mapping[str, Sequence[RankUsage]] | None = None) -> str:
     """The HTML report for (job row, records) pairs; ``rows`` overrides the comparison rows.
 
     ``usage`` (by job id) adds the node agents' process samples: peak memory of ranks without the Reporter.
     """
     usage = usage or {}
-    metrics = {job["id"]: job_metrics(job, records, usage=usage.get(job["id"], ())) for job, records in entries}
+    metrics = {job.id: job_metrics(job, records, usage=usage.get(job.id, ())) for job, records in entries}
     if rows is None:
-        rows = comparison([(job, metrics[job["id"]]) for job, _ in entries])
+        rows = comparison([(job, metrics[job.id]) for job, _ in entries])
     throughput = [(_series_label(job), throughput_series(records)) for job, records in entries]
     loss = [(_series_label(job), loss_series(records)) for job, records in entries]
     ranks = sorted({r["rank"] for m in metrics.values() for r in m["per_rank"]})
     memory = []
     for job, _ in entries:
-        peaks = {r["rank"]: r["peak_mem_mb"] for r in metrics[job["id"]]["per_rank"]}
+        peaks = {r["rank"]: r["peak_mem_mb"] for r in metrics[job.id]["per_rank"]}
         memory.append((_series_label(job), [peaks.get(rank) for rank in ranks]))
-    jobs = ", ".join(html.escape(job["id"]) for job, _ in entries) or "none"
+    jobs = ", ".join(html.escape(job.id) for job, _ in entries) or "none"
     return "\n".join([
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from launcher.store.db import RUNNING, TERMINAL, Store
+from launcher.store.db import Store
+from launcher.store.rows import JobRow, NodeRow
+from launcher.store.states import JobState, NodeState
 from launcher.views.logs import LogQuery, LogReader, gone_text
 from launcher.views.progress import STAGE_STATES, STAGES, open_progress
 
 STAGE_EVENT = "stage"
-QUEUED = "QUEUED"
 TAIL_LINES = 10
 
 
@@ -53,36 +54,36 @@ def _from_event(data: Any) -> StageUpdate | None:
 
 
 def job_stages(
-    job: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
+    job: JobRow, nodes: Iterable[NodeRow], events: Iterable[Mapping[str, Any]],
 ) -> list[StageUpdate]:
     """The stages of a job as the store tells them, oldest first: recorded ``stage`` events, ``queued`` while
     the scheduler holds the job, and ``start`` from the node rows of the current attempt (when no start
     events were recorded)."""
     updates = [u for e in events if e.get("kind") == STAGE_EVENT and (u := _from_event(e.get("data"))) is not None]
-    if job["state"] == QUEUED:
-        updates.append(StageUpdate("queued", None, "", "running", job.get("queue_reason") or job.get("reason") or ""))
+    if job.state == JobState.QUEUED:
+        updates.append(StageUpdate("queued", None, "", "running", job.queue_reason or job.reason or ""))
     if any(u.stage == "start" for u in updates):
         return updates
     for row in nodes:
-        if row.get("state") == "STARTING":
-            failed = job["state"] in TERMINAL
-            updates.append(StageUpdate("start", row["node"], row.get("host") or "", "failed" if failed else "running",
-                                       (job.get("reason") or "") if failed else ""))
-        elif row.get("state"):
-            updates.append(StageUpdate("start", row["node"], row.get("host") or "", "done"))
+        if row.state == NodeState.STARTING:
+            failed = job.terminal
+            updates.append(StageUpdate("start", row.node, row.host or "", "failed" if failed else "running",
+                                       (job.reason or "") if failed else ""))
+        elif row.state is not None:
+            updates.append(StageUpdate("start", row.node, row.host or "", "done"))
     return updates
 
 
 def watch(
     store: Store, job_ref: str, *, stream: IO[str], plain: bool | None = None, poll_s: float = 0.5,
     supervisor_gone: Callable[[str], str | None] | None = None,
-) -> dict[str, Any]:
+) -> JobRow:
     """Show the job's progress until it ends (its stages, its last TAIL_LINES log lines, then what comes);
     the final job row. ``supervisor_gone(job_id)``: why the job's supervisor is proven gone, else None
     (`launch status --watch` passes ``launcher.run.cancel.supervisor_gone``); the watch then stops."""
     reader = LogReader(store, job_ref, LogQuery(tail=TAIL_LINES))
     job = reader.job
-    progress = open_progress(stream, max_steps=job["max_steps"], nnodes=job["nnodes"] or 1, plain=plain)
+    progress = open_progress(stream, max_steps=job.max_steps, nnodes=job.nnodes or 1, plain=plain)
     stages = _StageFeed(store, progress)
     try:
         stages.show(job, reader.ended)
@@ -95,15 +96,15 @@ def watch(
                 progress.log(line.text)
             if ended:
                 break
-            gone = supervisor_gone(job["id"]) if supervisor_gone is not None else None
-            if gone is not None and store.job(job["id"])["state"] not in TERMINAL:  # (ended meanwhile: shown next round)
+            gone = supervisor_gone(job.id) if supervisor_gone is not None else None
+            if gone is not None and not store.job(job.id).terminal:  # (ended meanwhile: shown next round)
                 progress.log(gone_text(job, gone))
                 break
             if gone is None:
                 time.sleep(poll_s)
     finally:
         progress.close()
-    return store.job(job["id"])
+    return store.job(job.id)
 
 
 class _StageFeed:
@@ -113,12 +114,12 @@ class _StageFeed:
         self.store, self.progress = store, progress
         self.queued_shown = False
 
-    def show(self, job: Mapping[str, Any], ended: bool) -> None:
+    def show(self, job: JobRow, ended: bool) -> None:
         """The stages as they stand; the bar from when the job runs (or has ended)."""
-        for update in job_stages(job, self.store.nodes(job["id"], job["attempt"]), self.store.events(job["id"])):
+        for update in job_stages(job, self.store.nodes(job.id, job.attempt), self.store.events(job.id)):
             self.queued_shown = self.queued_shown or update.stage == "queued"
             self.progress.stage(update.stage, update.node, update.host, update.state, update.detail)
-        if self.queued_shown and job["state"] != QUEUED:
+        if self.queued_shown and job.state != JobState.QUEUED:
             self.progress.stage("queued", None, "", "done")
-        if (job["state"] == RUNNING or ended) and not self.progress.attached:
-            self.progress.attach(self.store, job["id"])
+        if (job.state == JobState.RUNNING or ended) and not self.progress.attached:
+            self.progress.attach(self.store, job.id)

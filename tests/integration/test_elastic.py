@@ -57,7 +57,7 @@ def _lose_node_2(home: Path, job_file: Path, cluster: Path, reached: Callable[[S
 
         def far_enough():
             jobs = store.jobs(limit=1)
-            return jobs[0]["id"] if jobs and reached(store, jobs[0]["id"]) else None
+            return jobs[0].id if jobs and reached(store, jobs[0].id) else None
 
         job_id = wait_for(far_enough, 120, "attempt 0 to get far enough", every=0.05)
         pid_file = Path(rundir.run_root()) / job_id / "node2.pid"

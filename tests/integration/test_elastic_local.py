@@ -38,7 +38,7 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
 
         def past_first_checkpoint():
             jobs = store.jobs(limit=1)
-            return jobs[0]["id"] if jobs and all_held(tmp_path / "held", 3) else None
+            return jobs[0].id if jobs and all_held(tmp_path / "held", 3) else None
 
         job_id = wait_for(past_first_checkpoint, timeout=120)
         assert job_id, "attempt 0's ranks never reached step 4"

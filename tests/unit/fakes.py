@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from launcher.backends.base import Backend, CommandResult, Preflight, StartContext
+from launcher.backends.leasing import LeasesBusy
 from launcher.errors import NodeStartError
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
@@ -28,6 +29,7 @@ class NodeScript:
     code: int | None = 0
     lost: str | None = None
     fail_start: str | None = None
+    busy: bool = False  # fail_start is another job holding the node's leases (LeasesBusy)
     wait_for: threading.Event | None = None  # printed only once this is set (another node's lines were read)
     then: threading.Event | None = None  # set once the supervisor has read all of ``lines``
     broken: bool = False  # the stream breaks after ``lines``: no exit known (out of contact)
@@ -127,7 +129,7 @@ class FakeBackend(Backend):
         for index, script in enumerate(scripts):
             if script.fail_start:
                 self.started.append([])
-                raise NodeStartError(script.fail_start, index)
+                raise (LeasesBusy if script.busy else NodeStartError)(script.fail_start, index)
         nodes = [FakeNode(index, script) for index, script in enumerate(scripts)]
         self.started.append(nodes)
         return plan, nodes

@@ -170,3 +170,41 @@ def test_no_two_test_files_share_a_name() -> None:
     """pytest imports test files by their base name (no __init__.py in tests/): two alike stop the whole run."""
     names = sorted(path.name for path in (ROOT / "tests").rglob("test_*.py"))
     assert sorted(set(names)) == names, [name for name in set(names) if names.count(name) > 1]
+
+
+STATES_MODULE = PACKAGE / "store" / "states.py"
+
+
+def _state_literals(source: str) -> list[str]:
+    """``line: NAME`` for each string literal that spells a job's or a node's state (``"FAILED"``), outside ``__all__``
+    and outside enums (Slurm's own states are spelt alike)."""
+    from launcher.store.states import JobState, NodeState
+
+    names = {state.value for state in JobState} | {state.value for state in NodeState}
+    tree = ast.parse(source)
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        enum = isinstance(node, ast.ClassDef) and any("Enum" in ast.unparse(base) for base in node.bases)
+        exported = isinstance(node, ast.Assign) and any(ast.unparse(t) == "__all__" for t in node.targets)
+        if enum or exported:
+            skipped.update(id(inner) for inner in ast.walk(node))
+    found = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and node.value in names and id(node) not in skipped]
+    return [f"{node.lineno}: {node.value}" for node in sorted(found, key=lambda node: (node.lineno, node.col_offset))]
+
+
+def test_the_state_literal_finder_sees_a_literal_in_any_form() -> None:
+    source = ('if state == "FAILED": pass\nx = {"SUCCEEDED": 1}\ny = state in ("CANCELLED", "x")\n'
+              'def f(state="RUNNING"): pass\nclass Theirs(StrEnum):\n    RUNNING = "RUNNING"\n__all__ = ["PENDING"]\n')
+    assert _state_literals(source) == ["1: FAILED", "2: SUCCEEDED", "3: CANCELLED", "4: RUNNING"]
+
+
+def test_no_state_literal_outside_the_states_module() -> None:
+    """Job and node states are ``JobState``/``NodeState`` members everywhere but where they are defined: a misspelt
+    state is then an AttributeError, never a comparison that is quietly false."""
+    found = {
+        str(path.relative_to(PACKAGE)): literals
+        for path in PACKAGE.rglob("*.py")
+        if path != STATES_MODULE and (literals := _state_literals(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}

@@ -185,11 +185,11 @@ def test_a_node_left_starting_by_a_failed_start_is_closed_when_the_attempt_ends(
     store.transition("s-000026", RUNNING)
     store.transition("s-000026", LAUNCHING, attempt=1)  # a restart: attempt 0 is over
     store.set_node("s-000026", 1, 0, state="STARTING")
-    assert [(n["attempt"], n["state"]) for n in store.nodes("s-000026")] == [(0, "NOT_STARTED"), (0, "NOT_STARTED"),
+    assert [(n.attempt, n.state) for n in store.nodes("s-000026")] == [(0, "NOT_STARTED"), (0, "NOT_STARTED"),
                                                                               (1, "STARTING")]
     store.transition("s-000026", FAILED, reason="could not start")
-    assert {n["state"] for n in store.nodes("s-000026")} == {"NOT_STARTED"}
-    assert all(n["ended_at"] is not None for n in store.nodes("s-000026"))
+    assert {n.state for n in store.nodes("s-000026")} == {"NOT_STARTED"}
+    assert all(n.ended_at is not None for n in store.nodes("s-000026"))
 
 
 # ---- metrics export and report --out

@@ -7,6 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
+from launcher.store.rows import JobRow
+from launcher.store.states import JobState
 from launcher.views import compare
 
 MB = 1024 * 1024
@@ -28,12 +30,13 @@ def _records(rank: int, step_time_s: float, samples: int = 32, mem_mb: float = 1
     return out
 
 
-def _job(job_id: str, strategy: str = "ddp", world: int = 4, gpu: dict | None = None, state: str = "SUCCEEDED") -> dict:
-    return {
-        "id": job_id, "name": job_id, "state": state, "reason": None, "strategy": strategy, "precision": "bf16",
-        "world_size": world, "grad_accum": 1, "nnodes": 1, "nproc_per_node": world, "global_batch": 32 * world,
-        "micro_batch": 32, "max_steps": 40, "spec": {"cluster": {"gpu": gpu or {}}},
-    }
+def _job(job_id: str, strategy: str = "ddp", world: int = 4, gpu: dict | None = None,
+         state: JobState = JobState.SUCCEEDED) -> JobRow:
+    return JobRow(
+        id=job_id, name=job_id, state=state, reason=None, strategy=strategy, precision="bf16", world_size=world,
+        grad_accum=1, nnodes=1, nproc_per_node=world, global_batch=32 * world, micro_batch=32, max_steps=40,
+        spec={"cluster": {"gpu": gpu or {}}},
+    )
 
 
 def test_rank_more_than_ten_percent_slower_than_the_median_is_a_straggler() -> None:
@@ -107,8 +110,8 @@ def test_failed_rows_stay_and_the_baseline_is_the_first_with_metrics() -> None:
 
 
 def test_a_job_without_records_has_empty_figures() -> None:
-    metrics = compare.job_metrics(_job("empty", state="FAILED"), [])
-    row = compare.with_ratios([compare.compare_row(_job("empty", state="FAILED"), metrics)])[0]
+    metrics = compare.job_metrics(_job("empty", state=JobState.FAILED), [])
+    row = compare.with_ratios([compare.compare_row(_job("empty", state=JobState.FAILED), metrics)])[0]
     assert row["samples_per_sec"] is None and row["speedup"] is None and metrics["stragglers"] == []
 
 

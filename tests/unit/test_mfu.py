@@ -9,8 +9,9 @@ from launcher.metrics.record import MetricRecord
 from launcher.metrics.summary import JobSummary, RankSummary
 
 
-def _job(gpu: dict | None = None, world_size: int = 8) -> dict:
-    return {"id": "j", "world_size": world_size, "spec": {"cluster": {"gpu": gpu or {}}}}
+def _spec(gpu: dict | None = None) -> dict:
+    """A job's stored specs with this cluster ``gpu`` section."""
+    return {"cluster": {"gpu": gpu or {}}}
 
 
 @pytest.mark.parametrize(
@@ -34,17 +35,16 @@ def test_unknown_gpus_have_no_peak(name: str | None) -> None:
 
 
 def test_cluster_peak_tflops_wins_over_the_table() -> None:
-    job = _job({"name": "A100-SXM4-80GB", "peak_tflops": 400.0})
-    assert mfu.peak_tflops(job) == 400.0
+    assert mfu.peak_tflops(_spec({"name": "A100-SXM4-80GB", "peak_tflops": 400.0})) == 400.0
 
 
 def test_peak_from_cluster_gpu_name_then_from_records() -> None:
-    assert mfu.peak_tflops(_job({"name": "A800-SXM4-80GB"})) == 312.0
+    assert mfu.peak_tflops(_spec({"name": "A800-SXM4-80GB"})) == 312.0
     records = [MetricRecord(rank=0, step=10, gpu_name="NVIDIA H100 80GB HBM3")]
-    assert mfu.peak_tflops(_job(), records) == 989.0
-    assert mfu.gpu_name(_job({"name": "A800"}), records) == "A800"
-    assert mfu.peak_tflops(_job()) is None
-    assert mfu.peak_tflops({"id": "j"}) is None
+    assert mfu.peak_tflops(_spec(), records) == 989.0
+    assert mfu.gpu_name(_spec({"name": "A800"}), records) == "A800"
+    assert mfu.peak_tflops(_spec()) is None
+    assert mfu.peak_tflops(None) is None
 
 
 def test_mfu_formula() -> None:
@@ -61,16 +61,14 @@ def test_mfu_is_none_when_anything_is_unknown(args) -> None:
 
 
 def test_job_mfu_uses_the_whole_job_throughput_over_all_gpus() -> None:
-    job = _job({"name": "NVIDIA H100 80GB HBM3"}, world_size=4)
     summary = JobSummary(samples_per_sec=2000.0, flops_per_sample=5e11, per_rank=tuple(RankSummary(rank=r) for r in range(4)))
     # 2000 samples/s x 5e11 FLOP = 1.0e15 FLOP/s over 4 x 989 TFLOP/s = 3.956e15: 1 / 3.956 = 0.25278058...
-    assert mfu.job_mfu(job, summary) == pytest.approx(0.25278058, rel=1e-7)
+    assert mfu.job_mfu(4, _spec({"name": "NVIDIA H100 80GB HBM3"}), summary) == pytest.approx(0.25278058, rel=1e-7)
 
 
 def test_job_mfu_falls_back_to_the_rank_count_for_the_world_size() -> None:
-    job = {"id": "j", "spec": {"cluster": {"gpu": {"peak_tflops": 100.0}}}}
     summary = JobSummary(samples_per_sec=100.0, flops_per_sample=1e12, per_rank=(RankSummary(rank=0), RankSummary(rank=1)))
-    assert mfu.job_mfu(job, summary) == pytest.approx(0.5)
+    assert mfu.job_mfu(None, _spec({"peak_tflops": 100.0}), summary) == pytest.approx(0.5)
 
 
 def test_rank_mfu_is_one_rank_on_one_gpu() -> None:

@@ -59,7 +59,7 @@ def test_cancel_never_calls_a_slow_supervisor_gone(home: Path) -> None:
         with pytest.raises(LaunchError, match="is still ending the job"):
             cancel(store, job_id, wait=0.0)
         assert slow.stdout.readline() == "SIGTERM\n", "the supervisor was asked to cancel"
-        assert store.job(job_id)["state"] == "RUNNING", "the job is its supervisor's to end"
+        assert store.job(job_id).state == "RUNNING", "the job is its supervisor's to end"
         assert supervisor_gone(store, job_id) is None
     finally:
         slow.kill()
@@ -87,7 +87,7 @@ def test_cancel_waits_for_a_supervisor_that_keeps_stopping_nodes(home: Path) -> 
         assert stopping.stdout.readline() == "ready\n"
         started = time.monotonic()
         row = cancel(store, job_id, wait=2.0)  # 10 nodes stopped 0.3 s apart: 3 s in all, never 2 s without progress
-        assert row["state"] == "CANCELLED" and time.monotonic() - started > 2.0, "waited past `wait`, on progress"
+        assert row.state == "CANCELLED" and time.monotonic() - started > 2.0, "waited past `wait`, on progress"
     finally:
         stopping.kill()
         stopping.wait()
@@ -97,8 +97,8 @@ def test_cancel_of_a_job_whose_supervisor_died_cleans_up_and_says_why(home: Path
     store = _recorded(home)
     pid = _supervisor_that_exited(store, "orphan-0000aaaa")
     row = cancel(store, "orphan-0000aaaa")
-    assert row["state"] == "CANCELLED"
-    assert row["reason"] == f"cancelled by user (supervisor was gone: its process {pid} has exited)"
+    assert row.state == "CANCELLED"
+    assert row.reason == f"cancelled by user (supervisor was gone: its process {pid} has exited)"
 
 
 def test_status_watch_stops_and_says_so_when_the_supervisor_is_dead(home: Path) -> None:
@@ -107,7 +107,7 @@ def test_status_watch_stops_and_says_so_when_the_supervisor_is_dead(home: Path) 
     shown = io.StringIO()
     row = watch(store, "orphan-0000aaaa", stream=shown, plain=True,
                 supervisor_gone=lambda job_id: supervisor_gone(store, job_id))
-    assert row["state"] == "RUNNING"
+    assert row.state == "RUNNING"
     assert (f"job orphan-0000aaaa is RUNNING but its supervisor is gone (its process {pid} has exited)"
             in shown.getvalue())
     assert "`launch cancel orphan-0000aaaa`" in shown.getvalue()
@@ -119,8 +119,8 @@ def test_a_detached_supervisor_that_cannot_start_ends_its_job_failed_with_the_re
     store = _recorded(home, JobState.PENDING, JOB.model_copy(update={"secrets": ["ORPHAN_TOKEN"]}))
     assert detached.main(["orphan-0000aaaa"]) == 1
     row = store.job("orphan-0000aaaa")
-    assert row["state"] == "FAILED" and row["reason"].startswith("the detached supervisor could not start: secrets: ORPHAN_TOKEN")
-    assert row["first_failure"]["kind"] == "internal"
+    assert row.state == "FAILED" and row.reason.startswith("the detached supervisor could not start: secrets: ORPHAN_TOKEN")
+    assert row.first_failure["kind"] == "internal"
 
 
 SSH = cluster_spec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
@@ -155,4 +155,4 @@ def test_a_submit_that_fails_once_the_job_is_recorded_ends_it_failed(home: Path,
         orchestrate.submit(_prepared(), detach=False, echo=None, on_recorded=broken_view)
     row = Store(home).job("orphan-0000bbbb")
     assert backend.closed and backend.started == []
-    assert row["state"] == "FAILED" and "the terminal went away" in row["reason"]
+    assert row.state == "FAILED" and "the terminal went away" in row.reason

@@ -28,22 +28,22 @@ def store(tmp_path):
 
 def test_states_move_only_along_legal_transitions(store):
     store.create_job(_plan("s-000001"), {})
-    assert store.job("s-000001")["state"] == PENDING
+    assert store.job("s-000001").state == PENDING
     assert not store.transition("s-000001", RUNNING), "PENDING -> RUNNING skips LAUNCHING"
     assert not store.transition("s-000001", SUCCEEDED)
     assert store.transition("s-000001", LAUNCHING)
     assert store.transition("s-000001", RUNNING)
     assert store.transition("s-000001", SUCCEEDED)
-    assert store.job("s-000001")["ended_at"] is not None
+    assert store.job("s-000001").ended_at is not None
     for state in (RUNNING, FAILED, CANCELLED, LAUNCHING):
         assert not store.transition("s-000001", state), f"a finished job cannot become {state}"
-    assert store.job("s-000001")["state"] == SUCCEEDED
+    assert store.job("s-000001").state == SUCCEEDED
 
 
 def test_jobs_are_found_by_unique_prefix(store):
     store.create_job(_plan("s-aaa111"), {})
     store.create_job(_plan("s-aab222"), {})
-    assert store.job("s-aaa")["id"] == "s-aaa111"
+    assert store.job("s-aaa").id == "s-aaa111"
     with pytest.raises(JobNotFound, match="matches several jobs"):
         store.job("s-aa")
     with pytest.raises(JobNotFound, match="no job 'zzz'"):

@@ -139,11 +139,12 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     home = tmp_path / "home"
     path = _old_store(home)
     store = Store(home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
-    assert store.job("old-000001")["summary"]["loss"] is None, "NaN written by old code reads as unknown"
-    assert (store.job("old-000002")["queue_reason"], store.job("old-000002")["scheduler_id"]) == (None, None)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert store.job("old-000001").summary["loss"] is None, "NaN written by old code reads as unknown"
+    assert store.job("old-000001").failure_kind is None, "a job ended before failure kinds were kept has none"
+    assert (store.job("old-000002").queue_reason, store.job("old-000002").scheduler_id) == (None, None)
     store.update_job("old-000002", queue_reason="Resources", scheduler_id="17")
-    assert (store.job("old-000002")["queue_reason"], store.job("old-000002")["scheduler_id"]) == ("Resources", "17")
+    assert (store.job("old-000002").queue_reason, store.job("old-000002").scheduler_id) == ("Resources", "17")
     records = store.metrics("old-000002")
     assert len(records) == 4, "the invalid old record is left out, the valid ones read"
     assert {r.loss for r in records} == {0.5, None}
@@ -160,7 +161,7 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     main(["status", "old-000002", "--json"])
     shown = _strict(capsys.readouterr().out)["metrics"]
     assert (shown["steps"], shown["samples_per_sec"], shown["loss"]) == (20, 160.0, 0.5), "summarised from its records"
-    assert Store(home).job("old-000001")["state"] == "SUCCEEDED", "opening a migrated store again changes nothing"
+    assert Store(home).job("old-000001").state == "SUCCEEDED", "opening a migrated store again changes nothing"
 
 
 def test_a_store_from_a_newer_launch_is_refused(tmp_path):
@@ -236,7 +237,7 @@ def test_cancel_of_an_empty_id_is_refused(tmp_path):
     Store(home)._execute("INSERT INTO jobs (id, name, state, created_at) VALUES ('a-1', 'a', 'RUNNING', 1.0)")
     done = _launch(home, "cancel", "")
     assert done.returncode == 4 and "no job id given" in done.stderr and "Traceback" not in done.stderr
-    assert Store(home).job("a-1")["state"] == "RUNNING"
+    assert Store(home).job("a-1").state == "RUNNING"
 
 
 def test_samples_keep_one_row_per_rank_with_the_peaks(tmp_path):

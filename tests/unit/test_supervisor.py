@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import cluster_spec, plan_job
+from launcher.backends.leasing import TAKEN_FIRST
+from launcher.cli import submit as submit_cli
 from launcher.run import supervisor as supervisor_module
 from launcher.run.liveness import Liveness
 from launcher.run.orchestrate import stored_spec
 from launcher.run.supervisor import Supervisor
 from launcher.spec import JobSpec
 from launcher.store.db import Store
-from launcher.store.states import JobState
+from launcher.store.states import FailureKind, JobState
 from tests.unit.fakes import FakeBackend, NodeScript, output, record, sample
 
 CLUSTER = cluster_spec(
@@ -63,9 +65,9 @@ def _run(tmp_path: Path, attempts: list[list[NodeScript]], job: dict | None = No
 
 def test_a_job_whose_nodes_exit_zero_succeeds_and_is_swept(tmp_path: Path) -> None:
     state, row, store, backend, _ = _run(tmp_path, [[NodeScript([record(0, 4)]), NodeScript([record(2, 4)])]])
-    assert state == JobState.SUCCEEDED and row["state"] == "SUCCEEDED"
+    assert state == JobState.SUCCEEDED and row.state == "SUCCEEDED"
     assert backend.swept_nodes == 2 and backend.closed, "each node swept once"
-    assert {(m.rank, m.node, m.host) for m in store.metrics(row["id"])} == {(0, 0, "h1"), (2, 1, "h2")}
+    assert {(m.rank, m.node, m.host) for m in store.metrics(row.id)} == {(0, 0, "h1"), (2, 1, "h2")}
 
 
 def test_the_rank_that_failed_is_named_not_the_peer_that_saw_it_go(tmp_path: Path) -> None:
@@ -73,7 +75,7 @@ def test_the_rank_that_failed_is_named_not_the_peer_that_saw_it_go(tmp_path: Pat
                        output("Root Cause (first observed failure):"), output("  rank      : 0 (local_rank: 0)"),
                        output("  exitcode  : 1 (pid: 99)")], code=1)
     state, row, *_ = _run(tmp_path, [[echo, NodeScript(TORCHRUN_FAILED, code=1)]])
-    failure = row["first_failure"]
+    failure = row.first_failure
     assert state == JobState.FAILED and (failure["node"], failure["rank"], failure["host"]) == (1, 3, "h2")
 
 
@@ -81,8 +83,8 @@ def test_a_lost_node_is_restarted_and_the_job_succeeds(tmp_path: Path) -> None:
     attempts = [[NodeScript(code=None), NodeScript(lost="connection to h2 lost: keepalive timed out")],
                 [NodeScript(), NodeScript()]]
     state, row, store, backend, _ = _run(tmp_path, attempts, {"restarts": 1})
-    assert state == JobState.SUCCEEDED and row["attempt"] == 1 and len(backend.started) == 2
-    [restart] = [e for e in store.events(row["id"]) if e["kind"] == "restarting"]
+    assert state == JobState.SUCCEEDED and row.attempt == 1 and len(backend.started) == 2
+    [restart] = [e for e in store.events(row.id) if e["kind"] == "restarting"]
     assert restart["data"]["kind"] == "lost" and restart["data"]["transient"] is True
     assert "connection to h2 lost" in restart["message"]
 
@@ -92,9 +94,9 @@ def test_an_oom_kill_is_named_and_not_restarted_blindly(tmp_path: Path) -> None:
     state, row, store, backend, _ = _run(tmp_path, [[NodeScript(code=None), killed]], {"restarts": 2},
                                          kernel_log=kernel_oom())
     assert state == JobState.FAILED and len(backend.started) == 1, "the OOM killer would strike again"
-    assert row["first_failure"]["kind"] == "oom" and "OOM killer" in row["reason"] and "4242" in row["reason"]
-    assert "not restarted: this failure would repeat" in row["reason"]
-    assert [e["kind"] for e in store.events(row["id"])].count("no_restart") == 1
+    assert row.first_failure["kind"] == "oom" and "OOM killer" in row.reason and "4242" in row.reason
+    assert "not restarted: this failure would repeat" in row.reason
+    assert [e["kind"] for e in store.events(row.id)].count("no_restart") == 1
 
 
 def test_the_oom_killed_rank_is_named_even_when_torchrun_blames_or_names_only_its_peer(tmp_path: Path) -> None:
@@ -110,7 +112,7 @@ def test_the_oom_killed_rank_is_named_even_when_torchrun_blames_or_names_only_it
     for lines in (report, only_the_peer):
         state, row, *_ = _run(tmp_path / str(len(lines)), [[NodeScript(code=None), NodeScript(samples + lines, code=1)]],
                               kernel_log=kernel_oom())
-        failure = row["first_failure"]
+        failure = row.first_failure
         assert state == JobState.FAILED and failure["kind"] == "oom"
         assert (failure["rank"], failure["pid"], failure["signal"]) == (3, 4242, "SIGKILL")
 
@@ -119,7 +121,7 @@ def test_restart_on_any_restarts_what_would_repeat(tmp_path: Path) -> None:
     killed = NodeScript([sample(1.0, {"rank": 2, "pid": 4242, "pids": [4242], "cpu_s": 1.0})], code=-9)
     state, row, *_ = _run(tmp_path, [[NodeScript(code=None), killed], [NodeScript(), NodeScript()]],
                           {"restarts": 1, "restart_on": "any"}, kernel_log=kernel_oom())
-    assert state == JobState.SUCCEEDED and row["attempt"] == 1
+    assert state == JobState.SUCCEEDED and row.attempt == 1
 
 
 def test_a_silent_idle_job_is_hung_with_every_ranks_stack_and_the_odd_one_named(tmp_path: Path) -> None:
@@ -133,9 +135,9 @@ def test_a_silent_idle_job_is_hung_with_every_ranks_stack_and_the_odd_one_named(
     state, row, store, backend, _ = _run(tmp_path, [[NodeScript([ranks(0, 1)], code=None), NodeScript([ranks(2, 3)], code=None)]],
                                          {"watch": {"stall_timeout": 0.5}}, stacks=stacks)
     assert state == JobState.FAILED
-    assert row["first_failure"]["kind"] == "hang" and "hung before the first step" in row["reason"]
-    assert "rank 3 on node 1 (h2) stands apart" in row["reason"]
-    kept = json.loads((Path(row["run_dir"]) / "stacks-attempt0.json").read_text())
+    assert row.first_failure["kind"] == "hang" and "hung before the first step" in row.reason
+    assert "rank 3 on node 1 (h2) stands apart" in row.reason
+    kept = json.loads((Path(row.run_dir) / "stacks-attempt0.json").read_text())
     assert [r["rank"] for r in kept["ranks"]] == [0, 1, 2, 3]
     assert all(node.terminated for node in backend.started[0])
 
@@ -167,9 +169,9 @@ def test_ranks_waiting_on_a_stale_build_lock_are_called_so_in_the_hang_verdict(t
 
     state, row, *_ = _run(tmp_path, [[NodeScript([ranks(0, 1)], code=None), NodeScript([ranks(2, 3)], code=None)]],
                           {"watch": {"stall_timeout": 0.5}}, stacks=stacks)
-    assert state == JobState.FAILED and row["first_failure"]["kind"] == "hang"
-    assert "rank(s) 0-2 wait on torch's build lock of a JIT-built op (torch's FileBaton.wait)" in row["reason"]
-    assert "TORCH_EXTENSIONS_DIR/<op>/lock" in row["reason"]
+    assert state == JobState.FAILED and row.first_failure["kind"] == "hang"
+    assert "rank(s) 0-2 wait on torch's build lock of a JIT-built op (torch's FileBaton.wait)" in row.reason
+    assert "TORCH_EXTENSIONS_DIR/<op>/lock" in row.reason
 
 
 def test_a_hang_elsewhere_says_nothing_of_build_locks(tmp_path: Path) -> None:
@@ -194,15 +196,27 @@ def test_untrusted_records_are_dropped_and_counted_and_node_comes_from_the_chann
                output('[0]:@@launch {"v":1,"rank":0,"step":3,"node":7,"host":"evil"}')]
     state, row, store, _, warnings = _run(tmp_path, [[NodeScript(hostile), NodeScript()]])
     assert state == JobState.SUCCEEDED
-    [accepted] = store.metrics(row["id"])
+    [accepted] = store.metrics(row.id)
     assert (accepted.step, accepted.node, accepted.host) == (3, 0, "h1")
     assert len(warnings) == 1 and "metric record dropped" in warnings[0]
 
 
 def test_a_node_that_cannot_start_fails_the_job_naming_it(tmp_path: Path) -> None:
     state, row, *_ = _run(tmp_path, [[NodeScript(), NodeScript(fail_start="h2: setup command `make` exited 2")]])
-    assert state == JobState.FAILED and row["first_failure"]["kind"] == "start"
-    assert row["first_failure"]["node"] == 1 and "setup command" in row["reason"]
+    assert state == JobState.FAILED and row.first_failure["kind"] == "start" and row.failure_kind == FailureKind.START
+    assert row.first_failure["node"] == 1 and "setup command" in row.reason
+
+
+def test_leases_taken_by_another_job_are_the_jobs_stored_failure_kind(tmp_path: Path, monkeypatch) -> None:
+    """`launch submit` exits 3 for a job whose leases another job took first: it reads the stored kind, whatever the
+    reason's words."""
+    busy = NodeScript(fail_start="h2 GPU 0: job quicker holds it", busy=True)
+    state, row, store, *_ = _run(tmp_path, [[NodeScript(), busy]])
+    assert state == JobState.FAILED and row.failure_kind == FailureKind.LEASES == row.first_failure["kind"]
+    monkeypatch.setenv("LAUNCH_HOME", str(store.home))
+    assert submit_cli._lost_the_leases(row.id)
+    store.update_job(row.id, failure_kind=FailureKind.START, reason=f"{TAKEN_FIRST}: quoted by a rank")
+    assert not submit_cli._lost_the_leases(row.id)
 
 
 def test_a_supervisor_error_ends_the_job_failed_not_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,8 +225,8 @@ def test_a_supervisor_error_ends_the_job_failed_not_running(tmp_path: Path, monk
 
     monkeypatch.setattr(Supervisor, "_first_failure", broken)
     state, row, store, backend, _ = _run(tmp_path, [[NodeScript(code=3), NodeScript(code=None)]])
-    assert state == JobState.FAILED and row["reason"].startswith("launch internal error: ZeroDivisionError")
-    assert (Path(row["run_dir"]) / "supervisor-errors.log").read_text().count("ZeroDivisionError") >= 1
+    assert state == JobState.FAILED and row.reason.startswith("launch internal error: ZeroDivisionError")
+    assert (Path(row.run_dir) / "supervisor-errors.log").read_text().count("ZeroDivisionError") >= 1
     assert backend.swept_nodes >= 2
 
 
@@ -229,7 +243,7 @@ def test_the_first_failure_is_the_one_the_supervisor_saw_first_whatever_the_node
     first = NodeScript(_torchrun_failed("23:59:59.900000", 1, 501), code=1, then=node0_read)
     later = NodeScript(_torchrun_failed("00:00:00.100000", 3, 502), code=1, wait_for=node0_read)
     state, row, *_ = _run(tmp_path, [[first, later]])
-    failure = row["first_failure"]
+    failure = row.first_failure
     assert state == JobState.FAILED and (failure["node"], failure["rank"]) == (0, 1)
 
 
@@ -246,5 +260,5 @@ def test_only_the_supervisors_loop_writes_what_it_knows_of_the_ranks(tmp_path: P
     node0 = NodeScript(busy + [record(0, 1), output("epoch 1")], code=None, then=seen)
     node1 = NodeScript([output("failing")], code=1, wait_for=seen)
     state, row, *_ = _run(tmp_path, [[node0, node1]])
-    assert state == JobState.FAILED and row["first_failure"]["node"] == 1
+    assert state == JobState.FAILED and row.first_failure["node"] == 1
     assert writers == {threading.current_thread().name}

@@ -173,7 +173,7 @@ def test_a_broken_stream_is_followed_again_from_the_lines_received(relay, tmp_pa
     store = filed(relay, filer)
     assert [r.step for r in store.metrics(filer.job_id)] == [1, 2]
     row = store.nodes(filer.job_id, 0)[0]
-    assert row["seen"] == len(JOURNAL) and row["start_ticks"] == 99
+    assert row.seen == len(JOURNAL) and row.start_ticks == 99
 
 
 def test_a_resumed_watcher_writes_no_line_twice_and_loses_none(relay, tmp_path):
@@ -182,19 +182,19 @@ def test_a_resumed_watcher_writes_no_line_twice_and_loses_none(relay, tmp_path):
     first = NodeWatcher(Journal(JOURNAL).handle(0, upto=5), "h2", log, relay)
     first.join(10)
     store, job_id = filed(relay, filer), filer.job_id
-    assert store.nodes(job_id, 0)[0]["seen"] == 5
+    assert store.nodes(job_id, 0)[0].seen == 5
     # killed after the output line 5 was logged, before it was marked: the store's last mark is the sample's (line 4)
     before = len(log.read_text().splitlines()[0]) + 1
     store.mark_seen(job_id, 0, Seen(1, 4, before))
     row = store.nodes(job_id, 0)[0]
-    resume = Resume(row["seen"], row["log_bytes"], (4242, 99))
-    second = NodeWatcher(Journal(JOURNAL).handle(row["seen"]), "h2", log, relay, resume=resume)
+    resume = Resume(row.seen, row.log_bytes, (4242, 99))
+    second = NodeWatcher(Journal(JOURNAL).handle(row.seen), "h2", log, relay, resume=resume)
     second.join(10)
     shown = [line.partition(" ")[2] for line in log.read_text().splitlines()]
     assert shown == ["[1/2] hello", "[1/2] between", "[1/2] bye"]
     filed(relay, filer)
     assert [r.step for r in store.metrics(job_id)] == [1, 2]
-    assert store.nodes(job_id, 0)[0]["seen"] == len(JOURNAL)
+    assert store.nodes(job_id, 0)[0].seen == len(JOURNAL)
 
 
 def test_an_out_of_contact_node_is_described_until_the_loop_gives_up(relay, tmp_path, monkeypatch):
@@ -237,9 +237,9 @@ def test_the_supervisor_loses_an_unreachable_node_only_once_the_job_stops_progre
     state = Supervisor(store, plan, backend, grace=0.1).run()
     row = store.job(plan.job_id)
     assert state == JobState.FAILED
-    assert row["first_failure"]["kind"] == "lost" and row["first_failure"]["node"] == 1
-    assert "h2 unreachable (h2: cannot connect: connection refused)" in row["reason"], row["reason"]
-    assert "no progress on the other nodes" in row["reason"]
+    assert row.first_failure["kind"] == "lost" and row.first_failure["node"] == 1
+    assert "h2 unreachable (h2: cannot connect: connection refused)" in row.reason, row.reason
+    assert "no progress on the other nodes" in row.reason
     assert backend.followed and all(asked == (1, 1) for asked in backend.followed), "followed from the line it had"
     assert backend.unreachable == [1]
     kinds = [event["kind"] for event in store.events(plan.job_id)]

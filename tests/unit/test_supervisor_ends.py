@@ -60,11 +60,11 @@ def test_a_sweep_and_a_close_that_raise_in_the_error_path_still_end_the_job_fail
     sup, store = _supervisor(tmp_path, backend)
     assert sup.run() == JobState.FAILED
     row = store.job("unit-00000001")
-    assert row["state"] == "FAILED" and row["reason"].startswith("launch internal error: ZeroDivisionError")
+    assert row.state == "FAILED" and row.reason.startswith("launch internal error: ZeroDivisionError")
     assert backend.closed
-    notes = (Path(row["run_dir"]) / "supervisor-errors.log").read_text()
+    notes = (Path(row.run_dir) / "supervisor-errors.log").read_text()
     assert "sweep: connection reset" in notes and "close: connection reset" in notes
-    kinds = [e["kind"] for e in store.events(row["id"])]
+    kinds = [e["kind"] for e in store.events(row.id)]
     assert kinds.count("internal_error") == 2 and kinds[-1] == "failed"
 
 
@@ -73,7 +73,7 @@ def test_a_sweep_that_raises_after_a_clean_run_ends_the_job_failed_not_running(t
     sup, store = _supervisor(tmp_path, backend)
     assert sup.run() == JobState.FAILED
     row = store.job("unit-00000001")
-    assert row["state"] == "FAILED" and "sweep: connection reset" in row["reason"]
+    assert row.state == "FAILED" and "sweep: connection reset" in row.reason
 
 
 def test_metric_records_the_store_refused_are_said_in_the_reason_and_an_event(
@@ -87,9 +87,9 @@ def test_metric_records_the_store_refused_are_said_in_the_reason_and_an_event(
     monkeypatch.setattr(store, "add_batch", refuse)  # the one write of records (and samples, marks) a round
     assert sup.run() == JobState.SUCCEEDED
     row = store.job("unit-00000001")
-    assert row["reason"] == ("succeeded, but its record is incomplete: 3 metric record(s) could not be stored "
+    assert row.reason == ("succeeded, but its record is incomplete: 3 metric record(s) could not be stored "
                              "(StoreError: the store could not be written: database or disk is full)")
-    [lost] = [e for e in store.events(row["id"]) if e["kind"] == "records_lost"]
+    [lost] = [e for e in store.events(row.id) if e["kind"] == "records_lost"]
     assert lost["data"]["records"] == 3 and lost["data"]["attempt"] == 0
 
 
@@ -109,8 +109,8 @@ def test_a_full_disk_under_launch_home_does_not_hang_the_job_and_its_reason_says
     monkeypatch.setattr(store, "add_batch", full)  # the one write of records, samples and marks a round
     assert sup.run() == JobState.SUCCEEDED
     row = store.job("unit-00000001")
-    assert row["state"] == "SUCCEEDED"
-    assert row["reason"].startswith("succeeded, but its record is incomplete: 1 sample(s), 100 log line(s) could not be stored")
+    assert row.state == "SUCCEEDED"
+    assert row.reason.startswith("succeeded, but its record is incomplete: 1 sample(s), 100 log line(s) could not be stored")
     assert all(node.poll() == 0 for node in backend.started[0]), "every node's output was read to its end"
 
 
@@ -143,7 +143,7 @@ def test_a_closed_terminal_cancels_a_foreground_job_cleanly(tmp_path: Path) -> N
     sup.install_signal_handlers()
     assert sup.run() == JobState.CANCELLED
     row = store.job("unit-00000001")
-    assert row["state"] == "CANCELLED" and "SIGHUP" in row["reason"]
+    assert row.state == "CANCELLED" and "SIGHUP" in row.reason
     assert all(node.terminated for node in backend.started[0]) and backend.swept_nodes == 2 and backend.closed
 
 
@@ -165,8 +165,8 @@ def test_a_console_that_went_away_loses_nothing(tmp_path: Path) -> None:
     sup.echo = closed_terminal
     assert sup.run() == JobState.SUCCEEDED
     row = store.job("unit-00000001")
-    assert row["reason"] is None
-    assert (Path(row["run_dir"]) / "attempt0-node1.log").read_text().endswith("[1] epoch 1\n")
+    assert row.reason is None
+    assert (Path(row.run_dir) / "attempt0-node1.log").read_text().endswith("[1] epoch 1\n")
 
 
 def test_only_the_loop_writes_the_store_and_it_files_many_lines_a_transaction(
@@ -199,4 +199,4 @@ def test_only_the_loop_writes_the_store_and_it_files_many_lines_a_transaction(
     assert writers == {threading.current_thread().name}, "no watcher thread wrote the store"
     assert len(store.metrics("unit-00000001")) == 400
     assert sum(len(batch.records) for batch in batches) == 400 and len(batches) < 100
-    assert [row["seen"] for row in store.nodes("unit-00000001", 0)] == [len(node0) + 1, len(node1) + 1], "and @exit"
+    assert [row.seen for row in store.nodes("unit-00000001", 0)] == [len(node0) + 1, len(node1) + 1], "and @exit"

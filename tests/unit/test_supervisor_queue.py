@@ -43,7 +43,7 @@ class QueueingBackend(FakeBackend):
 
     def _row(self, job_id: str) -> None:
         row = self.store.job(job_id)
-        self.rows.append((row["state"], row["queue_reason"], row["scheduler_id"]))
+        self.rows.append((row.state, row.queue_reason, row.scheduler_id))
 
     def start(self, plan, context):
         context.submitted("41")
@@ -78,22 +78,22 @@ def test_a_queued_job_shows_each_reason_then_launches_and_keeps_the_scheduler_id
     state, job, backend, warnings = _run(tmp_path, [NodeScript(), NodeScript()], reasons=["Priority", "Resources"])
     assert state == JobState.SUCCEEDED
     assert backend.rows == [("QUEUED", "Priority", "41"), ("QUEUED", "Resources", "41"), ("LAUNCHING", None, "41")]
-    assert (job["queue_reason"], job["scheduler_id"]) == (None, "41")
-    assert warnings == [f"job {job['id']}: queued by the scheduler (its job 41): Priority; Ctrl-C cancels it",
-                        f"job {job['id']}: queued by the scheduler (its job 41): Resources; Ctrl-C cancels it"]
+    assert (job.queue_reason, job.scheduler_id) == (None, "41")
+    assert warnings == [f"job {job.id}: queued by the scheduler (its job 41): Priority; Ctrl-C cancels it",
+                        f"job {job.id}: queued by the scheduler (its job 41): Resources; Ctrl-C cancels it"]
 
 
 def test_a_job_cancelled_while_queued_ends_cancelled(tmp_path):
     state, job, backend, _ = _run(tmp_path, [NodeScript(), NodeScript()], reasons=["Resources"],
                                   cancel_when_queued=True)
-    assert state == JobState.CANCELLED and job["reason"] == "cancelled (Ctrl-C)"
-    assert backend.started == [] and job["first_failure"] is None
+    assert state == JobState.CANCELLED and job.reason == "cancelled (Ctrl-C)"
+    assert backend.started == [] and job.first_failure is None
 
 
 def test_a_failure_the_scheduler_decided_is_the_first_failure_with_its_words(tmp_path):
     scripts = [NodeScript([output("step 9")], code=-15), NodeScript(code=None)]
     state, job, _, _ = _run(tmp_path, scripts, reasons=[], decided=TIME_LIMIT)
-    failure = job["first_failure"]
+    failure = job.first_failure
     assert state == JobState.FAILED
     assert (failure["kind"], failure["node"], failure["exit_code"], failure["signal"]) == ("timeout", 0, -15, "SIGTERM")
     assert failure["reason"] == TIME_LIMIT.reason and failure["transient"] is True

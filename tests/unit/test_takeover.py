@@ -20,6 +20,7 @@ from launcher.run import takeover
 from launcher.run.recorded import stored_spec
 from launcher.spec import JobSpec
 from launcher.store.db import Store
+from launcher.store.rows import JobRow
 from launcher.store.states import JobState
 
 JOB = JobSpec(name="taken", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 1},
@@ -108,7 +109,7 @@ def test_the_job_record_round_trips_through_a_node_and_keeps_no_secret_value(roo
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf-very-secret-value")
     plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29533)
-    row = {"created_at": 1700000000.0, "spec": stored_spec(JOB, SSH, run_check=True)}
+    row = JobRow(JOB_ID, "j", JobState.RUNNING, created_at=1700000000.0, spec=stored_spec(JOB, SSH, run_check=True))
     journal.write_atomically(str(root / JOB_ID / journal.RECORD_FILE), json.dumps(takeover.node_record(row, plan, 2)))
     answer = _command(follow.record, {"job_id": JOB_ID, "run_root": str(root)})
     assert "hf-very-secret-value" not in json.dumps(answer)
@@ -120,8 +121,8 @@ def test_the_job_record_round_trips_through_a_node_and_keeps_no_secret_value(roo
     store = Store(tmp_path / "home")
     takeover.import_job(store, found, "gpu1")
     job = store.job(JOB_ID)
-    assert (job["state"], job["attempt"], job["created_at"]) == ("RUNNING", 2, 1700000000.0)
-    assert [(n["attempt"], n["node"], n["seen"], n["host"]) for n in store.nodes(JOB_ID)] == [
+    assert (job.state, job.attempt, job.created_at) == ("RUNNING", 2, 1700000000.0)
+    assert [(n.attempt, n.node, n.seen, n.host) for n in store.nodes(JOB_ID)] == [
         (2, 0, 0, "gpu1"), (2, 1, 0, "gpu2")]
     assert [e["kind"] for e in store.events(JOB_ID)] == ["imported"]
 
@@ -131,7 +132,7 @@ def test_the_job_record_round_trips_through_a_node_and_keeps_no_secret_value(roo
 
 def test_a_record_read_back_must_be_this_jobs_on_this_cluster() -> None:
     plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29533)
-    record = takeover.node_record({"spec": stored_spec(JOB, SSH, run_check=False)}, plan, 0)
+    record = takeover.node_record(JobRow(id=plan.job_id, name=None, state=JobState.RUNNING, spec=stored_spec(JOB, SSH, run_check=False)), plan, 0)
     with pytest.raises(LaunchError, match="hold a record of job 'taken-0000cccc', not taken-0000dddd"):
         takeover.parse_record(record, "taken-0000dddd", SSH)
     other = SSH.model_copy(update={"nodes": SSH.nodes[1:]})
@@ -145,7 +146,7 @@ def test_a_record_read_back_must_be_this_jobs_on_this_cluster() -> None:
     with pytest.raises(LaunchError, match="cannot be read back"):
         takeover.parse_record({**record, "plan": {"job_id": JOB_ID}}, JOB_ID, SSH)
     smaller = SSH.model_copy(update={"nodes": SSH.nodes[1:]})  # left out a node: a subset of the file's hosts
-    shrunk = takeover.node_record({"spec": stored_spec(JOB, smaller, run_check=False)}, plan, 3)
+    shrunk = takeover.node_record(JobRow(id=plan.job_id, name=None, state=JobState.RUNNING, spec=stored_spec(JOB, smaller, run_check=False)), plan, 3)
     assert [n.host for n in takeover.parse_record(shrunk, JOB_ID, SSH).job.cluster.nodes] == ["gpu2", "gpu3"]
 
 
@@ -256,7 +257,7 @@ def test_a_supervisor_whose_follow_is_fenced_stops_without_writing_an_end(tmp_pa
                                         "on login-2); this one stops here")
     assert raised.value.exit_code == FENCED_EXIT
     row = store.job(plan.job_id)
-    assert row["state"] == "RUNNING" and row["ended_at"] is None
+    assert row.state == "RUNNING" and row.ended_at is None
     assert backend.swept_nodes == 0 and backend.closed and backend.followed == [(1, 0)]
     assert not any(node.terminated for node in backend.started[0])
     kinds = [event["kind"] for event in store.events(plan.job_id)]
@@ -274,7 +275,7 @@ def test_a_supervisor_whose_agents_stream_says_fenced_stops_at_that_line(tmp_pat
     with pytest.raises(SupervisorFenced, match="generation 1, process 4242 on login-2"):
         Supervisor(store, plan, backend, grace=0.1).run()
     assert [r.step for r in store.metrics(plan.job_id)] == [1]  # nothing past the agent's word is taken
-    assert store.nodes(plan.job_id)[1]["seen"] == 1 and store.job(plan.job_id)["state"] == "RUNNING"
+    assert store.nodes(plan.job_id)[1].seen == 1 and store.job(plan.job_id).state == "RUNNING"
     assert backend.swept_nodes == 0 and not any(node.terminated for node in backend.started[0])
     backend.started[0][0].terminate(0.1)  # end node 0's stream (node 1's reader stopped at the fence)
 
@@ -289,7 +290,7 @@ def test_ctrl_c_of_a_supervisor_just_taken_over_cancels_nothing(tmp_path: Path) 
     supervisor.request_cancel("cancelled (Ctrl-C)")  # seen by the loop before any stream told it
     with pytest.raises(SupervisorFenced):
         supervisor.run()
-    assert store.job(plan.job_id)["state"] == "RUNNING" and backend.swept_nodes == 0
+    assert store.job(plan.job_id).state == "RUNNING" and backend.swept_nodes == 0
     assert not any(node.terminated for node in backend.started[0])
     for node in backend.started[0]:
         node.terminate(0.1)  # end the fake nodes' streams

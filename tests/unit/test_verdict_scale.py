@@ -26,6 +26,7 @@ from launcher.run.supervisor import Supervisor
 from launcher.run.verdict import verdict_lines
 from launcher.spec import JobSpec
 from launcher.store.db import Store
+from launcher.store.rows import JobRow
 from launcher.store.states import JobState
 from tests.helpers import run_cli
 from tests.unit.fakes import FakeBackend, NodeScript, output, sample
@@ -240,7 +241,7 @@ def test_many_classes_and_suspect_nodes_are_cut_to_one_screen_with_counts() -> N
     report.nodes = {n: {"kernel": [f"2026-12-02T04:00:0{n % 10},000000+00:00 NVRM: Xid (PCI:0000:3b:00): 48"]
                         if n in (5, 77, 90) else [], "last_output": [990.0, f"[{n}/{8 * n}] step 9"]} for n in range(128)}
     report.activity = {r: {"node": r // 8, "idle_s": 300.0, "step": 9} for r in range(1024)}
-    row = {"id": "big-2", "state": "RUNNING", "reason": "stalled at step 9 on node 3/rank 24: no rank reported progress"}
+    row = JobRow("big-2", "big", JobState.RUNNING, reason="stalled at step 9 on node 3/rank 24: no rank reported progress")
     events = [{"t": 1001.0, "kind": "restarting", "message": "attempt 1 failed"}]
     screen = verdict_lines(report, row, events)
     assert len(screen) <= 40
@@ -277,7 +278,7 @@ def test_a_stalled_jobs_busy_rank_is_set_beside_its_idle_neighbours() -> None:
         report.ranks.append(RankStack(rank // 8, rank, "ab"[rank // 8], rank, text, local_rank=rank % 8))
     report.activity = {r: {"node": r // 8, "idle_s": 300.0 - r % 8, "step": 9} for r in range(16)}
     report.activity[13]["idle_s"] = 0.4
-    row = {"id": "s-1", "state": "FAILED", "reason": "stalled at step 9 on node 1/rank 13: no rank reported progress"}
+    row = JobRow("s-1", "s", JobState.FAILED, reason="stalled at step 9 on node 1/rank 13: no rank reported progress")
     screen = verdict_lines(report, row, [])
     assert "  rank 13 (node 1 b, local rank 5): backward <- train_step train.py:208" in screen
     assert "    node 1 CPU/GPU: rank 13 active 0 s ago, the node's other 7 idle 293-300 s" in screen

@@ -9,7 +9,9 @@ import pytest
 from launcher.backends import cluster_spec, plan_job
 from launcher.spec import JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store
-from launcher.views.watch import QUEUED, StageUpdate, job_stages, stage_recorder
+from launcher.store.rows import JobRow, NodeRow
+from launcher.store.states import JobState, NodeState
+from launcher.views.watch import StageUpdate, job_stages, stage_recorder
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli
 from tests.terminal import run_in_terminal
 
@@ -41,14 +43,14 @@ def test_stages_from_events_queue_and_node_rows():
               {"kind": "stage", "data": {"stage": "sync", "node": 1, "host": "h1", "state": "done", "detail": ""}},
               {"kind": "stage", "data": {"stage": "bogus", "node": 1, "host": "h1", "state": "done"}},
               {"kind": "stage", "data": "not a mapping"}]
-    nodes = [{"node": 0, "host": "h0", "state": "STARTING"}, {"node": 1, "host": "h1", "state": "RUNNING"}]
-    assert job_stages({"state": "LAUNCHING"}, nodes, events) == [
+    nodes = [NodeRow("j", 0, 0, host="h0", state=NodeState.STARTING), NodeRow("j", 0, 1, host="h1", state=NodeState.RUNNING)]
+    assert job_stages(JobRow("j", "j", JobState.LAUNCHING), nodes, events) == [
         StageUpdate("sync", 1, "h1", "done"), StageUpdate("start", 0, "h0", "running"), StageUpdate("start", 1, "h1", "done")]
-    assert job_stages({"state": "FAILED", "reason": "node 0: could not start"}, nodes[:1], [])[0] == \
+    assert job_stages(JobRow("j", "j", JobState.FAILED, reason="node 0: could not start"), nodes[:1], [])[0] == \
         StageUpdate("start", 0, "h0", "failed", "node 0: could not start")
-    assert job_stages({"state": QUEUED, "reason": "Priority"}, [], []) == [StageUpdate("queued", None, "", "running", "Priority")]
+    assert job_stages(JobRow("j", "j", JobState.QUEUED, reason="Priority"), [], []) == [StageUpdate("queued", None, "", "running", "Priority")]
     start_events = [{"kind": "stage", "data": {"stage": "start", "node": 0, "host": "h0", "state": "running"}}]
-    assert job_stages({"state": "RUNNING"}, nodes, start_events) == [StageUpdate("start", 0, "h0", "running")], \
+    assert job_stages(JobRow("j", "j", JobState.RUNNING), nodes, start_events) == [StageUpdate("start", 0, "h0", "running")], \
         "recorded start events are more precise than the node rows"
 
 
@@ -95,7 +97,7 @@ def test_watch_needs_one_job(home):
 def test_watch_on_a_terminal_shows_the_bar(home):
     store = running_job(home)
     assert store.transition("w-000001", SUCCEEDED)
-    ended_at = store.job("w-000001")["ended_at"]
+    ended_at = store.job("w-000001").ended_at
     store.update_job("w-000001", started_at=ended_at - 125)
     run = run_in_terminal(launch_argv("status", "--watch", "--last"), cli_env(home), cols=100, rows=40)
     assert run.returncode == 0

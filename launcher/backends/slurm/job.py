@@ -130,7 +130,7 @@ class SlurmJob:
             down = sorted(name for name, (state, why) in nodes.items() if _down(state, why))
             return Failure(kind=FailureKind.EXIT, transient=True,
                            reason=f"{failures.ENDED_FOR_ANOTHER_NODE} ({words}; down: {', '.join(down) or 'unknown'})")
-        if state in ("CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"):
+        if state in (cli.SlurmState.CANCELLED, cli.SlurmState.PREEMPTED, cli.SlurmState.BOOT_FAIL, "DEADLINE", "OUT_OF_MEMORY"):
             return Failure(kind=FailureKind.LOST, reason=f"{words}{slurm_lines(self.folder)}")
         return None
 
