@@ -258,25 +258,10 @@ def stacks_command(job):
     """
     from rich.text import Text
 
-    from launcher.backends import cluster_spec, get_backend
-    from launcher.plan.planner import Plan
     from launcher.run import stacks
     from launcher.store.db import Store
-    from launcher.store.states import is_terminal
 
-    store = Store()
-    row = store.job(job)
-    if is_terminal(row.state):
-        report = stacks.latest(store.run_dir(row.id))
-        if report is None:
-            raise LaunchError(f"job {row.id} ended {row.state} and no stacks were taken; stacks are taken from "
-                              "running jobs, and from hung or stalled ones before they are torn down")
-    else:
-        backend = get_backend(cluster_spec((row.spec or {}).get("cluster")))
-        try:
-            report = stacks.collect(backend, Plan.model_validate(row.plan), store, row.attempt)
-        finally:
-            backend.close()
+    report = stacks.for_job(Store(), job)
     out = console()
     for line in stacks.report_lines(report):
         out.print(Text(safe_text(line, colour=False)))

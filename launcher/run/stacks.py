@@ -198,6 +198,28 @@ def collect(backend: Backend, plan: Plan, store: Store | None, attempt: int, liv
     return report
 
 
+def for_job(store: Store, ref: str) -> StackReport:
+    """`launch stacks`: a running job's stacks, taken now and kept with it; a finished job's kept ones (LaunchError
+    when none were taken)."""
+    from launcher.backends import get_backend
+    from launcher.errors import LaunchError
+    from launcher.run.recorded import RecordedJob
+
+    row = store.job(ref)
+    if row.terminal:
+        report = latest(store.run_dir(row.id))
+        if report is None:
+            raise LaunchError(f"job {row.id} ended {row.state} and no stacks were taken; stacks are taken from "
+                              "running jobs, and from hung or stalled ones before they are torn down")
+        return report
+    job = RecordedJob.read(store, row.id)
+    backend = get_backend(job.cluster)
+    try:
+        return collect(backend, job.plan, store, row.attempt or 0)
+    finally:
+        backend.close()
+
+
 def _job_created(store: Store | None, job_id: str) -> float | None:
     if store is None:
         return None
