@@ -23,6 +23,7 @@ from launcher.backends.ssh.target import Target
 from launcher.node import proctree, rundir
 from launcher.plan.planner import Plan
 from launcher.store.db import Store
+from launcher.store.rows import JobRow
 from tests.helpers import kill_supervisor_and_keeper, rank_results, status_json
 from tests.testbed_fixture import host_key_rotated, link_cut, needs_root, ssh_blocked, ssh_client, sshd_stopped
 from tools import testbed as tb
@@ -151,7 +152,7 @@ def _wait_for(predicate, timeout: float, what: str):
     pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
-def _wait_running(home: Path, steps: int = 1) -> dict:
+def _wait_running(home: Path, steps: int = 1) -> JobRow:
     """The newest job once it is RUNNING and has reported ``steps`` metric steps."""
     store = Store(home)
 
@@ -245,7 +246,7 @@ def test_ctrl_c_cancels_a_foreground_job(testbed: tb.Testbed, tmp_path: Path, ho
     proc = subprocess.Popen([LAUNCH, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        row = Store(home).job(_wait_running(home)["id"])
+        row = Store(home).job(_wait_running(home).id)
         backend = SSHBackend(cluster_spec((row.spec or {})["cluster"]))
         plan = Plan.model_validate(row.plan)
         agent = _agent_pid(row.id, 1)
