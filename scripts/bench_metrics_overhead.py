@@ -102,6 +102,7 @@ def reporter_cost(work: Path, world_size: int = 2, every: int = 10, steps: int =
     from launcher.metrics.record import parse_line
     from launcher.metrics.reporter import Reporter
     from launcher.store.db import Store
+    from launcher.store.records import Batch
 
     out = io.StringIO()
     reporter = Reporter(every=every, stream=out, flops_per_sample=1e9)
@@ -113,7 +114,7 @@ def reporter_cost(work: Path, world_size: int = 2, every: int = 10, steps: int =
     lines = out.getvalue().splitlines()
     start = time.process_time()
     for line in lines:
-        store.add_metrics("cost", 0, [parse_line(line, world_size=world_size, node=0, host="localhost", rank=0)])
+        store.add_batch("cost", 0, Batch(records=[parse_line(line, world_size=world_size, node=0, host="localhost", rank=0)]))
     supervisor_side = (time.process_time() - start) / steps
     store.close()
     return rank_side + world_size * supervisor_side

@@ -30,6 +30,7 @@ from bench_supervisor import end_thousand, thousand_ranks, time_status  # noqa: 
 
 from launcher.metrics.record import ProcessSample  # noqa: E402
 from launcher.store.db import Store  # noqa: E402
+from launcher.store.records import Batch  # noqa: E402
 
 
 def synthetic_source(home: Path, steps: int = 50) -> str:
@@ -59,9 +60,9 @@ def synthetic_source(home: Path, steps: int = 50) -> str:
                                     interval_s=elapsed, step_time_s=elapsed, samples=32, tokens=4096,
                                     samples_per_sec=32 / elapsed, tokens_per_sec=4096 / elapsed, loss=1.0 / step,
                                     mem_peak_bytes=58_000_000 + 4096 * step))
-    store.add_metrics(job_id, 0, records)
-    store.add_samples(job_id, 0, [ProcessSample(node=0, rank=0, host="node1", t=clock, pid=4242, cpu_s=3.5,
-                                                rss_bytes=57_000_000, rss_peak_bytes=58_000_000)])
+    store.add_batch(job_id, 0, Batch(records=records))
+    store.add_batch(job_id, 0, Batch(samples=[ProcessSample(node=0, rank=0, host="node1", t=clock, pid=4242, cpu_s=3.5,
+                                                rss_bytes=57_000_000, rss_peak_bytes=58_000_000)]))
     return job_id
 
 

@@ -57,6 +57,7 @@ from bench_fanout import LAUNCH, PYSPY, cluster_yaml, load_avg, prepare_work  # 
 
 from launcher.metrics.record import ProcessSample  # noqa: E402
 from launcher.store.db import Store  # noqa: E402
+from launcher.store.records import Batch  # noqa: E402
 from tools import testbed  # noqa: E402
 
 NAMES = testbed.Names("sv-", "10.85.0")
@@ -337,14 +338,14 @@ def thousand_ranks(home: Path, source: str, nodes: int = 125, per_node: int = 8,
     t = time.time() - steps
     for step in range(1, steps + 1):
         base = records[(step - 1) % len(records)]
-        store.add_metrics(job_id, 0, [dataclasses.replace(base, job=job_id, rank=r, node=r // per_node, local_rank=r % per_node,
+        store.add_batch(job_id, 0, Batch(records=[dataclasses.replace(base, job=job_id, rank=r, node=r // per_node, local_rank=r % per_node,
                                                           host=f"node{r // per_node + 1}", step=step, t=t + step)
-                                      for r in range(nodes * per_node)])
+                                      for r in range(nodes * per_node)]))
     usage = store.samples(row.id)[0]
-    store.add_samples(job_id, 0, [ProcessSample(node=r // per_node, rank=r, host=f"node{r // per_node + 1}", t=time.time(),
+    store.add_batch(job_id, 0, Batch(samples=[ProcessSample(node=r // per_node, rank=r, host=f"node{r // per_node + 1}", t=time.time(),
                                                 pid=1000 + r, cpu_s=usage.cpu_s or 1.0, rss_bytes=usage.rss_bytes or 1,
                                                 rss_peak_bytes=usage.rss_peak_bytes or 1)
-                                  for r in range(nodes * per_node)])
+                                  for r in range(nodes * per_node)]))
     return job_id
 
 

@@ -27,8 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def fill_store(home: Path, jobs: int, records: int, log_mb: int) -> str:
     from launcher.backends import cluster_spec, plan_job
+    from launcher.metrics.record import MetricRecord
     from launcher.spec import JobSpec
     from launcher.store.db import LAUNCHING, RUNNING, Store
+    from launcher.store.records import Batch
 
     store = Store(home)
     spec = JobSpec(name="bench", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, max_steps=100000)
@@ -46,7 +48,7 @@ def fill_store(home: Path, jobs: int, records: int, log_mb: int) -> str:
          "mem_peak_bytes": 2**33, "warmup": i == 0}
         for i in range(records // 16) for rank in range(16)
     ]
-    store.add_metrics(job_id, 0, batch)
+    store.add_batch(job_id, 0, Batch(records=[r for row in batch if (r := MetricRecord.from_stored(row)) is not None]))
     log = store.run_dir(job_id) / "attempt0-node0.log"
     line = " [0/3] step 123 loss 0.123456 lr 0.0001 some more words of a typical training log\n"
     with open(log, "w") as handle:

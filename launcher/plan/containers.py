@@ -1,5 +1,5 @@
 """Container runtimes as argv lists: run a node's command in a container, check and pull its image,
-find, stop and remove a job's containers, and read how a container ended. Pure: no I/O.
+stop and remove a node's container. Pure: no I/O.
 
 Docker and Podman keep named containers; ``launch`` names each after its job and node and labels it
 ``launch.job=<job id>``, ``launch.node=<index>``. Apptainer keeps none: its container is the process
@@ -7,8 +7,8 @@ Docker and Podman keep named containers; ``launch`` names each after its job and
 container by name return None for it.
 
 The environment goes by name only: ``-e NAME`` for Docker and Podman (the runtime copies the value from
-its own environment), ``APPTAINERENV_NAME`` in Apptainer's environment (with ``--cleanenv``). The caller
-starts the runtime with ``runtime_environment(...)`` merged into its environment; no value is ever on a
+its own environment), ``APPTAINERENV_NAME`` in Apptainer's environment (with ``--cleanenv``). The node's
+agent starts the runtime with each value under its name after ``env_prefix``; no value is ever on a
 command line. See docs/CONTAINERS.md.
 """
 
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 
-from launcher.spec.container import ContainerSpec, Mount, PullPolicy, Runtime
+from launcher.spec.container import ContainerSpec, Mount, Runtime
 
 NAME_PREFIX = "launch-"
 JOB_LABEL = "launch.job"
@@ -29,13 +28,6 @@ APPTAINER_ENV_PREFIX = "APPTAINERENV_"
 # What Docker and Podman accept as a container name (moby's restrictedNameChars).
 _CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Exit statuses the Docker and Podman clients use for their own failures (before the command ran).
-_RUNTIME_EXITS = {
-    125: "the container runtime itself failed (bad option, image missing, no permission); see its error above",
-    126: "the container's command could not be invoked (not executable, or the runtime could not start it)",
-    127: "the container's command was not found in the image",
-}
-SIGKILL_EXIT = 128 + 9
 
 
 @dataclass(frozen=True)
@@ -55,22 +47,6 @@ class ContainerName:
     @property
     def labels(self) -> dict[str, str]:
         return {JOB_LABEL: self.job_id, NODE_LABEL: str(self.node)}
-
-
-class PullAction(Enum):
-    """What preflight does about a node's image."""
-
-    USE = "use"        # present, and the policy does not ask for a fresh pull
-    PULL = "pull"      # pull it (absent with pull: missing, or pull: always)
-    REFUSE = "refuse"  # absent and cannot be pulled (pull: never, or an apptainer file)
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    """How a stopped container ended, as ``inspect`` reports it."""
-
-    exit_code: int
-    oom_killed: bool
 
 
 def _image(spec: ContainerSpec) -> str:
@@ -100,13 +76,12 @@ def _checked_names(env_names: Iterable[str]) -> list[str]:
 
 
 def run_argv(spec: ContainerSpec, name: ContainerName, argv: Sequence[str], env_names: Iterable[str],
-             workdir: str, gpus: int, *, remove: bool = True) -> list[str]:
+             workdir: str, gpus: int) -> list[str]:
     """The runtime command that runs ``argv`` for one node, in the foreground, inside ``spec.image``.
 
     Host network and IPC, the node's GPUs when ``gpus`` > 0, the workdir mounted at its own path and
     used as the working directory, the user's mounts, ``env_names`` passed by name only, the user's
-    options last before the image. ``remove``: the runtime deletes the container when it exits
-    (Docker, Podman; pass False to ``inspect`` it first, then ``remove_argv``).
+    options last before the image. Docker and Podman delete the container when it exits (``--rm``).
     """
     if not argv:
         raise ValueError("argv is empty: nothing to run in the container")
@@ -119,21 +94,16 @@ def run_argv(spec: ContainerSpec, name: ContainerName, argv: Sequence[str], env_
                 "--pwd", workdir, *spec.options, _image(spec), *argv]
     gpu_flags = {Runtime.DOCKER: ["--gpus", "all"], Runtime.PODMAN: ["--device", "nvidia.com/gpu=all"]}
     labels = [arg for key, value in name.labels.items() for arg in ("--label", f"{key}={value}")]
-    return [spec.runtime.value, "run", *(["--rm"] if remove else []), "--name", str(name), *labels,
+    return [spec.runtime.value, "run", "--rm", "--name", str(name), *labels,
             "--pull", "never", "--network", "host", "--ipc", "host",
             *(gpu_flags[spec.runtime] if gpus > 0 else []), *mounts, "-w", workdir,
             *[arg for n in names for arg in ("-e", n)], *spec.options, _image(spec), *argv]
 
 
-def runtime_environment(runtime: Runtime, values: Mapping[str, str]) -> dict[str, str]:
-    """The variables to add to the runtime process's own environment so that the container gets
-    ``values``: the same names for Docker and Podman (``-e NAME``), ``APPTAINERENV_NAME`` for Apptainer.
-
-    Apptainer refuses ``APPTAINERENV_HOME`` (it sets HOME itself).
-    """
-    _checked_names(values)
-    prefix = APPTAINER_ENV_PREFIX if runtime is Runtime.APPTAINER else ""
-    return {f"{prefix}{key}": value for key, value in values.items()}
+def env_prefix(runtime: Runtime) -> str:
+    """What the runtime process's environment names a variable the container gets: the same name for Docker and
+    Podman (``-e NAME``), ``APPTAINERENV_NAME`` for Apptainer (which refuses ``APPTAINERENV_HOME``: it sets HOME)."""
+    return APPTAINER_ENV_PREFIX if runtime is Runtime.APPTAINER else ""
 
 
 def probe_argv(runtime: Runtime) -> list[str]:
@@ -155,35 +125,11 @@ def image_present_argv(spec: ContainerSpec) -> list[str]:
     }[spec.runtime]
 
 
-def pull_action(spec: ContainerSpec, present: bool) -> PullAction:
-    """What to do about a node whose image is ``present`` or not, per ``spec.pull``."""
-    if spec.runtime is Runtime.APPTAINER or spec.pull is PullPolicy.NEVER:
-        return PullAction.USE if present else PullAction.REFUSE
-    if spec.pull is PullPolicy.ALWAYS or not present:
-        return PullAction.PULL
-    return PullAction.USE
-
-
 def pull_argv(spec: ContainerSpec) -> list[str]:
     """The command that pulls the image (Docker, Podman); ValueError for Apptainer (a file: never pulled)."""
     if spec.runtime is Runtime.APPTAINER:
         raise ValueError("apptainer images are files on each node: launch does not pull them")
     return [spec.runtime.value, "pull", _image(spec)]
-
-
-def list_argv(runtime: Runtime, job_id: str) -> list[str] | None:
-    """A command printing the names of every container of ``job_id``, running or stopped, one a line
-    (``parse_names``); None for Apptainer, which keeps no containers."""
-    if runtime is Runtime.APPTAINER:
-        return None
-    return [runtime.value, "ps", "-a", "--filter", f"label={JOB_LABEL}={job_id}", "--format", "{{.Names}}"]
-
-
-def parse_names(output: str, job_id: str) -> list[str]:
-    """The container names in ``list_argv``'s output that belong to ``job_id``; other lines are dropped."""
-    prefix = f"{NAME_PREFIX}{job_id}-n"
-    return [line.strip() for line in output.splitlines()
-            if line.strip().startswith(prefix) and line.strip()[len(prefix):].isdigit()]
 
 
 def stop_argv(runtime: Runtime, name: ContainerName | str, grace_s: float) -> list[str] | None:
@@ -199,34 +145,3 @@ def remove_argv(runtime: Runtime, name: ContainerName | str) -> list[str] | None
     if runtime is Runtime.APPTAINER:
         return None
     return [runtime.value, "rm", "-f", str(name)]
-
-
-def inspect_argv(runtime: Runtime, name: ContainerName | str) -> list[str] | None:
-    """A command printing ``<exit code> <true|false>`` (OOM-killed) for a stopped container
-    (``parse_state``). Only for a container run with ``remove=False``. None for Apptainer."""
-    if runtime is Runtime.APPTAINER:
-        return None
-    return [runtime.value, "inspect", "--type", "container", "--format",
-            "{{.State.ExitCode}} {{.State.OOMKilled}}", str(name)]
-
-
-def parse_state(output: str) -> ContainerState:
-    """``inspect_argv``'s output as a ContainerState; ValueError when it is not that."""
-    fields = output.split()
-    if len(fields) != 2 or not fields[0].lstrip("-").isdigit() or fields[1] not in ("true", "false"):
-        raise ValueError(f"not '<exit code> <true|false>': {output.strip()[:80]!r}")
-    return ContainerState(exit_code=int(fields[0]), oom_killed=fields[1] == "true")
-
-
-def exit_meaning(runtime: Runtime, code: int) -> str | None:
-    """What a run command's exit status says beyond the program's own, or None.
-
-    137 is a SIGKILL: the kernel's OOM killer (a memory limit or the host), ``kill``/``stop`` by the
-    runtime, or a user. Podman before 5.0 does not set ``OOMKilled`` (containers/podman#13102): the
-    kernel log tells. 125-127 are the Docker and Podman clients' own failures; Apptainer's is 255.
-    """
-    if code == SIGKILL_EXIT:
-        return "killed (SIGKILL): by the OOM killer, by the container runtime (kill, stop) or by a user"
-    if runtime is Runtime.APPTAINER:
-        return "apptainer itself failed (see its FATAL line)" if code == 255 else None
-    return _RUNTIME_EXITS.get(code)

@@ -320,8 +320,8 @@ def _in_container(spec: ContainerSpec, job_id: str, index: int, argv: list[str],
     wrapped = containers.run_argv(with_run_dir, name, argv, env_names, cwd, gpus)
     cleanup = [command for command in (containers.stop_argv(spec.runtime, name, grace),
                                        containers.remove_argv(spec.runtime, name)) if command]
-    prefix = containers.APPTAINER_ENV_PREFIX if spec.runtime == Runtime.APPTAINER else ""
-    return InContainer(argv=tuple(wrapped), cleanup=tuple(tuple(c) for c in cleanup), env_prefix=prefix)
+    return InContainer(argv=tuple(wrapped), cleanup=tuple(tuple(c) for c in cleanup),
+                       env_prefix=containers.env_prefix(spec.runtime))
 
 
 def _json(data: dict) -> str:

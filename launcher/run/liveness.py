@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.backends.failures import Failure, FailureKind
+from launcher.run.stackclasses import ranges
 
 CPU_BUSY = 0.02  # a rank gaining more than 2% of a core between two samples is working
 GPU_BUSY = 0.05  # GPU utilisation above 5% is working
@@ -226,13 +227,3 @@ class HangDetector:
         label = "node" if len(nodes) == 1 else "nodes"
         return f"{label} {ranges(nodes)} ({', '.join(names)}{more})"
 
-
-def ranges(numbers: Sequence[int]) -> str:
-    """``0-3,7,9-10`` from sorted distinct numbers."""
-    spans: list[list[int]] = []
-    for number in numbers:
-        if spans and number == spans[-1][1] + 1:
-            spans[-1][1] = number
-        else:
-            spans.append([number, number])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)

@@ -210,9 +210,3 @@ def ranges(numbers: Iterable[int]) -> str:
         else:
             spans.append([number, number])
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
-
-
-def rank_lists(numbers: Iterable[int]) -> str:
-    """``rank 3`` or ``ranks 0-511,513-1023``."""
-    ordered = sorted(set(numbers))
-    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {ranges(ordered)}"

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.metrics import tally
 from launcher.metrics.record import MetricRecord, ProcessSample, RankUsage
 from launcher.metrics.summary import JobSummary
-from launcher.store.rows import finite_or_none, json_safe, json_text, json_value, text_or_none
+from launcher.store.rows import finite_or_none, json_text, json_value, text_or_none
 from launcher.store.tally import TallyStore, tally_statements
 
 MAX_METRIC_RECORDS = 50_000  # a job's records kept: 8 ranks reporting every 10 steps for 60,000 steps
@@ -121,30 +121,15 @@ class RecordsStore(TallyStore):
             for r in rows
         ]
 
-    def mark_seen(self, job_id: str, attempt: int, seen: Seen) -> None:
-        """Record how far node ``seen.node``'s journal was received (see ``Seen``)."""
-        self._execute(SEEN_SQL, seen.row(job_id, attempt))
-
     def add_batch(self, job_id: str, attempt: int, batch: Batch) -> None:
         """File an attempt's records (as ``parse_line`` made them: valid) and their tally, samples and where each
-        node's journal stands, in one transaction."""
+        node's journal stands, in one transaction. A job keeps at most ``max_metric_records``: later ones are
+        dropped, and a ``metrics_capped`` event says so once. Samples fold into one row per rank and attempt: the
+        latest sample, the peaks of RSS and GPU memory, and the sum and count of GPU utilisation readings."""
         if batch:
             self._transaction(*self._metric_statements(job_id, attempt, batch.records),
                               (SAMPLES_SQL, self._sample_rows(job_id, attempt, batch.samples)),
                               (SEEN_SQL, [seen.row(job_id, attempt) for seen in batch.seen.values()]))
-
-    def add_metrics(self, job_id: str, attempt: int, records: Iterable[MetricRecord | Mapping[str, Any]]) -> None:
-        """Store metric records of an attempt and their tally (one transaction for the batch), each under this job
-        and attempt.
-
-        Each is kept as it reads back: a record (from ``parse_line``, or made by a test or an import) or a
-        mapping is read as a stored row is, and one that does not read as valid is left out, so that the
-        tally counts what the records' readers see. A job keeps at most ``max_metric_records``: later ones
-        are dropped, and a ``metrics_capped`` event says so once.
-        """
-        valid = [MetricRecord.from_stored(json_safe(item.to_wire()) if isinstance(item, MetricRecord) else item)
-                 for item in records]
-        self._transaction(*self._metric_statements(job_id, attempt, [r for r in valid if r is not None]))
 
     def _metric_statements(self, job_id: str, attempt: int, records: list[MetricRecord]) -> list[tuple[str, list[tuple]]]:
         """The records' rows under the job's cap, and the tally of those kept."""
@@ -174,14 +159,6 @@ class RecordsStore(TallyStore):
             if record is not None:
                 records.append(record)
         return records
-
-    def add_samples(self, job_id: str, attempt: int, samples: Iterable[ProcessSample]) -> None:
-        """Fold the node agent's process samples into one row per rank and attempt.
-
-        Kept: the latest sample (time, pid, CPU seconds, RSS, GPU memory), the peaks of RSS
-        and GPU memory, and the sum and count of GPU utilisation readings (for the mean).
-        """
-        self._transaction((SAMPLES_SQL, self._sample_rows(job_id, attempt, samples)))
 
     @staticmethod
     def _sample_rows(job_id: str, attempt: int, samples: Iterable[ProcessSample]) -> list[tuple]:

@@ -19,6 +19,7 @@ from launcher.metrics.export import write_csv
 from launcher.metrics.record import MetricRecord
 from launcher.spec import JobSpec
 from launcher.store.db import FAILED, LAUNCHING, RUNNING, Store
+from launcher.store.records import Batch
 from launcher.views.progress import PlainProgress, _log_text
 from launcher.views.terminal import safe_text
 
@@ -163,15 +164,15 @@ def test_metric_records_are_capped_per_job_with_one_event(tmp_path):
     store.max_metric_records = 5
     store.create_job(_plan("s-000025"), {})
     records = [MetricRecord(rank=0, node=0, step=step, samples=8) for step in range(1, 9)]
-    store.add_metrics("s-000025", 0, records[:3])
-    store.add_metrics("s-000025", 0, records[3:])
-    store.add_metrics("s-000025", 0, records[:2])
+    store.add_batch("s-000025", 0, Batch(records=records[:3]))
+    store.add_batch("s-000025", 0, Batch(records=records[3:]))
+    store.add_batch("s-000025", 0, Batch(records=records[:2]))
     assert [r.step for r in store.metrics("s-000025")] == [1, 2, 3, 4, 5]
     capped = [e for e in store.events("s-000025") if e["kind"] == "metrics_capped"]
     assert len(capped) == 1 and "5 metric records kept" in capped[0]["message"]
     again = Store(tmp_path / "home")  # a new supervisor (attach) counts what is stored
     again.max_metric_records = 5
-    again.add_metrics("s-000025", 0, records[:1])
+    again.add_batch("s-000025", 0, Batch(records=records[:1]))
     assert len(again.metrics("s-000025")) == 5
     assert len([e for e in again.events("s-000025") if e["kind"] == "metrics_capped"]) == 1
 

@@ -23,6 +23,7 @@ from launcher.metrics.reporter import Reporter
 from launcher.metrics.summary import JobSummary, RankSummary
 from launcher.spec import JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store
+from launcher.store.records import Batch
 
 TEST_COLUMN = Column("test_metric", job=maximum("test_metric"), rank=maximum("test_metric"), header="TEST METRIC",
                      cell=number(".2f"))
@@ -58,7 +59,7 @@ def job_with_test_metric(home, monkeypatch):
             reporter.step(samples=4)
         records = [parse_line(line, world_size=2, node=0, host="localhost", rank=rank) for line in out.getvalue().splitlines()]
         assert all(isinstance(r, MetricRecord) for r in records)
-        store.add_metrics(plan.job_id, 0, records)
+        store.add_batch(plan.job_id, 0, Batch(records=records))
     return store, plan.job_id
 
 

@@ -58,11 +58,12 @@ def test_status_of_a_running_job_reads_records_without_pydantic(tmp_path):
     """Live summaries read stored records with the standard library: pydantic (~0.1 s) stays out of `status`."""
     from launcher.metrics.record import MetricRecord, ProcessSample
     from launcher.store.db import Store
+    from launcher.store.records import Batch
 
     store = Store(tmp_path)
     store._execute("INSERT INTO jobs (id, name, state, created_at, attempt) VALUES ('live-1', 'live', 'RUNNING', 1.0, 0)")
-    store.add_metrics("live-1", 0, [MetricRecord(rank=0, node=0, host="h", step=10, samples=8, interval_s=1.0)])
-    store.add_samples("live-1", 0, [ProcessSample(node=0, rank=1, t=1.0, pid=9, cpu_s=1.0, rss_bytes=5, rss_peak_bytes=5)])
+    store.add_batch("live-1", 0, Batch(records=[MetricRecord(rank=0, node=0, host="h", step=10, samples=8, interval_s=1.0)]))
+    store.add_batch("live-1", 0, Batch(samples=[ProcessSample(node=0, rank=1, t=1.0, pid=9, cpu_s=1.0, rss_bytes=5, rss_peak_bytes=5)]))
     store.close()
     check = CHECK.replace('("torch", ', '("pydantic", "torch", ')
     for argv in (["status"], ["status", "--json"], ["status", "live-1"], ["status", "live-1", "--json"]):

@@ -10,9 +10,11 @@ import sys
 import pytest
 
 from launcher.backends import cluster_spec, plan_job
+from launcher.metrics.record import MetricRecord
 from launcher.metrics.snapshot import snapshot, summary_line
 from launcher.spec import JobSpec
 from launcher.store.db import LAUNCHING, RUNNING, Store
+from launcher.store.records import Batch
 from launcher.views.progress import PlainProgress
 from tests.helpers import ROOT, cli_env
 from tests.terminal import run_in_terminal
@@ -116,8 +118,10 @@ def job_with_records(home):
     job = JobSpec(name="p", entrypoint=["python", "t.py"], batch={"micro_batch": 2}, max_steps=60)
     store.create_job(plan_job(job, cluster_spec(name="local"), "p-000001", rdzv_port=29500), {})
     assert store.transition("p-000001", LAUNCHING) and store.transition("p-000001", RUNNING)
-    store.add_metrics("p-000001", 0, [record(0, 30, sps=80.0, step_s=0.1, mem=3 * GIB // 2),
-                                      record(1, 30, sps=40.0, step_s=0.2)])
+    store.add_batch("p-000001", 0, Batch(records=[
+        MetricRecord(rank=0, node=0, step=30, samples_per_sec=80.0, step_time_s=0.1, mem_peak_bytes=3 * GIB // 2),
+        MetricRecord(rank=1, node=0, step=30, samples_per_sec=40.0, step_time_s=0.2, mem_peak_bytes=GIB),
+    ]))
     return home
 
 

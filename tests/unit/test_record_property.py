@@ -27,6 +27,7 @@ from launcher.metrics.record import MARKER, MetricRecord, Rejected, parse_line
 from launcher.metrics.summary import JobSummary
 from launcher.spec import JobSpec
 from launcher.store.db import Store
+from launcher.store.records import Batch
 from launcher.views import compare, jobstatus
 from launcher.views.report import build_report
 
@@ -136,7 +137,7 @@ def test_any_rank_output_parses_without_error_and_accepted_records_pass_every_re
 
     job_id = f"prop-{next(_ids):06d}"
     store.create_job(plan.model_copy(update={"job_id": job_id}), {})
-    store.add_metrics(job_id, 0, records)
+    store.add_batch(job_id, 0, Batch(records=records))
     stored = store.metrics(job_id)
     assert stored == [dataclasses.replace(r, job=job_id) for r in records]
 

@@ -4,7 +4,8 @@ never as ranks that hang (issue 23). Fake per-node samples, the clock passed in.
 from __future__ import annotations
 
 from launcher.backends.failures import FailureKind
-from launcher.run.liveness import HangDetector, Joined, Liveness, Output, Sample, ranges
+from launcher.run.liveness import HangDetector, Joined, Liveness, Output, Sample
+from launcher.run.stackclasses import ranges
 
 TIMEOUT = 120.0
 HOSTS = [f"lt-h{i}" for i in range(1, 33)]

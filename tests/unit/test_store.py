@@ -12,6 +12,7 @@ from launcher.errors import JobNotFound
 from launcher.metrics.record import MetricRecord
 from launcher.spec import JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, PENDING, RUNNING, SUCCEEDED, Store
+from launcher.store.records import Batch
 
 
 def _plan(job_id: str):
@@ -55,7 +56,7 @@ def test_jobs_are_found_by_unique_prefix(store):
 def test_metrics_and_events_round_trip(store):
     store.create_job(_plan("s-000002"), {})
     record = MetricRecord(job="claimed", rank=1, node=0, host="h0", step=10, samples=8, extra={"busbw": 1.5})
-    store.add_metrics("s-000002", 1, [record])
+    store.add_batch("s-000002", 1, Batch(records=[record]))
     store.add_event("s-000002", "note", "hello", {"k": 1})
     assert store.metrics("s-000002") == [dataclasses.replace(record, job="s-000002", attempt=1)]
     assert store.events("s-000002")[0]["data"] == {"k": 1}

@@ -19,6 +19,7 @@ from launcher.cli.main import main
 from launcher.errors import JobNotFound
 from launcher.metrics.record import ProcessSample
 from launcher.store.db import SCHEMA_VERSION, Store, StoreError
+from launcher.store.records import Batch
 
 # The schema of the first releases, exactly as their store.py created it (no version, no samples table).
 SCHEMA_V0 = """
@@ -148,8 +149,8 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     records = store.metrics("old-000002")
     assert len(records) == 4, "the invalid old record is left out, the valid ones read"
     assert {r.loss for r in records} == {0.5, None}
-    store.add_samples("old-000002", 0, [ProcessSample(node=0, rank=0, t=1.0, pid=5, cpu_s=1.0, rss_bytes=1,
-                                                      rss_peak_bytes=2)])
+    store.add_batch("old-000002", 0, Batch(samples=[ProcessSample(node=0, rank=0, t=1.0, pid=5, cpu_s=1.0, rss_bytes=1,
+                                                      rss_peak_bytes=2)]))
     assert store.samples("old-000002")[0].rss_peak_bytes == 2
     store.close()
     monkeypatch.setenv("LAUNCH_HOME", str(home))
@@ -216,8 +217,8 @@ def test_every_sqlite_error_in_the_store_is_a_store_error(tmp_path):
         lambda: store.jobs(), lambda: store.job("x"), lambda: store.nodes("x"), lambda: store.events("x"),
         lambda: store.metrics("x"), lambda: store.samples("x"), lambda: store.add_event("x", "k", "m"),
         lambda: store.set_node("x", 0, 0, state="RUNNING"), lambda: store.update_job("x", reason="r"),
-        lambda: store.transition("x", "FAILED"), lambda: store.add_samples("x", 0, [ProcessSample(
-            node=0, rank=0, t=1.0, pid=1, cpu_s=0.0, rss_bytes=0, rss_peak_bytes=0)]),
+        lambda: store.transition("x", "FAILED"), lambda: store.add_batch("x", 0, Batch(samples=[ProcessSample(
+            node=0, rank=0, t=1.0, pid=1, cpu_s=0.0, rss_bytes=0, rss_peak_bytes=0)])),
     ]
     for call in calls:
         with pytest.raises(StoreError, match="the job store .* failed"):
@@ -243,8 +244,8 @@ def test_cancel_of_an_empty_id_is_refused(tmp_path):
 def test_samples_keep_one_row_per_rank_with_the_peaks(tmp_path):
     store = Store(tmp_path / "home")
     for second, (rss, gpu, util) in enumerate([(100, 50, 0.2), (300, 80, 0.4), (200, None, None), (150, 60, 0.6)]):
-        store.add_samples("j", 0, [ProcessSample(node=1, rank=3, host="h1", t=float(second), pid=77, cpu_s=second * 2.0,
-                                                 rss_bytes=rss, rss_peak_bytes=rss, gpu_mem_bytes=gpu, gpu_util=util)])
+        store.add_batch("j", 0, Batch(samples=[ProcessSample(node=1, rank=3, host="h1", t=float(second), pid=77, cpu_s=second * 2.0,
+                                                 rss_bytes=rss, rss_peak_bytes=rss, gpu_mem_bytes=gpu, gpu_util=util)]))
     [usage] = store.samples("j")
     assert store._query("SELECT count(*) FROM samples")[0][0] == 1
     assert (usage.rank, usage.node, usage.host, usage.t, usage.cpu_s) == (3, 1, "h1", 3.0, 6.0)

@@ -20,7 +20,7 @@ from launcher.run.orchestrate import stored_spec
 from launcher.run.watcher import NodeWatcher, Relay, Resume
 from launcher.spec import JobSpec
 from launcher.store.db import Store
-from launcher.store.records import Seen
+from launcher.store.records import Batch, Seen
 from tests.unit.fakes import output, record, sample
 
 CLUSTER = cluster_spec(name="two", backend="ssh", python="/usr/bin/python3", workdir="/work",
@@ -185,7 +185,7 @@ def test_a_resumed_watcher_writes_no_line_twice_and_loses_none(relay, tmp_path):
     assert store.nodes(job_id, 0)[0].seen == 5
     # killed after the output line 5 was logged, before it was marked: the store's last mark is the sample's (line 4)
     before = len(log.read_text().splitlines()[0]) + 1
-    store.mark_seen(job_id, 0, Seen(1, 4, before))
+    store.add_batch(job_id, 0, Batch(seen={1: Seen(1, 4, before)}))
     row = store.nodes(job_id, 0)[0]
     resume = Resume(row.seen, row.log_bytes, (4242, 99))
     second = NodeWatcher(Journal(JOURNAL).handle(row.seen), "h2", log, relay, resume=resume)

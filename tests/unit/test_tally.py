@@ -86,10 +86,10 @@ def running(home):
     store.transition(JOB, LAUNCHING, attempt=1)
     store.transition(JOB, RUNNING)
     rounds = _rounds(1, 90, rng, gpu=True)
-    store.add_metrics(JOB, 1, [record for records in rounds[:40] for record in records])
+    store.add_batch(JOB, 1, Batch(records=[record for records in rounds[:40] for record in records]))
     for records in rounds[40:]:
         store.add_batch(JOB, 1, Batch(records=records))
-    store.add_samples(JOB, 1, _samples(1, NODES * PER_NODE + 1))
+    store.add_batch(JOB, 1, Batch(samples=_samples(1, NODES * PER_NODE + 1)))
     return store
 
 
@@ -156,8 +156,8 @@ def test_a_rank_tally_is_a_row_and_its_values_a_row_a_chunk(running):
     steady = {row[0]: (row[2], row[3]) for row in chunks if row[1] == 0}
     assert steady[0] == (1, 88 * 8), "88 records past warm-up, one chunk"
     store = running
-    store.add_metrics(JOB, 1, [MetricRecord(rank=0, node=0, step=1000 + i, interval_s=0.5, samples=2)
-                               for i in range(CHUNK)])
+    store.add_batch(JOB, 1, Batch(records=[MetricRecord(rank=0, node=0, step=1000 + i, interval_s=0.5, samples=2)
+                               for i in range(CHUNK)]))
     for i in range(2 * CHUNK):
         store.add_batch(JOB, 1, Batch(records=[MetricRecord(rank=0, node=0, step=2000 + i, interval_s=0.5, samples=2)]))
     rows = store._query("SELECT chunk, length(interval_s) / 8 FROM tally_values WHERE job_id = ? AND attempt = 1 "
@@ -170,22 +170,11 @@ def test_the_records_past_the_cap_are_not_tallied(home):
     store = Store()
     store._execute("INSERT INTO jobs (id, name, state, created_at, attempt) VALUES ('cap-1', 'c', 'RUNNING', 1.0, 0)")
     store.max_metric_records = 10
-    store.add_metrics("cap-1", 0, [MetricRecord(rank=0, step=i, interval_s=1.0, samples=i) for i in range(1, 8)])
+    store.add_batch("cap-1", 0, Batch(records=[MetricRecord(rank=0, step=i, interval_s=1.0, samples=i) for i in range(1, 8)]))
     store.add_batch("cap-1", 0, Batch(records=[MetricRecord(rank=r, step=9, interval_s=1.0, samples=1) for r in range(5)]))
     summary = store.running_summary("cap-1")
     assert summary is not None and summary.records == 10 and [r.rank for r in summary.per_rank] == [0, 1, 2]
     assert summary == summarize(store.metrics("cap-1"))
-
-
-def test_an_invalid_record_is_neither_stored_nor_tallied(home):
-    """A record made by a test or an import is kept as it reads back: a NaN is unknown, an out-of-bounds value is
-    not a record."""
-    store = Store()
-    store._execute("INSERT INTO jobs (id, name, state, created_at, attempt) VALUES ('bad-1', 'b', 'RUNNING', 1.0, 0)")
-    store.add_metrics("bad-1", 0, [MetricRecord(rank=0, step=1, interval_s=1.0, loss=float("nan")),
-                                   MetricRecord(rank=1, step=1, interval_s=-1.0)])
-    assert [(r.rank, r.loss) for r in store.metrics("bad-1")] == [(0, None)]
-    assert store.running_summary("bad-1") == summarize(store.metrics("bad-1"))
 
 
 @pytest.mark.parametrize("damage", [

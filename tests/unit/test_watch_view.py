@@ -7,8 +7,10 @@ import subprocess
 import pytest
 
 from launcher.backends import cluster_spec, plan_job
+from launcher.metrics.record import MetricRecord
 from launcher.spec import JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store
+from launcher.store.records import Batch
 from launcher.store.rows import JobRow, NodeRow
 from launcher.store.states import JobState, NodeState
 from launcher.views.watch import StageUpdate, job_stages, stage_recorder
@@ -31,10 +33,10 @@ def running_job(home, job_id: str = "w-000001", lines: int = 15) -> Store:
         path.write_text(text)
         store.set_node(job_id, 0, node, host=f"h{node}", state="RUNNING", log_path=str(path))
     assert store.transition(job_id, RUNNING)
-    store.add_metrics(job_id, 0, [
-        {"rank": 0, "node": 0, "step": 30, "samples_per_sec": 80.0, "step_time_s": 0.1, "mem_peak_bytes": 2**30},
-        {"rank": 1, "node": 0, "step": 30, "samples_per_sec": 40.0, "step_time_s": 0.2, "mem_peak_bytes": 2**30},
-    ])
+    store.add_batch(job_id, 0, Batch(records=[
+        MetricRecord(rank=0, node=0, step=30, samples_per_sec=80.0, step_time_s=0.1, mem_peak_bytes=2**30),
+        MetricRecord(rank=1, node=0, step=30, samples_per_sec=40.0, step_time_s=0.2, mem_peak_bytes=2**30),
+    ]))
     return store
 
 
