@@ -193,7 +193,7 @@ def test_only_the_loop_writes_the_store_and_it_files_many_lines_a_transaction(
             return real(*args, **kwargs)
         return spy
 
-    for name in ("add_batch", "add_metrics", "add_samples", "mark_seen", "set_node", "add_event", "update_job"):
+    for name in ("add_batch", "set_node", "add_event", "update_job"):
         monkeypatch.setattr(store, name, spied(name))
     assert sup.run() == JobState.SUCCEEDED
     assert writers == {threading.current_thread().name}, "no watcher thread wrote the store"
