@@ -2,8 +2,9 @@
 
 ``BACKENDS`` maps a cluster spec's ``backend:`` name to where its parts live in its package: its
 cluster model (``spec.py``: the ``ClusterSpec`` subclass with its own section, pydantic only) and
-its ``Backend`` class. A part is imported only when asked for, so the CLI never loads paramiko or
-ray for a job that does not use them. A new backend is a package and one line here.
+its ``Backend`` class (the runtime, which names its ``Planning`` class: capabilities and the
+plan's policy). A part is imported only when asked for, so the CLI never loads paramiko or ray
+for a job that does not use them. A new backend is a package and one line here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.backends.base import Backend
+from launcher.backends.planning import Planning
 from launcher.plan.planner import Plan, make_plan
 from launcher.spec import load
 from launcher.spec.cluster import ClusterSpec
@@ -72,6 +74,11 @@ def backend_class(name: str) -> type[Backend]:
     return _part(_registered(name).backend)
 
 
+def planning(cluster: ClusterSpec) -> Planning:
+    """What ``cluster``'s backend decides before anything runs (its capabilities, the plan's policy, defaults)."""
+    return backend_class(cluster.backend).planning_class(cluster)
+
+
 def get_backend(cluster: ClusterSpec) -> Backend:
     """A connected backend for ``cluster``."""
     return backend_class(cluster.backend)(cluster)
@@ -79,7 +86,7 @@ def get_backend(cluster: ClusterSpec) -> Backend:
 
 def plan_job(job: JobSpec, cluster: ClusterSpec, job_id: str, **options: Any) -> Plan:
     """``make_plan`` under the policy of ``cluster``'s backend (the options are ``make_plan``'s)."""
-    return make_plan(job, cluster, job_id, policy=backend_class(cluster.backend).plan_policy(job, cluster), **options)
+    return make_plan(job, cluster, job_id, policy=planning(cluster).plan_policy(job), **options)
 
 
-__all__ = ["BACKENDS", "Backend", "backend_class", "cluster_models", "cluster_spec", "get_backend", "load_cluster", "plan_job"]
+__all__ = ["BACKENDS", "Backend", "backend_class", "cluster_models", "cluster_spec", "get_backend", "load_cluster", "plan_job", "planning"]

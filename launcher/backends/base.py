@@ -1,11 +1,12 @@
 """The backend protocol: everything that differs between local, SSH, Ray (and Slurm) lives behind it.
 
-A backend knows how its nodes are chosen or placed (``plan_nodes``, with placeholders where a
-scheduler places them later), its network defaults, which interpreter runs on its nodes, how to
-check its nodes before launch (``preflight``), how to start a plan's nodes (``start``: each
-node runs the node agent of ``launcher.node``) and how to run a short command on a node
-(``run_on_node``). Finding and ending a job's processes, kernel logs and stack dumps are built
-here on ``run_on_node`` and the node side, the same for every backend. The planner, the
+A backend has three parts: what it can do (a frozen ``Capabilities`` value), what it decides before
+anything runs (its ``Planning``: the nodes a job is planned on, with placeholders where a scheduler
+places them later, its network defaults, the interpreter on its nodes; ``launcher.backends.planning``)
+and its runtime, ``Backend`` below: how to check its nodes before launch (``preflight``), how to start a
+plan's nodes (``start``: each node runs the node agent of ``launcher.node``) and how to run a short
+command on a node (``run_on_node``). Finding and ending a job's processes, kernel logs and stack dumps
+are built here on ``run_on_node`` and the node side, the same for every backend. The planner, the
 supervisor and the reports never ask which backend they run on.
 """
 
@@ -19,20 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Generic, Protocol
 
 from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.backends.planning import C, Capabilities, Planning
 from launcher.errors import LaunchError, SupervisorFenced
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import NodeNetwork
 from launcher.plan.planner import Plan
-from launcher.plan.policy import PlanPolicy
-from launcher.spec.cluster import ClusterSpec, NodeSpec
-from launcher.spec.job import JobSpec
+from launcher.spec.cluster import NodeSpec
 
 NODE_COMMAND_TIMEOUT_S = 60.0
-C = TypeVar("C", bound=ClusterSpec)
 
 
 @dataclass
@@ -164,15 +163,25 @@ class SweepReport:
 
 
 class Backend(ABC, Generic[C]):
-    """Executes plans on one kind of cluster (``C``: its backend's cluster model). Subclasses register in
-    ``launcher.backends.BACKENDS``."""
+    """Runs plans on one kind of cluster (``C``: its backend's cluster model). Registered in
+    ``launcher.backends.BACKENDS``.
+
+    Required: ``preflight``, ``start``, ``run_on_node`` and ``close``. Optional, each saying what it does
+    where a backend does not: ``follow`` (with ``capabilities.follows``), ``fence`` and ``job_record`` (with
+    ``capabilities.fences``), ``lease_devices`` (with ``capabilities.leases``), ``stream_command``, ``warm``,
+    ``node_unreachable``, ``host``. Built on ``run_on_node`` and the node side, the same for every backend
+    unless one knows better: ``node_command``, ``fenced_command``, ``sweep``, ``kernel_log``, ``stacks``.
+    What a backend decides before anything runs is its ``planning_class`` (``launcher.backends.planning``).
+    """
 
     name: ClassVar[str]
-    #: nodes are placed by the backend at launch (Ray, Slurm): the plan holds placeholders until then
-    places_nodes: ClassVar[bool] = False
-    #: the nodes are known only inside ``start`` (a scheduler's allocation): preflight at submit checks what the
-    #: scheduler answers at once, the nodes' own checks run in ``start`` (re-planned through ``StartContext.place``)
-    places_at_start: ClassVar[bool] = False
+    planning_class: ClassVar[type[Planning]] = Planning
+    #: its planning class's: what this backend can do
+    capabilities: Capabilities = Planning.capabilities
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.capabilities = cls.planning_class.capabilities
 
     def __init__(self, cluster: C) -> None:
         self.cluster = cluster
@@ -180,84 +189,12 @@ class Backend(ABC, Generic[C]):
         #: nodes refuse its signals and sweeps once they record a newer one (``fenced_command``)
         self.generation: int | None = None
 
-    # planning: pure, no connection
+    @property
+    def planning(self) -> Planning[C]:
+        """What this backend decides for its cluster before anything runs."""
+        return self.planning_class(self.cluster)
 
-    #: whether a node's GPUs or slots bound the processes per node (off where one machine hosts every node)
-    checks_capacity: ClassVar[bool] = True
-    #: each node's agent leases the GPUs or slots it uses (``lease_devices``; docs/LEASES.md)
-    leases: ClassVar[bool] = False
-
-    @classmethod
-    def plan_policy(cls, job: JobSpec, cluster: C) -> PlanPolicy:
-        """This backend's choices for planning ``job`` on ``cluster``, as the value the planner reads."""
-        return PlanPolicy(
-            nodes=tuple(cls.plan_nodes(cluster, job.resources.nodes)),
-            python=cls.default_python(cluster),
-            resource_problems=tuple(cls.resource_problems(job, cluster)),
-            spare_nodes=cls.spare_nodes(cluster, job.resources.nodes),
-            places_nodes=cls.places_nodes,
-            checks_capacity=cls.checks_capacity,
-            pinned_interface=cls.pinned_interface(cluster),
-            uses_hcas=cls.uses_hcas(cluster),
-            leases=cls.leases,
-        )
-
-    @classmethod
-    def plan_nodes(cls, cluster: C, count: int) -> list[NodeSpec]:
-        """The nodes a job of ``count`` nodes is planned on (placeholders where placed later)."""
-        return list(cluster.nodes[:count])
-
-    @classmethod
-    def default_python(cls, cluster: C) -> str:
-        """The interpreter the nodes run when the cluster spec names none."""
-        return cluster.python or "python3"
-
-    @classmethod
-    def pinned_interface(cls, cluster: C) -> tuple[str, str] | None:
-        """(interface, where it comes from) when the backend fixes it, else None (pinned in the spec, or probed)."""
-        return None
-
-    @classmethod
-    def uses_hcas(cls, cluster: C) -> bool:
-        """Whether InfiniBand HCAs are probed and set on this backend's nodes."""
-        return True
-
-    @classmethod
-    def resource_problems(cls, job: JobSpec, cluster: C) -> list[str]:
-        """What the cluster can never give this job (checked at plan time)."""
-        if cls.places_nodes:
-            return []
-        wanted = job.resources.nodes
-        if wanted > len(cluster.nodes):
-            return [f"resources.nodes: the job asks for {wanted} nodes; cluster '{cluster.name}' lists {len(cluster.nodes)}"]
-        return []
-
-    @classmethod
-    def spare_nodes(cls, cluster: C, wanted: int) -> int | None:
-        """How many nodes beyond ``wanted`` a restart could move to (None: this backend cannot leave nodes out)."""
-        return None
-
-    @classmethod
-    def resolve_defaults(cls, cluster: C) -> C:
-        """The cluster spec with what this backend fills in when the spec leaves it out."""
-        return cluster
-
-    @classmethod  # noqa: B027 (an optional hook: most backends cannot know the nodes' memory before launch)
-    def check_host_memory(cls, job: JobSpec, cluster: C, plan: Plan) -> None:
-        """Refuse (PlanError) a job whose processes cannot fit the nodes' host memory, when the backend
-        knows it before launch."""
-
-    @classmethod
-    def check_hosts(cls, cluster: C) -> list[str]:
-        """The nodes `launch check` covers, by host name (node ``index`` of ``run_on_node(None, index, ...)``)."""
-        return [node.host for node in cluster.nodes]
-
-    @classmethod
-    def bandwidth_nodes(cls, cluster: C) -> int:
-        """How many nodes `launch check`'s all-reduce job runs on."""
-        return len(cls.check_hosts(cluster))
-
-    # running
+    # required
 
     @abstractmethod
     def preflight(self, plan: Plan) -> Preflight:
@@ -272,15 +209,11 @@ class Backend(ABC, Generic[C]):
     def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:
         """Run a short command on node ``index`` (of ``plan``, or of the cluster when None)."""
 
-    #: ``follow`` works: a node's journal can be followed again (after a broken stream, or by `launch attach`)
-    follows: ClassVar[bool] = False
-    #: the nodes keep a supervisor generation (``fence``) that ``follow`` and the agents check, and the job's
-    #: record (``job_record``): `launch attach --takeover` and `--cluster` work
-    fences: ClassVar[bool] = False
-    #: seconds more than the supervisor's own settle time (``SETTLE_S``) that the other nodes' verdicts may take to
-    #: arrive after a node's failure, before the first failure is chosen: an engine that learns of a lost node
-    #: by polling (Slurm: squeue and sinfo, at most once a second) takes longer than a node agent's exit
-    verdict_delay_s: ClassVar[float] = 0.0
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the backend holds (connections, interpreters started ahead); nothing when it holds none."""
+
+    # optional
 
     def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
                generation: int = 0) -> NodeHandle:
@@ -332,15 +265,12 @@ class Backend(ABC, Generic[C]):
         """Get ready to start ``plan`` while preflight runs (the local backend starts its agents' interpreters);
         what is not used is released by ``close``."""
 
-    def close(self) -> None:  # noqa: B027 (optional hook: backends without connections have nothing to release)
-        """Release connections."""
-
     # built on run_on_node and the node side
 
     def node_command(self, plan: Plan | None, index: int, command: str, request: dict,
                      timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
         """Run a node-side command; (its JSON answer, None) or (None, why not)."""
-        python = plan.python if plan is not None else self.default_python(self.cluster)
+        python = plan.python if plan is not None else self.planning.default_python()
         result = self.run_on_node(plan, index, node_argv(python, command, request), timeout)
         lines = [line for line in result.out.splitlines() if line.startswith("{")]
         if result.code != 0 or not lines:

@@ -61,7 +61,7 @@ class HostLease:
 def host_leases(backend: Backend, plan: Plan) -> list[HostLease]:
     """One entry a host of the plan (several local nodes share this machine); [] on backends without leases."""
     found: dict[str, HostLease] = {}
-    if not backend.leases:
+    if not backend.capabilities.leases:
         return []
     for node in plan.nodes:
         device = backend.lease_devices(plan, node.index)

@@ -129,7 +129,7 @@ def _agents_left(store, row) -> dict | None:
     except Exception:  # noqa: BLE001 - status shows what the store says when the nodes cannot be asked
         return None
     try:
-        if not backend.fences:
+        if not backend.capabilities.fences:
             return None
         answers = backend.on_nodes(job.plan, lambda index: backend.fence(job.plan, index, job.id,
                                                                          timeout=AGENTS_ASKED_S)[0])

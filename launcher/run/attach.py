@@ -73,15 +73,16 @@ def attach(
                           + (f" (its supervisor is gone: {found.gone})" if found.gone else ""),
                           hint=f"`launch cancel {job.id}` ends whatever it started")
     backend = get_backend(job.cluster)
-    if not backend.follows or (takeover and not backend.fences):
+    can = backend.capabilities
+    if not can.follows or (takeover and not can.fences):
         backend.close()
-        what = "take from a live supervisor" if backend.follows else "follow again"
+        what = "take from a live supervisor" if can.follows else "follow again"
         raise LaunchError(f"job {job.id} runs on the {job.plan.backend} backend, whose nodes `launch attach` cannot "
                           f"{what} yet (local and SSH can)", hint=f"`launch cancel {job.id}` ends it")
     lock = open(run_dir / "attach.lock", "a")  # noqa: SIM115 - held until this process ends
     try:
         generation = 0
-        if backend.fences:  # before the lock: the supervisor taken over may be an attach holding it
+        if can.fences:  # before the lock: the supervisor taken over may be an attach holding it
             generation = fencing.take(backend, job.plan, fencing.read_generations(backend, job.plan),
                                       every_node=takeover, warn=say)
         if found.pid is not None:  # taken from a live supervisor: it stops within a second or two
@@ -125,7 +126,7 @@ def _import_from_nodes(store: Store, job_id: str, cluster: ClusterSpec,
 
     backend = get_backend(cluster)
     try:
-        if not backend.fences:
+        if not backend.capabilities.fences:
             raise LaunchError(f"job {job_id} is not in this store, and jobs on the {cluster.backend} backend cannot be "
                               "read back from their nodes yet (local and SSH clusters can)")
         found = fencing.parse_record(fencing.read_record(backend, cluster, job_id), job_id, cluster)

@@ -28,7 +28,7 @@ def run_check(cluster: ClusterSpec, port: int, bandwidth: bool = True) -> CheckR
     problems, warnings = assess(nodes, cluster)
     report = CheckReport(nodes, problems, warnings)
     if bandwidth and not problems:
-        report.bandwidth_job, report.bandwidth_gbps, failure = allreduce_bandwidth(cluster, backend.bandwidth_nodes(cluster))
+        report.bandwidth_job, report.bandwidth_gbps, failure = allreduce_bandwidth(cluster, backend.planning.bandwidth_nodes())
         if failure:
             report.problems.append(f"all-reduce test failed: {failure}")
     return report

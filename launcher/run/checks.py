@@ -53,8 +53,8 @@ class CheckReport:
 def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 8.0) -> list[CheckedNode]:
     """The facts of every node of the cluster, in parallel; node 0 listens on ``port`` for ``listen_s``
     seconds while the others connect to it (``listen_s=0``: no reachability test)."""
-    hosts = backend.check_hosts(cluster)
-    master = backend.plan_nodes(cluster, 1)[0]
+    hosts = backend.planning.check_hosts()
+    master = backend.planning.plan_nodes(1)[0]
     master_address = master.address if master.address and master.address != AUTO else hosts[0]
     reach = listen_s > 0 and len(hosts) > 1
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.backends import Backend, backend_class
+from launcher.backends import Backend, planning
 from launcher.backends.base import Preflight
 from launcher.errors import LaunchError, PreflightError
 from launcher.plan.planner import Plan
@@ -55,7 +55,7 @@ def replan(job: JobSpec, cluster: ClusterSpec, plan: Plan, lost: Lost, attempt: 
     once more; elsewhere (local, Slurm: the scheduler picks the nodes) the job goes on with one node fewer.
     """
     assert job.elastic is not None, "only elastic jobs are re-planned this way"
-    listed = backend_class(cluster.backend).spare_nodes(cluster, job.resources.nodes) is not None
+    listed = planning(cluster).spare_nodes(job.resources.nodes) is not None
     candidates = [n for n in cluster.nodes if n.host != lost.host] if listed else []
     available = len(candidates) if listed else plan.nnodes - (lost.host is not None)
     for _ in range(2):

@@ -48,7 +48,7 @@ class _Unreached:
 
 def follower(backend: Backend, plan: Plan, generation: int) -> Follow | None:
     """How a watcher follows its node again (None where the backend cannot)."""
-    if not backend.follows:
+    if not backend.capabilities.follows:
         return None
     return lambda index, after, agent: backend.follow(plan, index, after, agent, generation)
 
@@ -57,7 +57,7 @@ def in_charge(backend: Backend, plan: Plan, generation: int) -> None:
     """Before a cancel or hang teardown, a restart, or the sweep after a failed start: SupervisorFenced if any
     node records a newer supervisor generation (a Ctrl-C of a supervisor that was just taken over ends nothing;
     its streams tell it within a second or two anyway). A node that cannot be asked does not stop the teardown."""
-    if not backend.fences:
+    if not backend.capabilities.fences:
         return
     job_id = plan.job_id
     answers = backend.on_nodes(plan, lambda index: backend.fence(plan, index, job_id)[0])

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.backends import Backend, backend_class, cluster_spec, get_backend, plan_job
+from launcher.backends import Backend, cluster_spec, get_backend, plan_job, planning
 from launcher.backends.base import Preflight, Stage, StageSink, StageState, no_stage
 from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import PreflightError, SpecError
@@ -59,7 +59,7 @@ def load_cluster_spec(path: str | None) -> ClusterSpec:
     if path is None and os.path.exists(DEFAULT_CLUSTER_FILE):
         path = DEFAULT_CLUSTER_FILE
     cluster = load_cluster(path) if path else cluster_spec(name="local", backend="local")
-    return backend_class(cluster.backend).resolve_defaults(cluster)
+    return planning(cluster).resolve_defaults()
 
 
 def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] = (), check_fit: bool = True) -> Prepared:
@@ -74,18 +74,18 @@ def prepare_job(job: JobSpec, cluster: ClusterSpec, check_fit: bool = True) -> P
     """Plan a validated job on a cluster (a free port for its rendezvous unless pinned)."""
     from launcher.run.ports import free_port
 
-    backend = backend_class(cluster.backend)
+    decides = planning(cluster)
     port = cluster.rendezvous.port or free_port()
-    plan = make_plan(job, cluster, new_job_id(job.name), policy=backend.plan_policy(job, cluster), rdzv_port=port,
+    plan = make_plan(job, cluster, new_job_id(job.name), policy=decides.plan_policy(job), rdzv_port=port,
                      ds_config=deepspeed_config(job, planned_world(job, cluster)), check_fit=check_fit)
     if check_fit:
-        backend.check_host_memory(job, cluster, plan)
+        decides.check_host_memory(job, plan)
     return Prepared(job, cluster, plan)
 
 
 def planned_world(job: JobSpec, cluster: ClusterSpec) -> int:
     """The job's world size on the nodes its backend would plan it on (``nproc_per_node: auto`` counts each node's)."""
-    nodes = backend_class(cluster.backend).plan_policy(job, cluster).nodes
+    nodes = planning(cluster).plan_policy(job).nodes
     return sum(node_procs(job.resources.nproc_per_node, nodes))
 
 
@@ -179,7 +179,7 @@ def submit(
             end_unsupervised(store, plan.job_id, f"submit failed before the job was supervised: {exc!r}")
         raise
     if detach:
-        if backend.places_at_start:
+        if backend.capabilities.places_at_start:
             return plan.job_id, _scheduler_has(store, plan.job_id)
         return plan.job_id, JobState.PENDING
     return plan.job_id, supervisor.run()
@@ -308,17 +308,17 @@ def preflight(
 
         for text in node_warnings([CheckedNode(i, plan.nodes[i].host, f) for i, f in sorted(found.facts.items())]):
             warn(f"warning: {text}")
-    if backend.places_at_start:
+    if backend.capabilities.places_at_start:
         return plan  # placed by the supervisor once the scheduler allocates the nodes (StartContext.place)
-    return placed(job, cluster, plan, type(backend), found)
+    return placed(job, cluster, plan, found)
 
 
-def placed(job: JobSpec, cluster: ClusterSpec, plan: Plan, backend: type[Backend], found: Preflight) -> Plan:
+def placed(job: JobSpec, cluster: ClusterSpec, plan: Plan, found: Preflight) -> Plan:
     """The plan re-made with what the backend found on the nodes (addresses, network, interpreter);
     PreflightError if a value the plan needs is still unknown."""
     if found.nodes is not None or found.probes or found.python:
         plan = make_plan(
-            job, cluster, plan.job_id, policy=backend.plan_policy(job, cluster), rdzv_port=plan.rendezvous.port,
+            job, cluster, plan.job_id, policy=planning(cluster).plan_policy(job), rdzv_port=plan.rendezvous.port,
             nodes=found.nodes, probes=found.probes, python=found.python or plan.python, ds_config=plan.ds_config,
             resumed=plan.elastic.resumed if plan.elastic else None,
         )
@@ -330,8 +330,7 @@ def placed(job: JobSpec, cluster: ClusterSpec, plan: Plan, backend: type[Backend
 def placer(job: JobSpec, cluster: ClusterSpec) -> Callable[[Plan, Preflight], Plan]:
     """For backends that learn the nodes only once a scheduler allocates them (Slurm): the supervisor's way
     to re-plan the job with the preflight it ran inside the allocation."""
-    backend = backend_class(cluster.backend)
-    return lambda plan, found: placed(job, cluster, plan, backend, found)
+    return lambda plan, found: placed(job, cluster, plan, found)
 
 
 def plan_without(

@@ -46,7 +46,7 @@ def read_queue(cluster: ClusterSpec) -> tuple[list[NodeQueue], list[Waiter]]:
         if backend.lease_devices(None, 0) is None:
             raise LaunchError(f"cluster '{cluster.name}' ({cluster.backend}) allocates its own nodes: launch keeps no "
                               "leases there", hint="`squeue` shows Slurm's queue; `ray status` Ray's")
-        hosts = backend.check_hosts(cluster)
+        hosts = backend.planning.check_hosts()
 
         def one(index: int) -> NodeQueue:
             kind, capacity = backend.lease_devices(None, index) or ("slot", 0)

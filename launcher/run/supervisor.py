@@ -405,7 +405,7 @@ class Supervisor:
     def _first_failure(self, nodes: Nodes) -> Failure:
         """The failure that came first: other nodes get a moment to report theirs, then
         ``failures.precedence`` picks the cause over its echoes, in the order this supervisor saw them."""
-        failed = nodes.failed(self.live, SETTLE_S + self.backend.verdict_delay_s, REPORT_WAIT_S, POLL_S)
+        failed = nodes.failed(self.live, SETTLE_S + self.backend.capabilities.verdict_delay_s, REPORT_WAIT_S, POLL_S)
         self._observe()
         return min((node_failure(self.plan, self.backend, self.live, w, nodes.exits[w.handle.index]) for w in failed),
                    key=failures.precedence)

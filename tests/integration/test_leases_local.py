@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import cluster_spec, leasing
+from launcher.backends import cluster_spec, leasing, planning
 from launcher.backends.base import StartContext
 from launcher.backends.local.backend import LocalBackend
 from launcher.node import leases, proctree
@@ -166,7 +166,7 @@ def test_part_of_a_gpu_node_each_job_its_lowest_free_gpus_and_a_foreign_process_
 def test_a_job_finding_one_nodes_leases_taken_at_start_starts_no_rank_on_any_node(
         tmp_path: Path, lease_dir: Path) -> None:
     """The race between preflight and start, made certain: another holder takes a slot after the check."""
-    cluster = LocalBackend.resolve_defaults(cluster_spec(name="two-slots", backend="local", local={"slots": 2}))
+    cluster = planning(cluster_spec(name="two-slots", backend="local", local={"slots": 2})).resolve_defaults()
     job = JobSpec(name="race", entrypoint=["python", str(HOLD)], resources={"nodes": 2, "nproc_per_node": 1},
                   env={"TEST_TIMES": str(tmp_path / "times-race"), "TEST_RELEASE": str(tmp_path / "release-race")})
     plan = orchestrate.prepare_job(job, cluster).plan

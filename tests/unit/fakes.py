@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from launcher.backends.base import Backend, CommandResult, Preflight, StartContext
@@ -109,10 +109,8 @@ class FakeBackend(Backend):
         self.closed = False
         self.followed: list[tuple[int, int]] = []
         self.unreachable: list[int] = []
-
-    @property
-    def follows(self) -> bool:  # type: ignore[override]
-        return any(script.broken for attempt in self.attempts for script in attempt)
+        #: a node whose stream breaks is followed again
+        self.capabilities = replace(self.capabilities, follows=any(script.broken for attempt in attempts for script in attempt))
 
     def follow(self, plan, index, after, agent=None, generation=0):
         self.followed.append((index, after))

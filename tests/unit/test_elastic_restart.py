@@ -10,7 +10,6 @@ import pytest
 
 from launcher.backends import cluster_spec, plan_job
 from launcher.backends.base import Preflight
-from launcher.backends.ssh.backend import SSHBackend
 from launcher.errors import LaunchError, PreflightError
 from launcher.plan.netenv import NodeNetwork
 from launcher.run import elastic
@@ -58,7 +57,7 @@ def test_losing_one_of_four_skips_three_nodes_without_a_whole_grad_accum() -> No
     found = Preflight(probes={i: NodeNetwork(interface="eth0", address=f"10.0.0.{i + 1}", ib_hcas=("mlx5_0",))
                               for i in (0, 1)})
     two = JOB.model_copy(update={"resources": JOB.resources.model_copy(update={"nodes": 2})})
-    again = placed(two, SSH, done.plan, SSHBackend, found).nodes[0].env  # made again with what preflight found
+    again = placed(two, SSH, done.plan, found).nodes[0].env  # made again with what preflight found
     assert (again["LAUNCH_ATTEMPT"], again["LAUNCH_PREVIOUS_WORLD_SIZE"]) == ("1", "32")
 
 

@@ -141,12 +141,8 @@ class _CheckBackend:
 
     def __init__(self, answers) -> None:
         self.answers = answers
-
-    def check_hosts(self, cluster):
-        return [f"h{i}" for i in range(len(self.answers))]
-
-    def plan_nodes(self, cluster, count):
-        return [SimpleNamespace(address="10.0.0.1")]
+        self.planning = SimpleNamespace(check_hosts=lambda: [f"h{i}" for i in range(len(answers))],
+                                        plan_nodes=lambda count: [SimpleNamespace(address="10.0.0.1")])
 
     def node_command(self, plan, index, command, request, timeout=60.0):
         return self.answers[index], None

@@ -186,9 +186,10 @@ def test_jobs_wait_their_turn_in_the_order_they_were_submitted(tmp_path: Path, d
     """A job's ticket carries when it was submitted (its record's created_at), not when it first asked: the job
     submitted first, whose preflight took longer, goes before a later one that was already waiting."""
     from launcher.backends.base import StartContext
+    from launcher.backends.planning import Capabilities
 
     class NoLeases:
-        leases = False
+        capabilities = Capabilities(leases=False)
 
     asked: list[float] = []
     context = StartContext(run_dir=tmp_path, secrets={}, grace=1.0, record={"created_at": 1.5})

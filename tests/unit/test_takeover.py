@@ -3,6 +3,7 @@ side's ``fence``, ``record`` and fenced ``follow`` on a real run directory, and 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -219,7 +220,9 @@ def _fenced_backend(scripts, answer_fence: bool):
             raise AssertionError("a fenced supervisor terminates nothing")
 
     class Fenced(FakeBackend):
-        fences = answer_fence
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.capabilities = dataclasses.replace(self.capabilities, fences=answer_fence)
 
         def follow(self, plan, index, after, agent=None, generation=0):
             assert generation == 0

@@ -17,13 +17,13 @@ from launcher.backends import leasing
 from launcher.backends.agents import agent_exit_code, agent_start
 from launcher.backends.base import Backend, CommandResult, Preflight, Stage, StageState, StartContext
 from launcher.backends.follow import FollowHandle, follow_request, whole_lines
+from launcher.backends.local.planning import LocalPlanning
 from launcher.backends.local.spec import LocalCluster
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
 from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.planner import NodePlan, Plan
-from launcher.spec.cluster import NodeSpec
 
 STDOUT_CLOSED_WAIT_S = 1.0  # an agent whose stdout closed exits within this, unless fenced (else: followed again)
 
@@ -126,62 +126,11 @@ class LocalBackend(Backend[LocalCluster]):
     """Runs the plan's nodes as node agents on this machine (gloo on CPU slots, or local GPUs)."""
 
     name: ClassVar[str] = "local"
-    #: every local node is this machine: check_host_memory counts all their processes together
-    checks_capacity: ClassVar[bool] = False
-    leases: ClassVar[bool] = True
+    planning_class = LocalPlanning
 
     def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(cluster)
         self._warm: dict[int, tuple[tuple, subprocess.Popen]] = {}  # node index -> (_agent_key, agent) from ``warm``
-
-    @classmethod
-    def resolve_defaults(cls, cluster: LocalCluster) -> LocalCluster:
-        """This machine as it is: its usable CPUs as slots, its GPUs, the current directory, this Python."""
-        from launcher.backends.local import host as localhost
-
-        local = cluster.local.model_copy(update={
-            "slots": cluster.local.slots or localhost.cpu_slots(),
-            "gpus": localhost.gpu_count() if cluster.local.gpus is None else cluster.local.gpus,
-        })
-        return cluster.model_copy(update={"local": local, "workdir": cluster.workdir or os.getcwd(),
-                                          "python": cluster.python or sys.executable})
-
-    @classmethod
-    def check_host_memory(cls, job, cluster: LocalCluster, plan: Plan) -> None:
-        from launcher.backends.local import host as localhost
-
-        localhost.check_fits(job, cluster, plan)
-
-    @classmethod
-    def plan_nodes(cls, cluster: LocalCluster, count: int) -> list[NodeSpec]:
-        local = NodeSpec(host="localhost", address="127.0.0.1", gpus=cluster.local.gpus or 0,
-                         slots=cluster.local.slots)
-        return [local] * count
-
-    @classmethod
-    def default_python(cls, cluster: LocalCluster) -> str:
-        return cluster.python or sys.executable
-
-    @classmethod
-    def pinned_interface(cls, cluster: LocalCluster) -> tuple[str, str]:
-        return "lo", "local backend: every rank on this machine"
-
-    @classmethod
-    def uses_hcas(cls, cluster: LocalCluster) -> bool:
-        return False
-
-    @classmethod
-    def resource_problems(cls, job, cluster: LocalCluster) -> list[str]:
-        return []
-
-
-    @classmethod
-    def check_hosts(cls, cluster: LocalCluster) -> list[str]:
-        return ["localhost"]
-
-    @classmethod
-    def bandwidth_nodes(cls, cluster: LocalCluster) -> int:
-        return 2  # two local nodes: the all-reduce crosses a process boundary, as between hosts
 
     def host(self, plan: Plan | None, index: int) -> str:
         return "localhost"
@@ -304,9 +253,6 @@ class LocalBackend(Backend[LocalCluster]):
         except OSError as exc:
             raise NodeStartError(f"localhost: cannot run {plan.python}: {exc.strerror or exc}", index) from None
         return LocalStream(proc)
-
-    follows: ClassVar[bool] = True
-    fences: ClassVar[bool] = True
 
     def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
                generation: int = 0) -> FollowHandle:

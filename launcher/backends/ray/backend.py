@@ -44,13 +44,13 @@ from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_pr
 from launcher.backends.ray import actor as rayactor
 from launcher.backends.ray.handle import SILENCE_S, RayNode, first_line
 from launcher.backends.ray.placement import UNPLACED_HINT, resource_text, why_unplaced
+from launcher.backends.ray.planning import RayPlanning
 from launcher.backends.ray.spec import RayCluster
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
 from launcher.spec.cluster import NodeSpec
-from launcher.spec.job import JobSpec
 
 NAMESPACE = "launch"
 CONNECT_TIMEOUT_S = 10.0
@@ -76,7 +76,7 @@ class RayBackend(Backend[RayCluster]):
     """
 
     name: ClassVar[str] = "ray"
-    places_nodes: ClassVar[bool] = True
+    planning_class = RayPlanning
 
     def __init__(self, cluster: RayCluster) -> None:
         super().__init__(cluster)
@@ -117,30 +117,6 @@ class RayBackend(Backend[RayCluster]):
                 signal.signal(signal.SIGTERM, previous)
         self._owns = True
         return ray
-
-    @classmethod
-    def plan_nodes(cls, cluster: RayCluster, count: int) -> list[NodeSpec]:
-        return [NodeSpec(host=f"ray-node-{i}", address=AUTO) for i in range(count)]
-
-    @classmethod
-    def default_python(cls, cluster: RayCluster) -> str:
-        return cluster.python or "(the Python of the Ray workers)"
-
-    @classmethod
-    def resource_problems(cls, job: JobSpec, cluster: RayCluster) -> list[str]:
-        problems = []
-        if job.resources.nproc_per_node == "auto":
-            problems.append("resources.nproc_per_node: 'auto' needs nodes whose GPUs or slots the cluster spec lists "
-                            "(ssh, local); Ray places alike bundles: give a number")
-        if job.elastic is None:
-            return problems
-        return [*problems, "elastic: not on Ray: the Ray backend places a job's nodes once (a STRICT_SPREAD placement group "
-                "of resources.nodes bundles, held for the job's life), so a restart cannot go on with fewer nodes; "
-                "drop elastic, or run on ssh, slurm or local"]
-
-    @classmethod
-    def check_hosts(cls, cluster: RayCluster) -> list[str]:
-        raise LaunchError("`launch check` needs fixed nodes (local or ssh); on Ray, submit a job and read `launch status`")
 
     def preflight(self, plan: Plan) -> Preflight:
         """Place the job's group, start its actors, learn each node's address and network; start no agent."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -44,14 +43,14 @@ from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems
 from launcher.backends.slurm import commands as cli
 from launcher.backends.slurm.job import POLL_S, SlurmJob, SlurmNode, slurm_lines, step_log_tail
+from launcher.backends.slurm.planning import CHECK_NODES, SlurmPlanning, required
 from launcher.backends.slurm.spec import SlurmCluster, time_minutes
 from launcher.errors import LaunchError, NodeStartError, PreflightError
 from launcher.node.ship import node_argv
 from launcher.node.slurmnode import ABORT_FILE, write_private
-from launcher.plan.netenv import AUTO, NodeNetwork
+from launcher.plan.netenv import NodeNetwork
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import NodeSpec
-from launcher.spec.job import JobSpec
 
 JOB_DIR = ".launch"
 WARN_FILE = "time-warning"
@@ -59,7 +58,6 @@ SLURM_ID_FILE = "slurm-id"  # in each attempt's directory: which Slurm job `laun
 STARTED_TIMEOUT_S = 120.0
 CONFIRM_TIMEOUT_S = 60.0
 SETTLE_S = 10.0  # the sweep lets a job whose agents have exited end by itself this long before scancel
-CHECK_NODES = 16  # `launch check` probes at most this many of the partition's nodes
 CHECK_QUEUE_WAIT_S = 300.0  # ... and waits this long for each probe's allocation
 NOT_YET_SCHEDULED = "None"  # squeue's reason until the scheduler has looked at the job
 UNSCHEDULED_QUIET_S = 3.0  # a job the scheduler has not looked at yet is not called queued before this
@@ -86,24 +84,11 @@ def batch_script(node_command: list[str], folder: Path) -> str:
     ])
 
 
-def required(value: str | None, key: str) -> str:
-    """A cluster key backend 'slurm' requires (the cluster spec checks it when loaded)."""
-    if value is None:
-        raise LaunchError(f"cluster spec: backend 'slurm' needs '{key}'")
-    return value
-
-
 class SlurmBackend(Backend[SlurmCluster]):
     """Submits each attempt with ``sbatch``; follows it with ``squeue``/``scontrol`` and the job directory."""
 
     name: ClassVar[str] = "slurm"
-    places_nodes: ClassVar[bool] = True
-    places_at_start: ClassVar[bool] = True
-
-    follows: ClassVar[bool] = True
-    #: a node whose slurmd died: Slurm ends the other nodes' steps (their exits come at once), while the lost
-    #: node's own verdict waits for squeue to say NODE_FAIL and sinfo to say which node is down
-    verdict_delay_s: ClassVar[float] = 4.0
+    planning_class = SlurmPlanning
 
     def __init__(self, cluster: SlurmCluster) -> None:
         super().__init__(cluster)
@@ -113,38 +98,8 @@ class SlurmBackend(Backend[SlurmCluster]):
         self._jobs: dict[str, SlurmJob] = {}
         self._check_nodes: list[str] | None = None
 
-    @classmethod
-    def plan_nodes(cls, cluster: SlurmCluster, count: int) -> list[NodeSpec]:
-        gpus = cluster.slurm.gpus_per_node
-        return [NodeSpec(host=f"slurm-node-{i}", address=AUTO, gpus=gpus) for i in range(count)]
-
-    @classmethod
-    def resource_problems(cls, job: JobSpec, cluster: SlurmCluster) -> list[str]:
-        gpus, nproc = cluster.slurm.gpus_per_node, job.resources.nproc_per_node
-        if nproc == "auto":
-            return ["resources.nproc_per_node: 'auto' needs nodes whose GPUs or slots the cluster spec lists (ssh, "
-                    "local); Slurm allocates alike nodes: give a number (slurm.gpus_per_node on GPU nodes)"]
-        if gpus and nproc > gpus:
-            return [f"resources.nproc_per_node: {nproc} processes per node, but the job asks Slurm for {gpus} GPUs "
-                    "per node (slurm.gpus_per_node)"]
-        return []
-
-    @classmethod
-    def check_hosts(cls, cluster: SlurmCluster) -> list[str]:
-        """`launch check` probes the partition's nodes in service (CHECK_NODES at most), each through its own
-        ``srun``, which may wait in the queue."""
-        partition = required(cluster.slurm.partition, "slurm.partition")
-        names = cli.nodes_in_service(partition)[:CHECK_NODES]
-        if not names:
-            raise LaunchError(f"partition '{partition}' has no node in service (idle, mixed or "
-                              f"allocated): `sinfo -p {partition}` says why")
-        sys.stderr.write(f"launch check: each node is probed by `srun --partition={partition} "
-                         f"--nodelist=NODE` (it may wait in Slurm's queue); nodes: {', '.join(names)}\n")
-        return names
-
-    @classmethod
-    def bandwidth_nodes(cls, cluster: SlurmCluster) -> int:
-        return len(cli.nodes_in_service(required(cluster.slurm.partition, "slurm.partition"))[:CHECK_NODES])
+    def close(self) -> None:
+        """Nothing to release: each Slurm command runs on its own, and the job's files stay with the job."""
 
     # at submit: what the controller answers at once
 

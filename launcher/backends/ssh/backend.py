@@ -30,6 +30,7 @@ from launcher.backends.follow import FollowHandle, follow_request, whole_lines
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.ssh import sync
 from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, error_text, fan_out
+from launcher.backends.ssh.planning import SSHPlanning
 from launcher.backends.ssh.settings import SSHSettings
 from launcher.backends.ssh.spec import SSHCluster
 from launcher.backends.stopping import term_then_kill
@@ -160,7 +161,7 @@ class SSHBackend(Backend[SSHCluster]):
     """Runs each node of a plan on its host over SSH, fanning out to all hosts in parallel."""
 
     name: ClassVar[str] = "ssh"
-    leases: ClassVar[bool] = True
+    planning_class = SSHPlanning
 
     def __init__(self, cluster: SSHCluster) -> None:
         super().__init__(cluster)
@@ -174,10 +175,6 @@ class SSHBackend(Backend[SSHCluster]):
     def pool(self) -> Pool:
         """The connections to the cluster's hosts, one per host (`launch init` fetches host keys through it)."""
         return self._pool
-
-    @classmethod
-    def spare_nodes(cls, cluster: SSHCluster, wanted: int) -> int:
-        return len(cluster.nodes) - wanted
 
     def preflight(self, plan: Plan) -> Preflight:
         """Connect to every host and probe it in parallel; every problem is reported together."""
@@ -317,9 +314,6 @@ class SSHBackend(Backend[SSHCluster]):
 
     def host(self, plan: Plan | None, index: int) -> str:
         return self.targets[index].alias
-
-    follows: ClassVar[bool] = True
-    fences: ClassVar[bool] = True
 
     def follow(self, plan: Plan, index: int, after: int, agent: tuple[int, int | None] | None = None,
                generation: int = 0) -> FollowHandle:
