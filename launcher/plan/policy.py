@@ -1,6 +1,6 @@
 """What a backend decides for the planner, handed over as one frozen value.
 
-The planner never sees a backend: each backend builds its ``PlanPolicy`` (``Backend.plan_policy``)
+The planner never sees a backend: each backend builds its ``PlanPolicy`` (``Planning.plan_policy``)
 and the planner reads it, so backends import the planner and never the reverse.
 """
 
