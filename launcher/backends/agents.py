@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launcher.node.ship import stdin_argv, stdin_request
+from launcher.node.ship import stdin_argv, stdin_request, step_hook_files
 from launcher.plan.planner import NodePlan, Plan
 
 
@@ -23,6 +23,7 @@ def agent_request(plan: Plan, node: NodePlan, grace: float, secrets_on_stdin: bo
         "secrets_on_stdin": secrets_on_stdin, "cleanup": [list(c) for c in node.cleanup], "env_prefix": node.env_prefix,
         "unattended_s": plan.unattended_s, "generation": generation, **({"record": record} if record else {}),
         **({"rendezvous_port": plan.rendezvous.port} if node.index == 0 else {}),
+        **({"step_hooks": step_hook_files()} if node.step_hooks else {}),
     }
 
 

@@ -174,11 +174,13 @@ def oom_pid(line: str) -> int | None:
     return int(match[2] or match[3]) if match else None
 
 
-def classify(failure: Failure, rank_lines: Sequence[str], oom_line: str | None, progressed: bool) -> Failure:
+def classify(failure: Failure, rank_lines: Sequence[str], oom_line: str | None, progressed: bool,
+             step: int | None = None) -> Failure:
     """Fill in ``kind``, ``reason`` and ``transient`` from launch's observations and the rank's last lines.
 
     ``progressed``: whether the attempt made progress (a metric record arrived) before it failed;
     an exception raised before the first step will be raised again, so it is not transient.
+    ``step``: the last step observed (a record's), said in the reason of an error after it.
     """
     code = failure.exit_code
     if oom_line is not None:
@@ -202,7 +204,10 @@ def classify(failure: Failure, rank_lines: Sequence[str], oom_line: str | None, 
         })
     if code is not None and code < 0:
         return failure.model_copy(update={"reason": f"ended by {signal_name(code)} from outside the job", "transient": True})
-    reason = None if progressed else "it failed before the first step (an error that will repeat on a restart)"
+    if not progressed:
+        reason: str | None = "it failed before the first step (an error that will repeat on a restart)"
+    else:
+        reason = f"it failed after step {step}, the last step observed (see its last lines)" if step else None
     return failure.model_copy(update={"reason": reason, "transient": progressed})
 
 

@@ -145,13 +145,14 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _rate(name: str) -> Callable[[RankData], float | None]:
-    """Rank figure: a count field summed past warm-up over the seconds it took (None without records)."""
+    """Rank figure: a count field summed past warm-up over the seconds it took (None without records, or when
+    none was counted: a program whose batch launch's step hooks could not see reports steps/s only)."""
 
     def rate(rank: RankData) -> float | None:
         if not rank.records.count:
             return None
         seconds = sum(rank.records.values("interval_s", steady=True)) or 1e-9
-        return sum(rank.records.values(name, steady=True)) / seconds
+        return sum(rank.records.values(name, steady=True)) / seconds or None
 
     return rate
 
@@ -231,7 +232,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("step_time_ms_p50", job=_step_p(50), rank=_rank_step_p50, header="STEP MS", compare_key="step_time_ms"),
     Column("step_time_ms_p95", job=_step_p(95), compare_key="step_time_ms_p95"),
     Column("steps_per_sec", job=_steps_per_sec, header="STEPS/S", cell=number(".2f")),
-    Column("samples_per_sec", job=_sum_ranks("samples_per_sec"), rank=_rate("samples"), header="SAMPLES/S"),
+    Column("samples_per_sec", job=_sum_ranks("samples_per_sec", zero_is_unknown=True), rank=_rate("samples"), header="SAMPLES/S"),
     Column("tokens_per_sec", job=_sum_ranks("tokens_per_sec", zero_is_unknown=True), rank=_rate("tokens"),
            header="TOKENS/S", cell=number(".0f")),
     Column("peak_mem_mb", job=_max_ranks("peak_mem_mb"), rank=_rank_peak_mem, header="MEM/GPU", cell=fmt_mem),

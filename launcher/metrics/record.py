@@ -95,6 +95,7 @@ class MetricRecord:
     gpu_util: Fraction | None = None
     flops_per_sample: Flops | None = None
     gpu_name: Text | None = None
+    observed: bool = False  # by launch's step hooks (``launcher.node.stephooks``), not reported by the program
     extra: Extras = dataclasses.field(default_factory=dict)  # program-added keys (Reporter(extra=...))
 
     def to_wire(self) -> dict[str, Any]:
@@ -102,6 +103,8 @@ class MetricRecord:
         data: dict[str, Any] = {"v": RECORD_VERSION}
         for name in WIRE_FIELDS:
             data[name] = getattr(self, name)
+        if not self.observed:  # the Reporter's records keep version 1's keys as they were
+            del data["observed"]
         data.update(self.extra)
         return data
 

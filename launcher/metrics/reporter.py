@@ -27,6 +27,8 @@ from typing import Any
 from launcher.metrics.bounds import MAX_MAGNITUDE, MAX_TEXT_CHARS
 from launcher.metrics.record import MARKER, MetricRecord, check_extra
 
+ACTIVE = False  # a Reporter was made in this process: launch's step hooks leave the records to it
+
 
 def _torch():
     return sys.modules.get("torch")
@@ -71,6 +73,8 @@ class Reporter:
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.enabled = os.environ.get("LAUNCH_METRICS", "1") != "0"
+        global ACTIVE
+        ACTIVE = True
         self.every = max(1, int(os.environ.get("LAUNCH_METRICS_EVERY", every)))
         self.warmup = self.every if warmup is None else warmup
         if flops_per_sample is not None and not (0 < flops_per_sample <= 1e21):

@@ -70,7 +70,7 @@ from .journal import (
     write_atomically,
 )
 from .rankstreams import on_devices, with_rank_streams
-from .rundir import RunDirError, job_run_dir
+from .rundir import RunDirError, job_run_dir, private_dir
 from .sampler import SAMPLE_S, Sampler
 from .subreaper import OWN, PR_SET_PDEATHSIG, SPAWN, harden, libc_prctl, reap_orphans, run_cleanup
 from .timelimit import forward_warning
@@ -83,6 +83,7 @@ ORPHAN_WAIT_S = 5.0
 CONTACT_POLL_S = 1.0  # the unattended watchdog looks this often (more often under a short ``unattended_s``)
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 BUSY_EXIT = 75  # EX_TEMPFAIL: the leases were not free (or another node's were not): nothing was started
+HOOKS_DIR = "pyhooks"  # in the run directory: the ranks' start-up hook, first on their PYTHONPATH
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
 
@@ -123,6 +124,15 @@ def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
     if pending or dropped:
         emit()
         out.write_lines(batch)
+
+
+def write_step_hooks(run_dir: str, files: dict[str, str], pythonpath: str | None) -> str:
+    """Write the ranks' step hooks (``sitehook``, ``stephooks``) in the run directory's ``pyhooks`` folder; the
+    ranks' ``PYTHONPATH``: that folder first, then ``pythonpath`` (the job's, else the node's) as it was."""
+    folder = private_dir(os.path.join(run_dir, HOOKS_DIR))
+    for filename, text in files.items():
+        write_atomically(os.path.join(folder, os.path.basename(filename)), text)
+    return folder + (os.pathsep + pythonpath if pythonpath else "")
 
 
 class Agent:
@@ -185,6 +195,9 @@ class Agent:
             with os.fdopen(fd, "w") as handle:
                 handle.write(text)
             given[name] = path
+        if self.req.get("step_hooks"):
+            given["PYTHONPATH"] = write_step_hooks(run_dir, self.req["step_hooks"],
+                                                   given.get("PYTHONPATH", os.environ.get("PYTHONPATH")))
         prefix = self.req.get("env_prefix", "")
         tag = {key: given[key] for key in TAG_NAMES if key in given}
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}

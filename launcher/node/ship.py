@@ -76,6 +76,18 @@ def stdin_argv(python: str, command: str) -> list[str]:
     return [*_interpreter(python, command), "-c", BOOT, payload(), command, REQUEST_ON_STDIN]
 
 
+# The ranks' start-up hook and the step hooks it installs, as the agent writes them in the run directory's
+# ``pyhooks`` folder (``agent.write_step_hooks``): file name on the node, module here.
+STEP_HOOK_FILES = (("sitecustomize.py", "sitehook"), ("launch_stephooks.py", "stephooks"))
+
+
+@functools.cache
+def step_hook_files() -> dict[str, str]:
+    """The step hooks' files (name on the node -> source), for an agent request's ``step_hooks``."""
+    folder = Path(__file__).parent
+    return {name: (folder / f"{module}.py").read_text(encoding="utf-8") for name, module in STEP_HOOK_FILES}
+
+
 def stdin_request(request: dict) -> bytes:
     """``request`` as the first stdin line of a ``stdin_argv`` command (the agent's secrets, if any, follow it)."""
     return json.dumps(request, separators=(",", ":")).encode() + b"\n"

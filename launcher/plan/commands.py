@@ -54,7 +54,7 @@ def recipe_args(job: JobSpec, batch: BatchPlan, ds_config: dict | None) -> list[
         "--precision", job.precision,
         "--micro-batch", str(batch.micro_batch),
         "--grad-accum", str(batch.grad_accum),
-        "--max-steps", str(job.max_steps),
+        "--max-steps", str(job.total_steps),
         "--seed", str(job.seed),
         "--metrics-every", str(job.metrics.every),
     ]

@@ -29,6 +29,7 @@ RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # the node agent puts the node's run direct
 DS_CONFIG_FILE = "ds_config.json"
 LEASED_GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # the node agent's, for the GPUs it leased
 FLIGHT_RECORDER_EVENTS = "2000"
+STEP_HOOKS = "LAUNCH_AUTO_METRICS"  # the ranks' step hooks report every N steps (docs: README, metrics.auto)
 
 
 class Frozen(BaseModel):
@@ -66,6 +67,8 @@ class NodePlan(Frozen):
     files: dict[str, tuple[str, str]] = {}
     cleanup: tuple[tuple[str, ...], ...] = ()
     env_prefix: str = ""
+    #: the node agent writes launch's step hooks for the ranks (``metrics.auto``; ``launcher.node.stephooks``)
+    step_hooks: bool = False
 
 
 class Plan(Frozen):
@@ -83,7 +86,8 @@ class Plan(Frozen):
     nproc_per_node: int
     world_size: int
     batch: BatchPlan | None
-    max_steps: int
+    #: the steps the job is expected to take (None: an entrypoint that did not say)
+    max_steps: int | None
     rendezvous: Rendezvous
     nodes: tuple[NodePlan, ...]
     secrets: tuple[str, ...]
@@ -152,7 +156,7 @@ def make_plan(
         nproc_per_node=min(procs),
         world_size=sum(procs),
         batch=batch,
-        max_steps=job.max_steps,
+        max_steps=job.total_steps,
         rendezvous=shared.rendezvous,
         nodes=tuple(_node_plan(shared, index, node) for index, node in enumerate(chosen)),
         secrets=tuple(job.secrets),
@@ -284,6 +288,7 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
         env_sources={k: s for k, (_, s) in env.items()},
         cwd=shared.cwd,
         files=shared.files,
+        step_hooks=STEP_HOOKS in env,
         cleanup=in_container.cleanup if in_container else (),
         env_prefix=in_container.env_prefix if in_container else "",
     )
@@ -386,6 +391,8 @@ def _node_env(
         env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = trace
     if job.uses_deepspeed and node.gpus == 0:
         env["DS_ACCELERATOR"] = ("cpu", "launch: DeepSpeed on CPU ranks (gloo)")
+    if job.entrypoint is not None and job.metrics.auto and job.container is None and cluster.container is None:
+        env[STEP_HOOKS] = (str(job.metrics.every), "launch: step hooks observe the training step (metrics.auto, every)")
     env.update(network_env(cluster, policy, probe, master))
     for key, value in job.env.items():
         env[key] = (value, "job env")

@@ -17,7 +17,7 @@ from launcher.plan.planner import Plan
 from launcher.run.liveness import Liveness
 from launcher.run.watcher import NodeWatcher
 
-PROGRESS_PROXY_S = 120.0  # a program without the Reporter that ran this long has made progress
+PROGRESS_PROXY_S = 120.0  # a program neither reporting nor observed (no step hooks) that ran this long has progressed
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,9 @@ def node_failure(plan: Plan, backend: Backend, live: Liveness, watcher: NodeWatc
     if named and killed is not None and killed in rank_by_pid and rank_by_pid[killed] not in named:
         # torchrun reported only the peers that saw the killed rank go: the kernel's line names it
         reports.append(failures.AgentReport(rank=rank_by_pid[killed], pid=killed, exit_code=-signal.SIGKILL))
-    progressed = live.reporting or time.time() - live.started >= PROGRESS_PROXY_S
+    # with launch's step hooks in the ranks, steps are observed: no step seen is no step taken
+    observed = any(n.step_hooks for n in plan.nodes)
+    progressed = live.reporting or (not observed and time.time() - live.started >= PROGRESS_PROXY_S)
     candidates = []
     for report in reports:
         failure = base.model_copy(update=report.model_dump(exclude_none=True))
@@ -69,6 +71,6 @@ def node_failure(plan: Plan, backend: Backend, live: Liveness, watcher: NodeWatc
         own_oom = None if failure.pid is not None and killed in rank_pids - {failure.pid} else oom
         if own_oom is not None and failure.rank is None and killed is not None:
             failure = failure.model_copy(update={"rank": rank_by_pid.get(killed), "pid": killed})
-        failure = failures.classify(failure, rank_lines or tail, own_oom, progressed)
+        failure = failures.classify(failure, rank_lines or tail, own_oom, progressed, live.last_step)
         candidates.append(failure.model_copy(update={"last_lines": (rank_lines[-20:] or tail[-20:])}))
     return min(candidates, key=failures.precedence)

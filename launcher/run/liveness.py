@@ -140,13 +140,19 @@ class Liveness:
     def reporting(self) -> bool:
         return self.newest_report is not None
 
+    @property
+    def last_step(self) -> int | None:
+        """The furthest step any rank reported (None before the first record)."""
+        steps = [seen.step for seen in self.ranks.values() if seen.step is not None]
+        return max(steps) if steps else None
+
     def laggard(self) -> tuple[int, RankSeen] | None:
         """The reporting rank heard from least recently (by its last step)."""
         reported = [(rank, seen) for rank, seen in self.ranks.items() if seen.step_at is not None]
         return min(reported, key=lambda item: (item[1].step_at, item[0])) if reported else None
 
-    def finished_steps(self, max_steps: int) -> bool:
-        return any(seen.step is not None and seen.step >= max_steps for seen in self.ranks.values())
+    def finished_steps(self, max_steps: int | None) -> bool:
+        return max_steps is not None and any(seen.step is not None and seen.step >= max_steps for seen in self.ranks.values())
 
 
 class HangDetector:
@@ -155,7 +161,7 @@ class HangDetector:
     FLOOR_S = 30.0
     FACTOR = 5.0
 
-    def __init__(self, stall_timeout: float, max_steps: int, hosts: Sequence[str] = ()) -> None:
+    def __init__(self, stall_timeout: float, max_steps: int | None, hosts: Sequence[str] = ()) -> None:
         """``hosts``: the job's nodes in node order (the plan's host names), so that a job in which some node
         has no rank process yet is called stuck in rendezvous, naming those nodes; without them the detector
         makes no claim about where the job is (every verdict before the first step is "hung")."""

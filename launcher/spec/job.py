@@ -24,6 +24,7 @@ from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_
 from launcher.spec.notify import NotifySpec
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+DEFAULT_RECIPE_STEPS = 100  # a recipe's length when the spec gives no max_steps
 PYTHON_NAMES = ("python", "python3")  # an entrypoint program that runs under the cluster's interpreter
 UNBUFFERED = "-u"  # the one interpreter option an entrypoint may keep: launch sets PYTHONUNBUFFERED=1 anyway
 INTERPRETER_ENV = ("-B: PYTHONDONTWRITEBYTECODE=1, -O: PYTHONOPTIMIZE=1, -W ARG: PYTHONWARNINGS=ARG, "
@@ -143,6 +144,10 @@ class WatchSpec(Strict):
 
 class MetricsSpec(Strict):
     every: int = Field(10, ge=1, le=1_000_000, description="Report every N optimizer steps.")
+    auto: bool = Field(
+        True, description="Observe an entrypoint's training steps from inside its ranks (optimizer steps, DataLoader "
+        "batches, loss, memory) with no change to the program; false: only what the program reports itself.",
+    )
 
 
 class JobSpec(Strict):
@@ -161,7 +166,10 @@ class JobSpec(Strict):
         "as LAUNCH_GLOBAL_BATCH, LAUNCH_MICRO_BATCH and LAUNCH_GRAD_ACCUM.",
     )
     resources: ResourcesSpec = ResourcesSpec()
-    max_steps: int = Field(100, ge=1, le=MAX_STEPS)
+    max_steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description=f"Optimizer steps: a recipe's length (default {DEFAULT_RECIPE_STEPS}); "
+        "for an entrypoint, the total it is expected to reach (progress and ETA); none: no total shown.",
+    )
     seed: int = Field(0, ge=0, le=2**32 - 1)
     lr: FiniteFloat | None = Field(None, gt=0, le=100)
     data: DataSpec = DataSpec()
@@ -289,6 +297,14 @@ class JobSpec(Strict):
         if problem:
             raise ValueError(problem)
         return self
+
+    @property
+    def total_steps(self) -> int | None:
+        """The steps the job is expected to take: a recipe's (default ``DEFAULT_RECIPE_STEPS``), an entrypoint's
+        ``max_steps`` when given; None: an entrypoint that did not say (no total is invented)."""
+        if self.recipe is not None and self.max_steps is None:
+            return DEFAULT_RECIPE_STEPS
+        return self.max_steps
 
     @property
     def uses_deepspeed(self) -> bool:

@@ -20,7 +20,7 @@ from launcher.metrics.columns import fmt, fmt_mem, fmt_pct
 from launcher.metrics.record import MetricRecord, RankUsage
 from launcher.store.rows import JobRow
 from launcher.store.states import JobState
-from launcher.views.render import batch_text
+from launcher.views.render import batch_text, steps_text
 
 STRAGGLER_SLOWDOWN = 1.10
 
@@ -194,7 +194,7 @@ def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
         + escape(f"{job.strategy or '(entrypoint)'}, {job.precision}, "
                  f"{job.nnodes} node(s) x {job.nproc_per_node} = {job.world_size} ranks"),
         Text(f"  batch       {batch_text(job.global_batch, job.micro_batch, job.grad_accum, job.world_size)}"),
-        f"  steps       {m['steps']}/{escape(str(job.max_steps))}  ({m['records']} records, warm-up excluded)",
+        f"  steps       {escape(steps_text(m['steps'], job.max_steps))}  ({m['records']} records, warm-up excluded)",
         f"  throughput  {fmt(m['samples_per_sec'])} samples/s, {fmt(m['tokens_per_sec'], '.0f')} tokens/s, "
         f"{fmt(m['steps_per_sec'], '.2f')} steps/s",
         f"  step time   p50 {fmt(m['step_time_ms_p50'], '.1f', ' ms')}, p95 {fmt(m['step_time_ms_p95'], '.1f', ' ms')}",

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from launcher.store.states import JobState, SupervisorState
-from launcher.views.render import batch_text
+from launcher.views.render import batch_text, steps_text
 from launcher.views.terminal import safe_lines
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def jobs_table(jobs: list[tuple[JobRow, JobSummary]], supervisors: dict[str, dic
         table.add_row(
             Text(_fmt(job.id, "")), _state(job.state, unattended(job.id, job.state, (supervisors or {}).get(job.id))),
             Text(f"{_fmt(job.nnodes, 'd')}x{_fmt(job.nproc_per_node, 'd')}"),
-            Text(f"{m.steps}/{_fmt(job.max_steps, 'd')}"), _fmt(m.samples_per_sec),
+            Text(steps_text(m.steps, job.max_steps)), _fmt(m.samples_per_sec),
             _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job.created_at),
         )
     return table
@@ -289,7 +289,8 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
              f"attempt {obj['attempt']}"),
         Text(f"  batch: {batch_text(obj['global_batch'], obj['micro_batch'], obj['grad_accum'], obj['world_size'])}"),
         *(Text(f"  elastic: {e['message']}") for e in events if e["kind"] == "elastic_restart"),
-        Text(f"  metrics: {m.steps}/{obj['max_steps']} steps, {_fmt(m.samples_per_sec)} samples/s, "
+        Text(f"  metrics: {steps_text(m.steps, obj['max_steps'])} steps, {_fmt(m.steps_per_sec, '.2f')} steps/s, "
+             f"{_fmt(m.samples_per_sec)} samples/s{'' if m.samples_per_sec is not None or not m.steps else ' (batch not seen)'}, "
              f"{_fmt(m.tokens_per_sec, '.0f')} tokens/s, step p50 {_fmt(m.step_time_ms_p50, '.1f', ' ms')}"
              f" p95 {_fmt(m.step_time_ms_p95, '.1f', ' ms')}, peak memory {_fmt(m.peak_mem_mb, '.0f', ' MB')}"
              f", GPU util {_fmt(m.gpu_util, '.0%')}, loss {_fmt(m.loss, '.4f')}"),

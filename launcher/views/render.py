@@ -63,6 +63,11 @@ def batch_text(global_batch: object, micro_batch: object = None, grad_accum: obj
     return f"global {global_batch} = micro {micro_batch} x accumulation {grad_accum} x world {world_size}"
 
 
+def steps_text(steps: object, total: object) -> str:
+    """``40/100`` when the job has an expected total, else ``40`` (an entrypoint without max_steps: none invented)."""
+    return f"{steps}/{total}" if total is not None else f"{steps}"
+
+
 def plan_text(plan: Any) -> str:
     """A readable dry-run of the plan."""
     b = plan.batch
@@ -74,7 +79,7 @@ def plan_text(plan: Any) -> str:
         f"   process group {plan.dist_backend}",
         f"  world       {world_text(plan)}",
         f"  batch       {batch}",
-        f"  steps       {plan.max_steps}",
+        f"  steps       {plan.max_steps if plan.max_steps is not None else '(the program decides: no max_steps)'}",
         *([f"  elastic     min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}"] if plan.elastic else []),
         *(f"  warning     {text}" for text in plan.warnings),
         f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",

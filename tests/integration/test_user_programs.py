@@ -86,10 +86,17 @@ def test_launch_stacks_shows_a_running_jobs_ranks(tmp_path, home):
 def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_rank(tmp_path, home):
     out = tmp_path / "out"
     out.mkdir()
-    job = _job(tmp_path / "job.yaml", "user_deepspeed.py", "--out", str(out), "--steps", "2",
-               launcher="deepspeed", batch={"global_batch": 16, "micro_batch": 4}, precision="fp32")
+    zero2 = tmp_path / "zero2.json"
+    zero2.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    job = _job(tmp_path / "job.yaml", "user_deepspeed.py", "--out", str(out), "--steps", "4",
+               launcher="deepspeed", batch={"global_batch": 16, "micro_batch": 4}, precision="fp32",
+               deepspeed={"config": str(zero2)})
     result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
     assert result.returncode == 0, result.stderr + result.stdout
+    metrics = status_json(home, _job_id(result))["metrics"]
+    assert metrics["steps"] == 2, "4 engine steps, 2 micro-batches a step: 2 optimizer steps, observed by launch's hooks"
+    assert [(r["rank"], r["steps"]) for r in metrics["per_rank"]] == [(0, 2), (1, 2)]
+    assert metrics["samples_per_sec"] > 0 and metrics["step_time_ms_p50"] > 0, "samples from the spec's batch: 8 a rank"
     seen = _seen(out)
     assert sorted(seen) == [0, 1]
     for rank, entry in seen.items():
@@ -97,6 +104,7 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
         assert (entry["train_batch_size"], entry["micro_batch"]) == (16, 4)
         config = entry["launch_ds_config"]
         assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (16, 4, 2)
+        assert config["zero_optimization"]["stage"] == 2
 
     torchrun_out = tmp_path / "out-ddp"
     torchrun_out.mkdir()
@@ -111,7 +119,8 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
     metrics = status_json(home, _job_id(result))["metrics"]
     assert sorted(r["rank"] for r in metrics["per_rank"]) == [0, 1], "ranks measured from outside, without the Reporter"
     assert all(r["peak_mem_mb"] >= 300 for r in metrics["per_rank"]) and metrics["peak_mem_mb"] >= 300
-    assert metrics["samples_per_sec"] is None, "throughput needs the Reporter"
+    assert metrics["steps"] == 20, "its optimizer steps, observed by launch's step hooks"
+    assert metrics["samples_per_sec"] > 0, "no DataLoader: the spec's batch (32 a step, 16 a rank)"
 
 
 def test_no_local_rank_is_honoured(tmp_path, home):

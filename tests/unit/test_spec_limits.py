@@ -203,7 +203,7 @@ def test_schema_shows_the_bounds(capsys):
     job = json.loads(capsys.readouterr().out)
     main(["schema", "cluster"])
     cluster = json.loads(capsys.readouterr().out)
-    assert job["properties"]["max_steps"]["maximum"] == 10**12
+    assert job["properties"]["max_steps"]["anyOf"][0]["maximum"] == 10**12
     assert job["$defs"]["ResourcesSpec"]["properties"]["nodes"]["maximum"] == 4096
     assert job["$defs"]["ResourcesSpec"]["properties"]["nproc_per_node"]["anyOf"][0]["maximum"] == 1024
     assert job["$defs"]["WatchSpec"]["properties"]["stall_timeout"]["maximum"] == 7 * 24 * 3600

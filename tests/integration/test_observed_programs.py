@@ -1,0 +1,95 @@
+"""Users' own programs measured without changing them: launch's step hooks (``launcher.node.stephooks``) in their
+ranks, 2 processes on the local backend (gloo on CPU).
+
+The programs in tests/programs/ are written in other people's conventions (a plain loop with a DataLoader under DDP,
+a nanoGPT-style loop with its own get_batch, Hugging Face's Trainer, Accelerate; DeepSpeed's engine in
+test_user_programs.py) and never import ``launcher``. Each job runs once, in one module fixture.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, cli_env, cli_json, run_cli, status_json, write_yaml
+
+pytestmark = pytest.mark.slow
+PROGRAMS = ROOT / "tests" / "programs"
+STEPS = 12  # each program's optimizer steps
+
+
+def _submit(home: Path, folder: Path, name: str, argv: list[str], **extra) -> tuple[str, object]:
+    job = write_yaml(folder / f"{name}.yaml", {"name": name, "entrypoint": ["python", *argv],
+                                               "resources": {"nodes": 1, "nproc_per_node": 2},
+                                               "metrics": {"every": 5}, **extra})
+    result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, LAUNCH_LEASE_DIR=str(folder / "leases")))
+    return result.stderr.split()[1].rstrip(":"), result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("observed")
+    home = folder / "home"
+    out = folder / "out"
+    out.mkdir()
+    jobs = {
+        # DDP, a DistributedSampler, 2 micro-batches of 8 a step; raises at step 6 once, restarted once
+        "ddp": _submit(home, folder, "ddp", [str(PROGRAMS / "plain_loop.py"), "--ddp", "--accum", "2", "--fail-at", "6",
+                                             "--steps", str(STEPS), "--out", str(out)], restarts=1),
+        "nanogpt": _submit(home, folder, "nanogpt", [str(PROGRAMS / "nanogpt_loop.py")]),
+        "trainer": _submit(home, folder, "trainer", [str(PROGRAMS / "hf_trainer.py")]),
+        "accelerate": _submit(home, folder, "accelerate", [str(PROGRAMS / "accelerate_loop.py")]),
+    }
+    return home, out, jobs
+
+
+def _metrics(home: Path, job_id: str) -> dict:
+    obj = status_json(home, job_id)
+    assert obj["state"] == "SUCCEEDED", obj.get("reason")
+    return obj["metrics"]
+
+
+@pytest.mark.parametrize("name", ["ddp", "nanogpt", "trainer", "accelerate"])
+def test_steps_step_time_and_memory_of_a_program_without_the_reporter(runs, name):
+    home, _, jobs = runs
+    job_id, result = jobs[name]
+    assert result.returncode == 0, result.stderr + result.stdout
+    metrics = _metrics(home, job_id)
+    assert metrics["steps"] == STEPS, "the optimizer steps taken, each counted once"
+    assert metrics["step_time_ms_p50"] > 0 and metrics["steps_per_sec"] > 0
+    assert metrics["peak_mem_mb"] > 50
+    assert sorted(r["rank"] for r in metrics["per_rank"]) == [0, 1]
+    assert all(r["steps"] == STEPS for r in metrics["per_rank"])
+    records = cli_json(home, "metrics", job_id, "--json")
+    assert records["steps"] == STEPS and records["records"] >= 2 * 3, "a record every 5 steps and the last, per rank"
+
+
+def test_samples_from_the_dataloader_and_tokens_from_the_token_batches(runs):
+    home, _, jobs = runs
+    ddp = _metrics(home, jobs["ddp"][0])
+    assert ddp["samples_per_sec"] > 0 and ddp["tokens_per_sec"] in (None, 0)
+    trainer = _metrics(home, jobs["trainer"][0])
+    assert trainer["samples_per_sec"] > 0 and trainer["tokens_per_sec"] == pytest.approx(16 * trainer["samples_per_sec"])
+    assert _metrics(home, jobs["accelerate"][0])["samples_per_sec"] > 0
+
+
+def test_a_program_without_a_dataloader_or_a_batch_shows_steps_per_second_only(runs):
+    home, _, jobs = runs
+    job_id = jobs["nanogpt"][0]
+    metrics = _metrics(home, job_id)
+    assert metrics["samples_per_sec"] is None and metrics["steps_per_sec"] > 0
+    shown = run_cli(home, "status", job_id).stdout
+    assert f"metrics: {STEPS} steps," in shown, "no total invented: the spec gave no max_steps"
+    assert "samples/s (batch not seen)" in shown
+
+
+def test_a_program_failing_after_its_first_steps_is_restarted_and_the_reason_names_the_step(runs):
+    home, out, jobs = runs
+    job_id, result = jobs["ddp"]
+    obj = status_json(home, job_id)
+    assert obj["attempt"] == 1, "restarts: 1 was used: the error came after steps were taken"
+    assert [json.loads(p.read_text())["steps"] for p in sorted(out.glob("rank*.json"))] == [STEPS, STEPS]
+    text = run_cli(home, "status", job_id).stdout
+    assert "exit code 1: it failed after step 6, the last step observed" in text and "restart 1 of 1" in text
