@@ -87,7 +87,7 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
     out = tmp_path / "out"
     out.mkdir()
     zero2 = tmp_path / "zero2.json"
-    zero2.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    zero2.write_text(json.dumps({"zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}))
     job = _job(tmp_path / "job.yaml", "user_deepspeed.py", "--out", str(out), "--steps", "4",
                launcher="deepspeed", batch={"global_batch": 16, "micro_batch": 4}, precision="fp32",
                deepspeed={"config": str(zero2)})
