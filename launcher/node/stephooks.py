@@ -145,6 +145,9 @@ class StepHooks:
             "gpu_name": torch.cuda.get_device_name()[:200] if cuda else None, "observed": True,
         }
         stream = self.stream or sys.stdout or sys.__stdout__
+        if stream is None:  # no stdout at all (pythonw, closed by the program): nothing to say
+            self.stopped = True
+            return
         try:
             stream.write(MARKER + json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
             stream.flush()
@@ -245,14 +248,14 @@ def install(stream=None):
         return backward(self, *args, **kwargs)
 
     observed_backward.__doc__ = backward.__doc__
-    _BaseDataLoaderIter.__next__ = __next__
-    torch.Tensor.backward = observed_backward
+    setattr(_BaseDataLoaderIter, "__next__", __next__)  # noqa: B010 - a method replaced: mypy refuses the assignment
+    setattr(torch.Tensor, "backward", observed_backward)  # noqa: B010
     atexit.register(hooks.close)
 
     def uninstall():
         handle.remove()
-        _BaseDataLoaderIter.__next__ = next_batch
-        torch.Tensor.backward = backward
+        setattr(_BaseDataLoaderIter, "__next__", next_batch)  # noqa: B010
+        setattr(torch.Tensor, "backward", backward)  # noqa: B010
         atexit.unregister(hooks.close)
 
     hooks.uninstall = uninstall
