@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
 SUBMITTED_WAIT_S = 30.0  # --detach on a scheduler: how long to wait for the scheduler to have the job
+DS_CHECK_WAIT_S = 120.0  # DeepSpeed's config check, once preflight is done: importing deepspeed takes 5-30 s
 
 
 @dataclass(frozen=True)
@@ -285,10 +286,15 @@ def preflight(
     """Every check before the first process starts; the plan re-made with what the backend probed."""
     job, cluster, plan = prepared.job, prepared.cluster, prepared.plan
     validation = _start_ds_validation(plan.ds_config) if run_check else None
-    for node in plan.nodes:
-        stage(Stage.PREFLIGHT, node.index, node.host, StageState.RUNNING)
-    found = backend.preflight(plan)
-    skippable = _ds_problems(validation) if validation is not None else []  # what --skip-check leaves out
+    try:
+        for node in plan.nodes:
+            stage(Stage.PREFLIGHT, node.index, node.host, StageState.RUNNING)
+        found = backend.preflight(plan)
+        skippable = _ds_problems(validation) if validation is not None else []  # what --skip-check leaves out
+    finally:
+        if validation is not None and validation.poll() is None:  # preflight failed, or the check hung
+            validation.kill()
+            validation.wait()
     if run_check and len(found.facts) > 1:
         skippable += version_differences({plan.nodes[i].host: f for i, f in sorted(found.facts.items())})
     found.problems.extend(skippable)
@@ -368,7 +374,13 @@ def _start_ds_validation(ds_config: dict | None) -> subprocess.Popen | None:
 
 
 def _ds_problems(proc: subprocess.Popen) -> list[str]:
-    out, err = proc.communicate()
+    """The problems DeepSpeed found in the config; one saying why it could not tell (it failed, or was still
+    running ``DS_CHECK_WAIT_S`` after preflight)."""
+    try:
+        out, err = proc.communicate(timeout=DS_CHECK_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return [f"deepspeed config: DeepSpeed's validation did not finish within {DS_CHECK_WAIT_S:.0f} s of "
+                "preflight (importing deepspeed hung?)"]
     if proc.returncode != 0:
         last = err.strip().splitlines()[-1] if err.strip() else f"exit code {proc.returncode}"
         return [f"deepspeed config: DeepSpeed's validation could not run: {last}"]
