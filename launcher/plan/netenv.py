@@ -8,11 +8,22 @@ present), so rank 0's choice is never forced on nodes that differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from launcher.plan.policy import PlanPolicy
 from launcher.spec.cluster import ClusterSpec
 
-AUTO = "auto"
+AUTO = "auto"  # cluster.yaml's word for "probe it" (network.interface, network.ib_hca, a node's address)
+
+
+class Unprobed(Enum):
+    """A value of the plan that a probe on the node gives at launch: never a string, so that no value of the
+    user's (``env: {MODE: auto}``) reads as one. The dry run shows it as ``auto``."""
+
+    VALUE = AUTO
+
+
+UNPROBED = Unprobed.VALUE
 
 
 @dataclass(frozen=True)
@@ -26,13 +37,14 @@ class NodeNetwork:
 
 def network_env(
     cluster: ClusterSpec, policy: PlanPolicy, probe: NodeNetwork | None, master_addr: str
-) -> dict[str, tuple[str, str]]:
+) -> dict[str, tuple[str | Unprobed, str]]:
     """Socket and HCA variables for one node: name -> (value, source).
 
-    Without a probe, auto values stay ``auto`` with the source "probed at
+    Without a probe, auto values are ``UNPROBED`` with the source "probed at
     launch"; a plan holding such a value cannot be launched until resolved.
     """
-    env: dict[str, tuple[str, str]] = {}
+    env: dict[str, tuple[str | Unprobed, str]] = {}
+    interface: tuple[str | Unprobed, str]
     pinned = cluster.network.interface
     if pinned != AUTO:
         interface = (pinned, "cluster.yaml network.interface")
@@ -41,7 +53,7 @@ def network_env(
     elif probe is not None:
         interface = (probe.interface, f"probed: the interface routing to node 0 ({master_addr})")
     else:
-        interface = (AUTO, "probed at launch: the interface routing to node 0")
+        interface = (UNPROBED, "probed at launch: the interface routing to node 0")
     env["NCCL_SOCKET_IFNAME"] = interface
     env["GLOO_SOCKET_IFNAME"] = interface
 
@@ -51,7 +63,7 @@ def network_env(
     if hca != AUTO:
         env["NCCL_IB_HCA"] = (hca, "cluster.yaml network.ib_hca")
     elif probe is None:
-        env["NCCL_IB_HCA"] = (AUTO, "probed at launch: InfiniBand HCAs on the node")
+        env["NCCL_IB_HCA"] = (UNPROBED, "probed at launch: InfiniBand HCAs on the node")
     elif probe.ib_hcas:
         env["NCCL_IB_HCA"] = (",".join(probe.ib_hcas), "probed: /sys/class/infiniband on the node")
     return env

@@ -17,7 +17,7 @@ from launcher.plan import commands, containers
 from launcher.plan.batch import BatchPlan, resolve_batch
 from launcher.plan.elastic import Elastic, elastic_env, elastic_plan
 from launcher.plan.fit import MemoryFit, memory_fit, misfit_problem
-from launcher.plan.netenv import AUTO, NodeNetwork, network_env
+from launcher.plan.netenv import AUTO, NodeNetwork, Unprobed, network_env
 from launcher.plan.policy import PlanPolicy, capacity_problems, node_procs
 from launcher.plan.uneven import uneven_warnings
 from launcher.spec.cluster import ClusterSpec, NodeSpec
@@ -62,6 +62,8 @@ class NodePlan(Frozen):
     gpus: int
     argv: tuple[str, ...]
     env: dict[str, str]
+    #: the environment's names whose values a probe on the node gives at launch (not in ``env`` until then)
+    unprobed: tuple[str, ...] = ()
     env_sources: dict[str, str]
     cwd: str
     files: dict[str, tuple[str, str]] = {}
@@ -108,8 +110,8 @@ class Plan(Frozen):
     leases: bool = False
 
     def unresolved(self) -> list[str]:
-        """Values still waiting for a probe (``auto``), as ``node N: NAME``."""
-        return [f"node {n.index}: {k}" for n in self.nodes for k, v in n.env.items() if v == AUTO]
+        """Values still waiting for a probe, as ``node N: NAME``."""
+        return [f"node {n.index}: {k}" for n in self.nodes for k in n.unprobed]
 
 
 def make_plan(
@@ -284,7 +286,8 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
         first_rank=sum(shared.procs[:index]),
         gpus=node.gpus,
         argv=tuple(in_container.argv if in_container else argv),
-        env={k: v for k, (v, _) in env.items()},
+        env={k: v for k, (v, _) in env.items() if not isinstance(v, Unprobed)},
+        unprobed=tuple(k for k, (v, _) in env.items() if isinstance(v, Unprobed)),
         env_sources={k: s for k, (_, s) in env.items()},
         cwd=shared.cwd,
         files=shared.files,
@@ -369,8 +372,8 @@ def _address(node: NodeSpec, probe: NodeNetwork | None) -> str:
 def _node_env(
     job: JobSpec, cluster: ClusterSpec, policy: PlanPolicy, job_id: str, index: int, node: NodeSpec,
     probe: NodeNetwork | None, master: str, batch: BatchPlan | None,
-) -> dict[str, tuple[str, str]]:
-    env: dict[str, tuple[str, str]] = {
+) -> dict[str, tuple[str | Unprobed, str]]:
+    env: dict[str, tuple[str | Unprobed, str]] = {
         "LAUNCH_JOB_ID": (job_id, "launch: tags every process of the job"),
         "LAUNCH_NODE": (str(index), "launch: node index"),
         "PYTHONUNBUFFERED": ("1", "launch: logs stream as they are written"),

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from launcher.store.states import JobState, SupervisorState
-from launcher.views.render import batch_text, steps_text
+from launcher.views.render import batch_text, shown_env, steps_text
 from launcher.views.terminal import safe_lines
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(n, dict) or not isinstance(n.get("env"), dict):
             continue
         given = n.get("env_sources")
-        env, sources = n["env"], given if isinstance(given, dict) else {}
+        env, sources = shown_env(n), given if isinstance(given, dict) else {}
         out.append({
             "node": n.get("index"), "host": n.get("host"), "address": n.get("address"), "master_addr": master,
             "env": {k: env[k] for k in NETWORK_ENV if k in env},

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 MASK = "****"
+UNPROBED_TEXT = "auto"  # how a value that a probe on the node gives at launch reads until then
 
 
 def json_text(value: Any) -> str:
@@ -41,11 +42,21 @@ def masked_env(env: dict[str, str], secrets: tuple[str, ...] = ()) -> dict[str, 
     return {k: MASK if k in secrets or _SECRETISH.search(k) else v for k, v in env.items()}
 
 
+def shown_env(node: dict[str, Any]) -> dict[str, str]:
+    """A node's env (of a plan's JSON data) as users read it: a value its probe gives at launch (``unprobed``)
+    reads ``auto``, in its place among the others."""
+    env, unprobed = node["env"], node.get("unprobed") or ()
+    sources = node.get("env_sources")
+    order = [*sources, *env] if isinstance(sources, dict) else list(env)
+    return {k: UNPROBED_TEXT if k in unprobed else env[k] for k in dict.fromkeys(order) if k in env or k in unprobed}
+
+
 def plan_json(plan: Any) -> dict[str, Any]:
-    """The plan as JSON data, with secrets shown only by name."""
+    """The plan as JSON data, with secrets shown only by name and values still to be probed as ``auto``."""
     data = plan.model_dump(mode="json")
     for node in data["nodes"]:
-        node["env"] = masked_env(node["env"], plan.secrets)
+        node["env"] = masked_env(shown_env(node), plan.secrets)
+        del node["unprobed"]
         for name in plan.secrets:
             node["env"][name] = MASK
             node["env_sources"][name] = "secret: the submitter's environment"

@@ -157,6 +157,17 @@ def test_hostile_argv_and_env_reach_the_ranks_verbatim(tmp_path, home):
         assert [seen["env"][f"HOSTILE_{i}"] for i in range(len(HOSTILE))] == HOSTILE
 
 
+def test_a_users_env_value_auto_reaches_the_ranks(tmp_path, home):
+    """``auto`` is the user's value like any other: not one that waits for a probe (preflight once refused it)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=2,
+                    env={"MY_MODE": "auto", "PROBE_OUT": str(out), "PROBE_ENV_KEYS": "MY_MODE", "PROBE_STEPS": "1"})
+    result = run_cli(home, "submit", str(job))
+    assert result.returncode == 0, result.stderr
+    assert [seen["env"]["MY_MODE"] for seen in _ranks(out).values()] == ["auto", "auto"]
+
+
 def test_secrets_reach_ranks_but_no_output_of_launch(tmp_path, home):
     out = tmp_path / "out"
     out.mkdir()

@@ -117,7 +117,7 @@ def test_the_plan_has_placeholders_until_slurm_allocates_and_refuses_more_ranks_
                                   "resources": {"nodes": 2, "nproc_per_node": 2}})
     plan = plan_job(job, cluster, "j-1", rdzv_port=29500)
     assert [n.host for n in plan.nodes] == ["slurm-node-0", "slurm-node-1"]
-    assert plan.nodes[1].env["NCCL_SOCKET_IFNAME"] == "auto"
+    assert "NCCL_SOCKET_IFNAME" in plan.nodes[1].unprobed and "NCCL_SOCKET_IFNAME" not in plan.nodes[1].env
     too_many = job.model_copy(update={"resources": job.resources.model_copy(update={"nproc_per_node": 4})})
     with pytest.raises(PlanError, match="asks Slurm for 2 GPUs per node"):
         plan_job(too_many, cluster, "j-2", rdzv_port=29500)

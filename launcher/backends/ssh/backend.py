@@ -210,9 +210,9 @@ class SSHBackend(Backend[SSHCluster]):
         finally:
             publish(address)
         node = plan.nodes[index]
-        pinned = node.env.get("GLOO_SOCKET_IFNAME", AUTO)
+        pinned = node.env.get("GLOO_SOCKET_IFNAME")  # absent: probed (node.unprobed)
         request = facts_request(
-            plan, index, ifaces=[] if pinned == AUTO else [name for name in pinned.split(",") if name],
+            plan, index, ifaces=[] if pinned is None else [name for name in pinned.split(",") if name],
             gpus=spec.gpus, master=master.result() if self.cluster.network.interface == AUTO else None,
         )
         if self.cluster.sync_workdir:
