@@ -11,7 +11,6 @@ one): such a section is checked by its own backend's model, as it always was, an
 
 from __future__ import annotations
 
-import json
 import typing
 from collections.abc import Mapping
 from functools import cached_property
@@ -55,6 +54,8 @@ class ClusterModels:
     def validate(self, data: Any) -> ClusterSpec:
         """``data`` as its backend's cluster model; one ValidationError with every problem, located as in the file."""
         name = backend_of(data)
+        if isinstance(data, ClusterSpec) and name in self.models:
+            return self.adapter.validate_python(data)
         if name not in self.models:
             raise self._error([InitErrorDetails(
                 type=PydanticCustomError("literal_error", "Input should be " + _choices(list(self.models))),
@@ -96,9 +97,6 @@ class ClusterModels:
 
     def _error(self, errors: list[InitErrorDetails]) -> ValidationError:
         return ValidationError.from_exception_data("ClusterSpec", errors)
-
-    def __repr__(self) -> str:
-        return f"ClusterModels({json.dumps(list(self.models))})"
 
 
 def _choices(names: list[str]) -> str:

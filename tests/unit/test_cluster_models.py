@@ -18,6 +18,7 @@ from launcher.backends.ssh.spec import SSHCluster
 from launcher.cli.main import main
 from launcher.errors import SpecError
 from launcher.spec.cluster import ClusterSpec
+from launcher.spec.clusters import ClusterModels
 from tests.helpers import ROOT
 
 MODELS = {"local": LocalCluster, "ssh": SSHCluster, "ray": RayCluster, "slurm": SlurmCluster}
@@ -167,3 +168,11 @@ def test_the_schema_is_one_union_chosen_by_backend(capsys) -> None:
     for member, name in zip(members, MODELS, strict=True):
         assert name in member["properties"] and member["additionalProperties"] is False
     assert "default" in members[0]["properties"]["backend"]  # local: a file without `backend:`
+
+
+def test_a_registered_model_has_its_backend_literal_and_its_own_section() -> None:
+    """The union's tags, the loader's "another backend's section" and `launch schema` rely on it."""
+    with pytest.raises(TypeError, match=r"backend: Literal\['kube'\] and a section 'kube'"):
+        ClusterModels({"kube": LocalCluster})
+    ssh = cluster_spec(name="c", backend="ssh", nodes=[{"host": "a"}])
+    assert cluster_spec(ssh) == ssh
