@@ -65,7 +65,7 @@ def test_the_agent_puts_the_hooks_first_on_the_ranks_path_and_keeps_theirs(tmp_p
     path = write_step_hooks(str(tmp_path), step_hook_files(), "/their/lib")
     folder, rest = path.split(os.pathsep, 1)
     assert rest == "/their/lib"
-    assert sorted(os.listdir(folder)) == ["launch_stephooks.py", "sitecustomize.py"]
+    assert sorted(os.listdir(folder)) == ["__pycache__", "launch_stephooks.py", "sitecustomize.py"], "compiled by the agent"
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     assert write_step_hooks(str(tmp_path), step_hook_files(), None) == folder
 
