@@ -208,3 +208,11 @@ def test_no_state_literal_outside_the_states_module() -> None:
         if path != STATES_MODULE and (literals := _state_literals(path.read_text(encoding="utf-8")))
     }
     assert found == {}
+
+
+def test_docs_architecture_names_every_module() -> None:
+    """docs/ARCHITECTURE.md is where a reader finds a module's responsibility: each module is named there."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    unnamed = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if path.name not in ("__init__.py", "__main__.py") and f"`{path.name}`" not in text)
+    assert unnamed == []

@@ -1,4 +1,4 @@
-"""Issue 24: what ranks print reaches terminals neutralised; the store bounds and refuses what it should.
+"""What ranks print reaches terminals neutralised; the store bounds and refuses what it should (issue 24).
 
 Every CLI test asserts the exit code, the message and that no traceback was printed.
 """
