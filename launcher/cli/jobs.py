@@ -12,8 +12,7 @@ import sys
 import click
 
 from launcher.cli.output import EXIT_CANCELLED, echo_line, echo_reason, exit_for
-from launcher.errors import LaunchError
-from launcher.store.states import JobState, SupervisorState
+from launcher.store.states import JobState
 from launcher.views.render import console
 from launcher.views.terminal import safe_text
 
@@ -42,6 +41,7 @@ def status(job, as_json, last, limit, watch):
       launch status --last --watch
       launch status cifar10 --json | jq .metrics.samples_per_sec
     """
+    from launcher.run import status as status_of
     from launcher.store.db import Store
     from launcher.views import jobstatus, render
 
@@ -50,96 +50,23 @@ def status(job, as_json, last, limit, watch):
         _watch(store, job, last, as_json)
         return
     if last:
-        newest = store.jobs(limit=1)
-        if not newest:
-            raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
-        job = newest[0].id
+        job = status_of.newest(store)
     if job is not None:
-        from launcher.run import stacks
-
-        row = store.job(job)
-        summary = jobstatus.job_summary(store, row)
-        supervision = _supervision(store, row)
-        if supervision is not None and supervision["state"] == SupervisorState.LOST:
-            supervision["agents"] = _agents_left(store, row)
-        obj = jobstatus.job_object(row, summary, store.nodes(row.id), supervision)
-        events = store.events(row.id)
-        kept = stacks.latest(store.run_dir(row.id))
+        shown = status_of.one(store, job)
         if as_json:
-            verdict = _verdict_json(kept, row, events)
-            click.echo(render.json_text({**obj, "events": events, "stacks": stacks.json_entries(kept) if kept else [],
-                                         "verdict": verdict}))
+            click.echo(render.json_text(jobstatus.detail_json(shown)))
         else:
             out = console()
-            for part in jobstatus.job_detail(obj, summary, events):
+            for part in jobstatus.job_detail(shown):
                 out.print(part)
-            if kept:
-                from rich.text import Text
-
-                from launcher.run.verdict import verdict_lines
-
-                for line in verdict_lines(kept, row, events):
-                    out.print(Text(safe_text(line, colour=False)))
         return
-    jobs = [(r, jobstatus.job_summary(store, r)) for r in store.jobs(limit=limit or None)]
-    supervisors = {r.id: said for r, _ in jobs if (said := _supervision(store, r)) is not None}
+    statuses = status_of.listed(store, limit or None)
     if as_json:
-        click.echo(render.json_text([jobstatus.job_object(r, summary, supervisor=supervisors.get(r.id))
-                                     for r, summary in jobs]))
-    elif not jobs:
+        click.echo(render.json_text([jobstatus.job_object(s) for s in statuses]))
+    elif not statuses:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
-        console().print(jobstatus.jobs_table(jobs, supervisors))
-
-
-def _verdict_json(kept, row, events) -> dict | None:
-    """``status --json``'s ``verdict``: the stack classes, suspects and evidence of the kept stack report (None
-    without one)."""
-    if kept is None:
-        return None
-    from launcher.run.verdict import verdict_json
-
-    return verdict_json(kept, row, events)
-
-
-def _supervision(store, row) -> dict | None:
-    """The ``supervisor`` of a job not ended (see ``identity.described``); None once it has ended."""
-    from launcher.run import identity
-    from launcher.store.states import is_terminal
-
-    if is_terminal(row.state):
-        return None
-    said = identity.described(store.runs / row.id, row.id, row.supervisor_pid, row.supervisor_at)
-    return said.as_json()
-
-
-AGENTS_ASKED_S = 8  # how long `status JOB` waits for each node's answer about a job whose supervisor is gone
-
-
-def _agents_left(store, row) -> dict | None:
-    """For a job whose supervisor is gone (`status JOB` only): each node's agent still running or not, asked of
-    the nodes (``{"running": [...], "ended": [...], "unknown": [...]}`` by node index); None where the backend
-    keeps no generation record to ask (Slurm, Ray) or the job cannot be read back."""
-    from launcher.backends import get_backend
-    from launcher.run.recorded import RecordedJob
-
-    try:
-        job = RecordedJob.read(store, row.id)
-        backend = get_backend(job.cluster)
-    except Exception:  # noqa: BLE001 - status shows what the store says when the nodes cannot be asked
-        return None
-    try:
-        if not backend.capabilities.fences:
-            return None
-        answers = backend.on_nodes(job.plan, lambda index: backend.fence(job.plan, index, job.id,
-                                                                         timeout=AGENTS_ASKED_S)[0])
-    finally:
-        backend.close()
-    said: dict[str, list[int]] = {"running": [], "ended": [], "unknown": []}
-    for index, answer in enumerate(answers):
-        gone = answer.get("agent_gone") if isinstance(answer, dict) else None
-        said["unknown" if answer is None else "ended" if gone else "running"].append(index)
-    return said
+        console().print(jobstatus.jobs_table(statuses))
 
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
@@ -150,10 +77,9 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
     if as_json or not (job or last):
         raise click.UsageError("--watch follows one job: give JOB (or --last), without --json")
     if last:
-        newest = store.jobs(limit=1)
-        if not newest:
-            raise LaunchError("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
-        job = newest[0].id
+        from launcher.run.status import newest
+
+        job = newest(store)
     try:
         row = watch(store, str(job), stream=sys.stdout, supervisor_gone=lambda job_id: supervisor_gone(store, job_id))
     except KeyboardInterrupt:
@@ -258,10 +184,11 @@ def stacks_command(job):
     """
     from rich.text import Text
 
-    from launcher.run import stacks
+    from launcher.run.stacks import for_job
     from launcher.store.db import Store
+    from launcher.views.stacks import report_lines
 
-    report = stacks.for_job(Store(), job)
+    report = for_job(Store(), job)
     out = console()
-    for line in stacks.report_lines(report):
+    for line in report_lines(report):
         out.print(Text(safe_text(line, colour=False)))

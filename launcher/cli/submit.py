@@ -12,7 +12,7 @@ import click
 
 from launcher.cli.output import echo_reason, echo_safe_line, exit_for
 from launcher.errors import LaunchError, PreflightError
-from launcher.store.states import JobState
+from launcher.store.states import FailureKind, JobState
 from launcher.views.render import console
 
 
@@ -47,6 +47,7 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
       launch submit jobs/bert_large_zero3.yaml --cluster examples/clusters/a800.yaml --dry-run --json
     """
     from launcher.run import orchestrate
+    from launcher.store.db import Store
 
     prepared = orchestrate.prepare(job_file, cluster_file, (*overrides, *(["queue=wait"] if wait else [])))
     if dry_run:
@@ -54,19 +55,20 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
         return
     for text in prepared.plan.warnings:
         click.echo(f"warning: {text}", err=True)
-    quiet = as_json or detach
+    quiet, store = as_json or detach, Store()
     view = None if quiet else _open_view(prepared.plan)
     try:
         job_id, state = orchestrate.submit(
             prepared, detach=detach, echo=None if quiet else (view.log if view else echo_safe_line),
-            on_recorded=_on_recorded(prepared, view, quiet), run_check=not skip_check,
+            on_recorded=_on_recorded(prepared, store, view, quiet), run_check=not skip_check, store=store,
             warn=lambda text: click.echo(text, err=True), **({"stage": view.stage} if view else {}),
         )
     finally:
         if view is not None:
             view.close()
-    _tell_outcome(job_id, state, as_json=as_json, detach=detach)
-    if state == JobState.FAILED and _lost_the_leases(job_id):
+    row = store.job(job_id)
+    _tell_outcome(row, state, as_json=as_json, detach=detach)
+    if state == JobState.FAILED and _lost_the_leases(row):
         sys.exit(PreflightError.exit_code)  # as when preflight finds them held: another job was quicker
     if detach:
         if state in (JobState.FAILED, JobState.CANCELLED):  # a scheduler refused the job before --detach returned
@@ -75,12 +77,10 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
         exit_for(state)
 
 
-def _lost_the_leases(job_id: str) -> bool:
-    """Whether the job found its GPUs or slots taken by another job between preflight and start."""
-    from launcher.store.db import Store
-    from launcher.store.states import FailureKind
-
-    return Store().job(job_id).failure_kind == FailureKind.LEASES
+def _lost_the_leases(row) -> bool:
+    """Whether the job found its GPUs or slots taken by another job between preflight and start (its stored
+    failure kind, never its reason's words, which may quote a rank)."""
+    return row.failure_kind == FailureKind.LEASES
 
 
 def _print_plan(plan, as_json: bool) -> None:
@@ -99,7 +99,7 @@ def _open_view(plan):
     return open_progress(sys.stdout, max_steps=plan.max_steps, nnodes=plan.nnodes, plain=False)
 
 
-def _on_recorded(prepared, view, quiet: bool):
+def _on_recorded(prepared, store, view, quiet: bool):
     """What to do once the job is in the store: say its id and shape, and point the live view at it."""
 
     def recorded(job_id: str) -> None:
@@ -109,15 +109,15 @@ def _on_recorded(prepared, view, quiet: bool):
 
             click.echo(f"job {job_id}: {world_text(plan)} on {prepared.cluster.name}", err=True)
         if view is not None:
-            from launcher.store.db import Store
-
-            view.attach(Store(), job_id)
+            view.attach(store, job_id)
 
     return recorded
 
 
-def _tell_outcome(job_id: str, state: str, *, as_json: bool, detach: bool) -> None:
-    """The id and end state (JSON, the bare id for --detach, or a line on stderr), and why it failed."""
+def _tell_outcome(row, state: JobState, *, as_json: bool, detach: bool) -> None:
+    """The id and end state (JSON, the bare id for --detach, or a line on stderr), and why it failed (``row``: the
+    job as stored now)."""
+    job_id = row.id
     if as_json:
         click.echo(json.dumps({"id": job_id, "state": state}))
         return
@@ -129,9 +129,7 @@ def _tell_outcome(job_id: str, state: str, *, as_json: bool, detach: bool) -> No
         click.echo(f"job {job_id}: {state}  (launch status {job_id})", err=True)
         if state == JobState.SUCCEEDED:
             return
-    from launcher.store.db import Store
-
-    echo_reason(Store().job(job_id).reason)
+    echo_reason(row.reason)
 
 
 @click.command("plan")

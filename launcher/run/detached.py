@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 from launcher.backends import Backend, get_backend
 from launcher.errors import FENCED_EXIT, SupervisorFenced
@@ -30,7 +31,7 @@ from launcher.run.recorded import RecordedJob
 from launcher.run.secrets import read_secrets
 from launcher.store.db import Store
 from launcher.store.states import JobState
-from launcher.views.watch import stage_recorder
+from launcher.views.watch import STAGE_EVENT
 
 MAX_REATTACH = 3
 SUPERVISE, ATTACH = "--supervise", "--attach"
@@ -152,3 +153,14 @@ def _notify_unattended(store: Store, job_id: str, reason: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def stage_recorder(store: Store, job_id: str) -> Callable[..., None]:
+    """A stage sink (``sink(stage, node, host, state, detail="")``) that files each change as a ``stage``
+    event, for a supervisor whose job is watched from elsewhere (`launch status --watch`)."""
+
+    def record(stage: str, node: int | None, host: str, state: str, detail: str = "") -> None:
+        data = {"stage": str(stage), "node": node, "host": host, "state": str(state), "detail": detail}
+        store.add_event(job_id, STAGE_EVENT, f"{stage} node {node} ({host}): {state}", data)
+
+    return record

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.backends.failures import Failure, FailureKind
-from launcher.run.stackclasses import ranges
+from launcher.views.stackclasses import ranges
 
 CPU_BUSY = 0.02  # a rank gaining more than 2% of a core between two samples is working
 GPU_BUSY = 0.05  # GPU utilisation above 5% is working

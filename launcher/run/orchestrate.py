@@ -138,8 +138,10 @@ def submit(
     run_check: bool = True,
     warn: Callable[[str], None] | None = None,
     stage: StageSink = no_stage,
+    store: Store | None = None,
 ) -> tuple[str, JobState]:
-    """Check, preflight, record and run the job; (job id, state). Nothing starts if a check fails.
+    """Check, preflight, record (in ``store``, else the user's) and run the job; (job id, state). Nothing starts if a
+    check fails.
 
     ``run_check`` also compares the nodes' python, torch, deepspeed and NCCL versions (from the
     facts preflight gathered) and validates a DeepSpeed config with DeepSpeed's own classes.
@@ -158,7 +160,7 @@ def submit(
     except BaseException:
         backend.close()
         raise
-    store, created = Store(), False
+    store, created = store or Store(), False
     try:  # until a supervisor owns the job: a failure here closes the backend and ends a recorded job FAILED
         store.create_job(plan, stored_spec(job, cluster, run_check))
         created = True

@@ -1,21 +1,55 @@
-"""A job as `launch status` shows it: its ``--json`` object, the jobs table, one job in detail; any stored row
-renders, and every stored value is shown as plain text. The metric summaries, the store and rich are imported
-inside the functions that use them: `launch status` stays light.
+"""A job as `launch status` shows it (a ``JobStatus``, which ``run.status`` makes): its ``--json`` object, the jobs
+table, one job in detail with its hang verdict; any stored row renders, and every stored value is shown as plain
+text. The metric summaries, the store and rich are imported inside the functions that use them: `launch status`
+stays light.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.store.states import JobState, SupervisorState
+from launcher.store.states import JobState, Supervision, SupervisorState
 from launcher.views.render import batch_text, shown_env, steps_text
-from launcher.views.terminal import safe_lines
+from launcher.views.terminal import safe_lines, safe_text
 
 if TYPE_CHECKING:
     from launcher.metrics.summary import JobSummary
     from launcher.store.rows import JobRow, NodeRow
+    from launcher.views.stacks import StackReport
+
+
+@dataclass(frozen=True)
+class AgentsLeft:
+    """What the nodes of a job whose supervisor is gone said of their agents (node indices)."""
+
+    running: tuple[int, ...] = ()
+    ended: tuple[int, ...] = ()
+    unknown: tuple[int, ...] = ()
+
+    def as_json(self) -> dict[str, list[int]]:
+        return {"running": list(self.running), "ended": list(self.ended), "unknown": list(self.unknown)}
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job as `launch status` shows it: its row and metric summary; not ended, what is known of its supervisor;
+    in detail (``nodes`` not None) its nodes, events, kept stacks and, its supervisor gone, its nodes' agents."""
+
+    job: JobRow
+    summary: JobSummary
+    supervision: Supervision | None = None
+    agents: AgentsLeft | None = None
+    nodes: tuple[NodeRow, ...] | None = None
+    events: tuple[dict[str, Any], ...] = ()
+    stacks: StackReport | None = None
+
+    @property
+    def lost(self) -> bool:
+        """Whether the job's supervisor is proven gone: the job is unattended."""
+        return self.supervision is not None and self.supervision.state == SupervisorState.LOST
 
 
 def job_summary(store: Any, job: JobRow) -> JobSummary:
@@ -55,26 +89,24 @@ def node_network(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def unattended(job_id: str, state: JobState | None, supervisor: dict[str, Any] | None) -> str | None:
+def unattended(status: JobStatus) -> str | None:
     """``RUNNING, unattended since HH:MM (no supervisor): launch attach JOB`` for a job whose supervisor is gone.
 
     Only a RUNNING job can be attached to; one that had not started (QUEUED, PENDING) is cleared with
     ``launch cancel`` and submitted again."""
-    if not supervisor or supervisor.get("state") != SupervisorState.LOST:
+    if status.supervision is None or not status.lost:
         return None
-    since = supervisor.get("since")
-    when = time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    since, state = status.supervision.since, status.job.state
+    when = time.strftime("%H:%M", time.localtime(since)) if since is not None else "?"
     remedy = "launch attach" if state == JobState.RUNNING else "launch cancel"
-    return f"{state}, unattended since {when} (no supervisor){_agents_said(supervisor.get('agents'))}: " \
-           f"{remedy} {job_id}"
+    return f"{state}, unattended since {when} (no supervisor){_agents_said(status.agents)}: {remedy} {status.job.id}"
 
 
-def _agents_said(agents: Any) -> str:
+def _agents_said(agents: AgentsLeft | None) -> str:
     """What the nodes said of their agents (``status JOB`` asks them), as a clause."""
-    if not isinstance(agents, dict):
+    if agents is None:
         return ""
-    listed = {word: agents.get(word) for word in ("ended", "running", "unknown")}
-    said = {word: [i for i in value if isinstance(i, int)] if isinstance(value, list) else [] for word, value in listed.items()}
+    said = {"ended": agents.ended, "running": agents.running, "unknown": agents.unknown}
     nodes = sum(len(indices) for indices in said.values())
     if not nodes:
         return ""
@@ -87,10 +119,14 @@ def _agents_said(agents: Any) -> str:
                             for word, indices in said.items() if indices)
 
 
-def job_object(job: JobRow, summary: JobSummary, nodes: list[NodeRow] | None = None,
-               supervisor: dict[str, Any] | None = None) -> dict[str, Any]:
+def job_object(status: JobStatus) -> dict[str, Any]:
     """The ``status --json`` object of one job; ``supervisor`` (a job not ended): {"state": "attached" | "lost" |
-    "unknown", "host", "pid", "since"} (since: when it took the job, or when it was last alive once lost)."""
+    "unknown", "host", "pid", "since", "generation"} (since: when it took the job, or when it was last alive once
+    lost), with ``agents`` (their nodes asked) once lost, in detail."""
+    job, summary = status.job, status.summary
+    supervisor = None if status.supervision is None else status.supervision.as_json()
+    if supervisor is not None and status.lost and status.nodes is not None:
+        supervisor["agents"] = None if status.agents is None else status.agents.as_json()
     obj: dict[str, Any] = {
         "id": job.id,
         "name": job.name,
@@ -118,8 +154,8 @@ def job_object(job: JobRow, summary: JobSummary, nodes: list[NodeRow] | None = N
         "metrics": summary.as_json(records=False),
         "supervisor": supervisor,
     }
-    if nodes is not None:
-        obj["nodes"] = [node.as_json() for node in nodes]
+    if status.nodes is not None:
+        obj["nodes"] = [node.as_json() for node in status.nodes]
     if job.plan:
         obj["network"] = node_network(job.plan)
         obj["procs"] = _procs(job.plan)
@@ -156,9 +192,19 @@ def _age(t: float | None) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def jobs_table(jobs: list[tuple[JobRow, JobSummary]], supervisors: dict[str, dict[str, Any]] | None = None):
-    """A rich table of (job row, summary) pairs (stored text shown through ``safe_text``); a job whose supervisor
-    is gone (``supervisors``, by job id) says so in its state."""
+def detail_json(status: JobStatus) -> dict[str, Any]:
+    """``status JOB --json``: the job's object with its events, kept stacks and their verdict."""
+    from launcher.views.stacks import json_entries
+    from launcher.views.verdict import verdict_json
+
+    kept, events = status.stacks, list(status.events)
+    return {**job_object(status), "events": events, "stacks": json_entries(kept) if kept else [],
+            "verdict": verdict_json(kept, status.job, events) if kept else None}
+
+
+def jobs_table(statuses: list[JobStatus]):
+    """A rich table of jobs (stored text shown through ``safe_text``); a job whose supervisor is gone says so in its
+    state."""
     from rich.table import Table
 
     Text = _safe_text_class()
@@ -167,9 +213,10 @@ def jobs_table(jobs: list[tuple[JobRow, JobSummary]], supervisors: dict[str, dic
     table.add_column("ID", no_wrap=True)
     for column in ("STATE", "NODES", "STEPS", "SAMPLES/S", "STEP P50", "PEAK MEM", "CREATED"):
         table.add_column(column, no_wrap=True)
-    for job, m in jobs:
+    for status in statuses:
+        job, m = status.job, status.summary
         table.add_row(
-            Text(_fmt(job.id, "")), _state(job.state, unattended(job.id, job.state, (supervisors or {}).get(job.id))),
+            Text(_fmt(job.id, "")), _state(job.state, unattended(status)),
             Text(f"{_fmt(job.nnodes, 'd')}x{_fmt(job.nproc_per_node, 'd')}"),
             Text(steps_text(m.steps, job.max_steps)), _fmt(m.samples_per_sec),
             _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job.created_at),
@@ -270,17 +317,17 @@ def _failure(failure: dict[str, Any]):
         return Failure(kind="internal", reason=f"first failure: {reason if isinstance(reason, str) else 'a stored record this launch cannot read'}")
 
 
-def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, Any]]) -> list[Any]:
-    """Renderables for one job: header, nodes, metrics per rank, first failure, events.
+def job_detail(status: JobStatus) -> list[Any]:
+    """Renderables for one job: header, nodes, metrics per rank, first failure, events, the verdict of its kept stacks.
 
     Every value from the store is shown as plain text (never as rich markup): a host name,
     reason or failure record cannot change how the page renders.
     """
     Text = _safe_text_class()
-    m = summary
+    obj, m, events = job_object(status), status.summary, list(status.events)
     waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == JobState.QUEUED and obj.get("queue_reason") else ""
     scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
-    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], unattended(obj["id"], obj["state"], obj.get("supervisor"))),
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], unattended(status)),
                            Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))
     out: list[Any] = [
         header,
@@ -319,4 +366,10 @@ def job_detail(obj: dict[str, Any], summary: JobSummary, events: list[dict[str, 
     out.append(Text("events:"))
     for e in events[-12:]:
         out.append(Text(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))}  {e['kind']:<16} {e['message']}"))
+    if status.stacks is not None:
+        from rich.text import Text as PlainText
+
+        from launcher.views.verdict import verdict_lines
+
+        out += [PlainText(safe_text(line, colour=False)) for line in verdict_lines(status.stacks, status.job, events)]
     return out

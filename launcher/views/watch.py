@@ -1,6 +1,6 @@
 """`launch status --watch JOB`: the progress view of a job that another process runs, fed by the store.
 
-Stages come from ``stage`` events (filed by ``stage_recorder``), the job's state (queued) and the
+Stages come from ``stage`` events (filed by ``run.detached.stage_recorder``), the job's state (queued) and the
 node rows of its current attempt (start); log lines from following its log files; the bar from
 its metric records. The watch ends when the job does, or when its supervisor is proven gone (the
 job would never end then: the view says so and how to clean up).
@@ -32,17 +32,6 @@ class StageUpdate:
     host: str
     state: str
     detail: str = ""
-
-
-def stage_recorder(store: Store, job_id: str) -> Callable[..., None]:
-    """A stage sink (``sink(stage, node, host, state, detail="")``) that files each change as a ``stage``
-    event, for a supervisor whose job is watched from elsewhere (`launch status --watch`)."""
-
-    def record(stage: str, node: int | None, host: str, state: str, detail: str = "") -> None:
-        data = {"stage": str(stage), "node": node, "host": host, "state": str(state), "detail": detail}
-        store.add_event(job_id, STAGE_EVENT, f"{stage} node {node} ({host}): {state}", data)
-
-    return record
 
 
 def _from_event(data: Any) -> StageUpdate | None:

@@ -216,3 +216,44 @@ def test_docs_architecture_names_every_module() -> None:
     unnamed = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
                      if path.name not in ("__init__.py", "__main__.py") and f"`{path.name}`" not in text)
     assert unnamed == []
+
+
+def _store_writers() -> set[str]:
+    """The store's methods that change it: those that execute SQL through ``_execute`` or ``_transaction``, and
+    those that call one of them (read from the store's classes, so a new writer is one at once)."""
+    calls: dict[str, set[str]] = {}
+    for path in (PACKAGE / "store").glob("*.py"):
+        for cls in (n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.ClassDef)):
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                calls.setdefault(method.name, set()).update(
+                    node.func.attr for node in ast.walk(method)
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
+    writers = {"_execute", "_transaction"}
+    while grown := {name for name, called in calls.items() if called & writers} - writers:
+        writers |= grown
+    return {name for name in writers if not name.startswith("_")}
+
+
+def _writes(source: str, writers: set[str]) -> list[str]:
+    """``line: name`` for each call of a store writer (``anything.add_event(...)``) in ``source``."""
+    return [f"{node.lineno}: {node.func.attr}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in writers]
+
+
+def test_the_store_writers_are_found_from_the_store_itself() -> None:
+    writers = _store_writers()
+    assert {"create_job", "transition", "update_job", "set_node", "add_event", "add_batch"} <= writers
+    assert not writers & {"job", "jobs", "nodes", "events", "metrics", "samples", "running_summary", "run_dir"}
+    assert _writes("def f(store):\n    store.add_event('j', 'k', 'm')\n    store.job('j')\n", writers) == ["2: add_event"]
+
+
+def test_views_import_no_writer() -> None:
+    """views/ only read: no call of a store method that writes, and no import of run/ (the layers forbid it), where
+    the writers live."""
+    writers = _store_writers()
+    found = {str(path.relative_to(PACKAGE)): calls for path in (PACKAGE / "views").glob("*.py")
+             if (calls := _writes(path.read_text(encoding="utf-8"), writers))}
+    assert found == {}
+    assert not {dep for path in (PACKAGE / "views").glob("*.py") for dep in _imports(path, typing_too=True)
+                if dep.startswith("launcher.run")}

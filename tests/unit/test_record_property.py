@@ -146,11 +146,12 @@ def test_any_rank_output_parses_without_error_and_accepted_records_pass_every_re
     assert JobSummary.from_stored(json.loads(json.dumps(summary.as_json(), allow_nan=False))) == summary
     figures = compare.job_metrics(job, stored)
     rows = compare.comparison([(job, figures)])
-    obj = jobstatus.job_object(job, summary, store.nodes(job_id))
+    status = jobstatus.JobStatus(job, summary, nodes=tuple(store.nodes(job_id)))
+    obj = jobstatus.job_object(status)
     for data in (figures, rows, obj):
         json.dumps(data, allow_nan=False)
     _rendered(compare.comparison_table(rows), *compare.metrics_renderables(job, figures),
-              jobstatus.jobs_table([(job, summary)]), *jobstatus.job_detail(obj, summary, []))
+              jobstatus.jobs_table([status]), *jobstatus.job_detail(status))
     out = io.StringIO()
     assert write_csv(stored, out) == len(stored)
     assert "<html" in build_report([(job, stored)])

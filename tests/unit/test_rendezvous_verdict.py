@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from launcher.backends.failures import FailureKind
 from launcher.run.liveness import HangDetector, Joined, Liveness, Output, Sample
-from launcher.run.stackclasses import ranges
+from launcher.views.stackclasses import ranges
 
 TIMEOUT = 120.0
 HOSTS = [f"lt-h{i}" for i in range(1, 33)]

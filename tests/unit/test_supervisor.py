@@ -175,7 +175,7 @@ def test_ranks_waiting_on_a_stale_build_lock_are_called_so_in_the_hang_verdict(t
 
 
 def test_a_hang_elsewhere_says_nothing_of_build_locks(tmp_path: Path) -> None:
-    from launcher.run.stacks import RankStack, StackReport
+    from launcher.views.stacks import RankStack, StackReport
 
     report = StackReport(taken_at=0.0, attempt=0, ranks=[
         RankStack(0, 0, "h1", 10, 'Thread 1 (idle): "MainThread"\n    wait (threading.py:324)\n    main (main.py:3)')])
@@ -207,16 +207,15 @@ def test_a_node_that_cannot_start_fails_the_job_naming_it(tmp_path: Path) -> Non
     assert row.first_failure["node"] == 1 and "setup command" in row.reason
 
 
-def test_leases_taken_by_another_job_are_the_jobs_stored_failure_kind(tmp_path: Path, monkeypatch) -> None:
+def test_leases_taken_by_another_job_are_the_jobs_stored_failure_kind(tmp_path: Path) -> None:
     """`launch submit` exits 3 for a job whose leases another job took first: it reads the stored kind, whatever the
     reason's words."""
     busy = NodeScript(fail_start="h2 GPU 0: job quicker holds it", busy=True)
     state, row, store, *_ = _run(tmp_path, [[NodeScript(), busy]])
     assert state == JobState.FAILED and row.failure_kind == FailureKind.LEASES == row.first_failure["kind"]
-    monkeypatch.setenv("LAUNCH_HOME", str(store.home))
-    assert submit_cli._lost_the_leases(row.id)
+    assert submit_cli._lost_the_leases(row)
     store.update_job(row.id, failure_kind=FailureKind.START, reason=f"{TAKEN_FIRST}: quoted by a rank")
-    assert not submit_cli._lost_the_leases(row.id)
+    assert not submit_cli._lost_the_leases(store.job(row.id))
 
 
 def test_a_supervisor_error_ends_the_job_failed_not_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,14 +20,14 @@ import pytest
 from launcher.backends import cluster_spec, plan_job
 from launcher.run import supervisor as supervisor_module
 from launcher.run.orchestrate import stored_spec
-from launcher.run.stackclasses import classify, main_path
-from launcher.run.stacks import RankStack, StackReport
 from launcher.run.supervisor import Supervisor
-from launcher.run.verdict import verdict_lines
 from launcher.spec import JobSpec
 from launcher.store.db import Store
 from launcher.store.rows import JobRow
 from launcher.store.states import JobState
+from launcher.views.stackclasses import classify, main_path
+from launcher.views.stacks import RankStack, StackReport
+from launcher.views.verdict import verdict_lines
 from tests.helpers import run_cli
 from tests.unit.fakes import FakeBackend, NodeScript, output, sample
 

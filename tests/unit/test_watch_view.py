@@ -8,12 +8,13 @@ import pytest
 
 from launcher.backends import cluster_spec, plan_job
 from launcher.metrics.record import MetricRecord
+from launcher.run.detached import stage_recorder
 from launcher.spec import JobSpec
 from launcher.store.db import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Store
 from launcher.store.records import Batch
 from launcher.store.rows import JobRow, NodeRow
 from launcher.store.states import JobState, NodeState
-from launcher.views.watch import StageUpdate, job_stages, stage_recorder
+from launcher.views.watch import StageUpdate, job_stages
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli
 from tests.terminal import run_in_terminal
 

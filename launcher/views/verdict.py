@@ -1,6 +1,6 @@
 """A hung or stalled job's verdict on one screen, for 8 ranks or 1,000 (`launch status JOB`).
 
-What it says, from the stack report kept with the job (``launcher.run.stacks``) and the store:
+What it says, from the stack report kept with the job (``launcher.views.stacks``) and the store:
 where the job stopped (the reason's head), the ranks in classes by stack (STAT's prefix tree, ranks as
 ranges, the largest class first), the ranks that stand apart and their nodes, each suspect node's
 evidence side by side with the other nodes' (its ranks' CPU/GPU activity, its last output, its kernel
@@ -17,9 +17,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from launcher.run.stackclasses import StackClass, ranges
-from launcher.run.stacks import StackReport
 from launcher.store.rows import JobRow
+from launcher.views.stackclasses import StackClass, ranges
+from launcher.views.stacks import StackReport
 
 SCREEN = 40
 CLASSES_SHOWN = 8
