@@ -151,10 +151,6 @@ def _notify_unattended(store: Store, job_id: str, reason: str) -> None:
         store.add_event(job_id, "notify_failed", f"the unattended notice could not be sent: {exc!r}")
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
 def stage_recorder(store: Store, job_id: str) -> Callable[..., None]:
     """A stage sink (``sink(stage, node, host, state, detail="")``) that files each change as a ``stage``
     event, for a supervisor whose job is watched from elsewhere (`launch status --watch`)."""
@@ -164,3 +160,8 @@ def stage_recorder(store: Store, job_id: str) -> Callable[..., None]:
         store.add_event(job_id, STAGE_EVENT, f"{stage} node {node} ({host}): {state}", data)
 
     return record
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+

@@ -257,3 +257,12 @@ def test_views_import_no_writer() -> None:
     assert found == {}
     assert not {dep for path in (PACKAGE / "views").glob("*.py") for dep in _imports(path, typing_too=True)
                 if dep.startswith("launcher.run")}
+
+
+def test_a_modules_main_block_is_its_last_statement() -> None:
+    """`python -m` runs a module's ``if __name__ == "__main__":`` where it stands: what is defined after it does not
+    exist yet for the code it calls (the detached supervisor once failed so)."""
+    late = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+            if any("__main__" in ast.unparse(node.test) for node in ast.parse(path.read_text(encoding="utf-8")).body[:-1]
+                   if isinstance(node, ast.If))]
+    assert late == []
