@@ -169,3 +169,34 @@ def kill_supervisor_and_keeper(pid: int) -> None:
     if b"launcher.run.detached" in Path(f"/proc/{parent}/cmdline").read_bytes():
         os.kill(parent, signal.SIGKILL)
     os.kill(pid, signal.SIGKILL)
+
+
+def output_texts(lines) -> list[str]:
+    """The text of the output lines among a node agent's framed lines (str or bytes; ``launcher.node.protocol``)."""
+    from launcher.node.protocol import OutputLine, parse
+
+    return [parsed.text for parsed in map(parse, lines) if isinstance(parsed, OutputLine)]
+
+
+def frames(lines, kind: str) -> list[dict]:
+    """The data of the frames of ``kind`` (``FrameKind`` value: exit, sample...) among framed lines, in order."""
+    from launcher.node.protocol import Frame, parse
+
+    return [parsed.data for parsed in map(parse, lines) if isinstance(parsed, Frame) and parsed.kind.value == kind]
+
+
+def kind_of_line(line) -> str | None:
+    """``output``, ``exit``... for one framed line (None: unframed or unknown)."""
+    from launcher.node.protocol import kind_of
+
+    kind = kind_of(line if isinstance(line, bytes) else line.encode())
+    return kind.value if kind is not None else None
+
+
+def frame_data(line) -> dict:
+    """The data of one framed line that must be a frame (AssertionError otherwise)."""
+    from launcher.node.protocol import Frame, parse
+
+    parsed = parse(line.rstrip("\n") if isinstance(line, str) else line.rstrip(b"\n"))
+    assert isinstance(parsed, Frame), f"not a frame: {line!r}"
+    return parsed.data

@@ -12,6 +12,7 @@ supervisor and the reports never ask which backend they run on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from abc import ABC, abstractmethod
@@ -26,6 +27,7 @@ from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.planning import C, Capabilities, Planning
 from launcher.errors import LaunchError, SupervisorFenced
+from launcher.node.protocol import FenceRequest, RecordRequest, Request, SignalRequest, StacksRequest, SweepRequest
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import NodeNetwork
 from launcher.plan.planner import Plan
@@ -229,9 +231,10 @@ class Backend(ABC, Generic[C]):
         """Node ``index``'s supervisor generation record (``{"generation", "pid", "host", "contact_s", ...}``);
         with ``generation`` newer than it, that one is recorded first (``who``: pid and host). (answer, None) or
         (None, why not)."""
-        answer, error = self.node_command(plan, index, "fence", {"job_id": job_id, "node": index,
-                                                                 "generation": generation, **(who or {})},
-                                          timeout=timeout)
+        pid, host = (who or {}).get("pid"), (who or {}).get("host")
+        request = FenceRequest(job_id, index, generation, pid if isinstance(pid, int) else None,
+                               host if isinstance(host, str) else None)
+        answer, error = self.node_command(plan, index, "fence", request, timeout=timeout)
         if answer is not None and "error" in answer:
             return None, str(answer["error"])[:300]
         return answer, error
@@ -239,7 +242,7 @@ class Backend(ABC, Generic[C]):
     def job_record(self, index: int, job_id: str) -> tuple[dict | None, str | None]:
         """The job as its supervisor recorded it in node ``index``'s run directory (of the cluster, plan or not):
         (record, None) or (None, why not)."""
-        answer, error = self.node_command(None, index, "record", {"job_id": job_id}, timeout=60)
+        answer, error = self.node_command(None, index, "record", RecordRequest(job_id), timeout=60)
         if answer is None:
             return None, error
         if "error" in answer or not isinstance(answer.get("record"), dict):
@@ -257,7 +260,7 @@ class Backend(ABC, Generic[C]):
         the host has); None where the cluster allocates (Ray, Slurm)."""
         return None
 
-    def stream_command(self, plan: Plan, index: int, command: str, request: dict):
+    def stream_command(self, plan: Plan, index: int, command: str, request: Request):
         """A long-running node-side command on node ``index`` (``launcher.backends.leasing.NodeStream``)."""
         raise LaunchError(f"the {self.name} backend runs no long node commands")
 
@@ -267,7 +270,7 @@ class Backend(ABC, Generic[C]):
 
     # built on run_on_node and the node side
 
-    def node_command(self, plan: Plan | None, index: int, command: str, request: dict,
+    def node_command(self, plan: Plan | None, index: int, command: str, request: Request | dict,
                      timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
         """Run a node-side command; (its JSON answer, None) or (None, why not)."""
         python = plan.python if plan is not None else self.planning.default_python()
@@ -280,12 +283,12 @@ class Backend(ABC, Generic[C]):
         except ValueError:
             return None, f"unreadable answer: {lines[-1][:200]}"
 
-    def fenced_command(self, plan: Plan, index: int, command: str, request: dict,
+    def fenced_command(self, plan: Plan, index: int, command: str, request: SweepRequest | SignalRequest,
                        timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
         """``node_command`` for what only the supervisor in charge may do (signal, end): with this backend's
         ``generation``, which the node checks; SupervisorFenced when it records a newer one."""
         if self.generation is not None:
-            request = {**request, "job_id": plan.job_id, "node": index, "generation": self.generation}
+            request = dataclasses.replace(request, job_id=plan.job_id, node=index, generation=self.generation)
         answer, error = self.node_command(plan, index, command, request, timeout)
         if answer is not None and isinstance(answer.get("fenced"), dict):
             raise SupervisorFenced(plan.job_id, answer["fenced"])
@@ -304,7 +307,7 @@ class Backend(ABC, Generic[C]):
             host = self.host(plan, index)
             cleanup = [list(c) for c in plan.nodes[index].cleanup] if end else []
             answer, error = self.fenced_command(plan, index, "end" if end else "list",
-                                                {"job_id": plan.job_id, "grace": grace, "cleanup": cleanup},
+                                                SweepRequest(plan.job_id, grace, tuple(map(tuple, cleanup))),
                                                 timeout=grace + 30 + 30 * len(cleanup))
             if answer is None:
                 return NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail=error)
@@ -326,7 +329,7 @@ class Backend(ABC, Generic[C]):
     def stacks(self, plan: Plan) -> list[tuple[int, dict | None, str | None]]:
         """Per node: (index, the node's stack report, or None and why not)."""
         return self.on_nodes(plan, lambda index: (index, *self.node_command(
-            plan, index, "stacks", {"job_id": plan.job_id, "node": index}, timeout=60)))
+            plan, index, "stacks", StacksRequest(plan.job_id, index), timeout=60)))
 
 
 def unreachable(error: str) -> CommandResult:

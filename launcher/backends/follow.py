@@ -1,16 +1,16 @@
 """Following a node's journal again (``launch_node follow``; docs/JOURNALS.md): the request, the reader of its
-lines (the agent's ``@exit``, ``@lost``, a newer supervisor's ``@fenced``) and the handle ``Backend.follow`` gives.
+lines (the agent's ``exit``, ``lost``, a newer supervisor's ``fenced``) and the handle ``Backend.follow`` gives.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.stopping import term_then_kill
+from launcher.node.protocol import FollowRequest, Frame, FrameKind, SignalRequest, parse
 from launcher.plan.planner import Plan
 
 if TYPE_CHECKING:
@@ -30,13 +30,14 @@ class Followed:
 
     def through(self, lines: Iterator[str]) -> Iterator[str]:
         for line in lines:
-            if line.startswith("@fenced"):  # not a journal line: the node's answer to this reader
-                self.fenced = fenced_record(line)
+            parsed = parse(line)
+            if isinstance(parsed, Frame) and parsed.kind is FrameKind.FENCED:  # not a journal line: the node's answer
+                self.fenced = fenced_record(parsed)
                 return
-            if line.startswith("@exit "):
-                self.exit = _json_field(line, "code", int)
-            elif line.startswith("@lost"):
-                why = _json_field(line, "reason", str)
+            if isinstance(parsed, Frame) and parsed.kind is FrameKind.EXIT:
+                self.exit = parsed.get_int("code")
+            elif isinstance(parsed, Frame) and parsed.kind is FrameKind.LOST:
+                why = parsed.get_text("reason")
                 self.lost = f"{self.host}: its node agent is gone without an exit ({why or 'no reason given'})"
             yield line
 
@@ -88,8 +89,9 @@ class FollowHandle:
         term_then_kill(self._signal, lambda wait: self._ended.wait(wait) or self.poll() is not None, grace, kill_wait=5.0)
 
     def _signal(self, sig: int) -> None:
+        assert self.pid is not None
         self._backend.fenced_command(self._plan, self.index, "signal",
-                                     {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
+                                     SignalRequest(pid=self.pid, signal=int(sig), start_ticks=self.start_ticks), timeout=30)
 
 
 def whole_lines(chunks: Iterator[bytes]) -> Iterator[str]:
@@ -106,28 +108,12 @@ def whole_lines(chunks: Iterator[bytes]) -> Iterator[str]:
         pending += chunk[start:]
 
 
-def _json_field(line: str, key: str, kind: type) -> Any:
-    try:
-        value = json.loads(line.partition(" ")[2] or "{}").get(key)
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-
-def follow_request(plan: Plan, index: int, after: int, generation: int = 0) -> dict:
+def follow_request(plan: Plan, index: int, after: int, generation: int = 0) -> FollowRequest:
     """The ``follow`` node command's request: node ``index``'s journal after line ``after``, for a supervisor of
-    ``generation`` (refused with ``@fenced`` once the node records a newer one)."""
-    return {"job_id": plan.job_id, "node": index, "after": after, "generation": generation}
+    ``generation`` (refused with a ``fenced`` frame once the node records a newer one)."""
+    return FollowRequest(plan.job_id, index, after, generation)
 
 
-def fenced_record(line: str) -> dict:
-    """The generation record of an ``@fenced`` line (``{"generation": N, "pid", "host"}``), as far as it reads."""
-    try:
-        data = json.loads(line.partition(" ")[2] or "{}")
-    except ValueError:
-        data = None
-    data = data if isinstance(data, dict) else {}
-    generation = data.get("generation")
-    return {"generation": generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
-            "pid": data.get("pid") if isinstance(data.get("pid"), int) else None,
-            "host": str(data.get("host"))[:200] if isinstance(data.get("host"), str) else None}
+def fenced_record(frame: Frame) -> dict:
+    """The generation record of a ``fenced`` frame (``{"generation": N, "pid", "host"}``), as far as it reads."""
+    return {"generation": frame.get_int("generation"), "pid": frame.get_int("pid"), "host": frame.get_text("host", 200)}

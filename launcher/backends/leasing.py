@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from launcher.backends.base import Stage, StageState, StartContext
 from launcher.errors import LaunchError, NodeStartError
+from launcher.node.protocol import Frame, FrameKind, LeaseRequest, early_output, parse
 from launcher.plan.planner import NodePlan, Plan
 
 if TYPE_CHECKING:
     from launcher.backends.base import Backend, NodeHandle
 
 LEASE_DIR_ENV = "LAUNCH_LEASE_DIR"  # another lease directory than the nodes' default (tests: one per test)
-BUSY_EVENT, LEASED_EVENT = "@busy ", "@leased "
 TAKEN_FIRST = "another job took the leases first"  # said in the reason of a job that failed so (FailureKind.LEASES)
 RECHECK_S = 1.0  # after a lost race for the leases: look again this soon even if no host's state changed
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -74,24 +74,22 @@ def host_leases(backend: Backend, plan: Plan) -> list[HostLease]:
     return list(found.values())
 
 
-def _request(plan: Plan | None, kind: str, count: int, capacity: int, order: float) -> dict:
-    """A ``leases``/``wait`` node request (``plan`` None: `launch queue`'s, for no job)."""
-    request = {"job": plan.job_id if plan else "", "from": socket.gethostname(), "kind": kind, "count": count,
-               "capacity": capacity, "order": order, "allow_shared": plan.allow_shared_gpus if plan else False}
-    if os.environ.get(LEASE_DIR_ENV):
-        request["dir"] = os.environ[LEASE_DIR_ENV]
-    return request
+def _request(plan: Plan | None, kind: str, count: int, capacity: int, order: float, go_on_stdin: bool = False) -> LeaseRequest:
+    """A ``leases``/``wait`` node request, or an agent's ``lease`` (``plan`` None: `launch queue`'s, for no job)."""
+    return LeaseRequest(kind=kind, count=count, capacity=capacity, order=order, job=plan.job_id if plan else "",
+                        origin=socket.gethostname(), allow_shared=plan.allow_shared_gpus if plan else False,
+                        dir=os.environ.get(LEASE_DIR_ENV) or None, go_on_stdin=go_on_stdin)
 
 
-def agent_lease(backend: Backend, plan: Plan, node: NodePlan, order: float) -> dict | None:
+def agent_lease(backend: Backend, plan: Plan, node: NodePlan, order: float) -> LeaseRequest | None:
     """The ``lease`` of node ``node``'s agent request (None without leases): it waits for ``go`` on its stdin."""
     device = backend.lease_devices(plan, node.index)
     if device is None:
         return None
-    return {**_request(plan, device[0], node.nproc, device[1], order), "go_on_stdin": True}
+    return _request(plan, device[0], node.nproc, device[1], order, go_on_stdin=True)
 
 
-def survey_request(kind: str, capacity: int) -> dict:
+def survey_request(kind: str, capacity: int) -> LeaseRequest:
     """The ``leases`` request of `launch queue`: who holds each device, and who waits."""
     return _request(None, kind, 0, capacity, time.time())
 
@@ -162,7 +160,7 @@ def preflight_request(backend: Backend, plan: Plan, index: int) -> dict | None:
     if plan.queue == "wait":
         return None
     lease = next((lease for lease in host_leases(backend, plan) if lease.index == index), None)
-    return None if lease is None else _request(plan, lease.kind, lease.count, lease.capacity, time.time())
+    return None if lease is None else _request(plan, lease.kind, lease.count, lease.capacity, time.time()).to_json()
 
 
 def preflight_problems(host: str, plan: Plan, facts_answer: dict) -> list[str]:
@@ -187,21 +185,20 @@ BUSY_HINT = ("`launch submit --wait` (or queue: wait) queues the job until they 
              "holds what (docs/LEASES.md)")
 
 
-def read_until_leased(lines: Iterator[str], seen: list[str], host: str, index: int) -> str:
-    """Read an agent's first lines (kept in ``seen``) up to ``@leased``: what it holds (``GPUs 4-7``); LeasesBusy on
-    ``@busy``, NodeStartError if it ended first."""
-    import json
-
+def read_until_leased(lines: Iterator[str], host: str, index: int) -> str:
+    """Read an agent's first lines up to its ``leased`` frame: what it holds (``GPUs 4-7``); LeasesBusy on ``busy``,
+    NodeStartError if it ended first."""
+    seen: list[str] = []
     for line in lines:
         seen.append(line)
-        if line.startswith(LEASED_EVENT):
-            held = json.loads(line[len(LEASED_EVENT):])
-            return devices_text(held.get("kind"), [int(i) for i in held.get("devices", [])])
-        if line.startswith(BUSY_EVENT):
-            state = json.loads(line[len(BUSY_EVENT):])
-            raise LeasesBusy("; ".join(describe(host, state, bool(state.get("allow_shared")))), index)
-    shown = " | ".join(line.lstrip("|") for line in seen[-5:] if not line.startswith("@")) or "no output"
-    raise NodeStartError(f"{host}: the node agent exited before taking its leases: {shown}", index)
+        parsed = parse(line)
+        if isinstance(parsed, Frame) and parsed.kind is FrameKind.LEASED:
+            devices = parsed.data.get("devices")
+            return devices_text(parsed.data.get("kind"), [i for i in devices if type(i) is int] if isinstance(devices, list) else [])
+        if isinstance(parsed, Frame) and parsed.kind is FrameKind.BUSY:
+            raise LeasesBusy("; ".join(describe(host, parsed.data, bool(parsed.data.get("allow_shared")))), index)
+    raise NodeStartError(f"{host}: the node agent exited before taking its leases: {early_output(seen, last=5) or 'no output'}",
+                         index)
 
 
 class _Turn:

@@ -2,28 +2,29 @@
 
 It makes the job's private run directory (``rundir``), writes the files the plan gives (a DeepSpeed config),
 starts the node's command (torchrun, the DeepSpeed launcher, or a container runtime running one)
-in a session of its own, and reports one framed line per event: journaled in the run directory
-(``journal``: ``node<N>.journal``, bounded), then written to its stdout, which the backend carries
-to the supervisor:
+in a session of its own, and reports one framed line per event (``protocol``: each stamped with the node's
+clocks): journaled in the run directory (``journal``: ``node<N>.journal``, bounded), then written to its
+stdout, which the backend carries to the supervisor:
 
-    |TEXT            a line of the command's output (untrusted: ranks wrote it), cut at LINE_LIMIT
-    @started JSON    the agent's and the command's PIDs, the host, the run directory
-    @sample JSON     every SAMPLE_S: each rank's process tree (CPU seconds, RSS, GPU memory/util; ``sampler``)
-    @unattended JSON no reader was in contact for ``unattended_s`` seconds: the agent ends the job
-    @exit JSON       the command's exit code, once its output is drained
+    output      a line of the command's output (untrusted: ranks wrote it), cut at the request's line_limit
+    started     the agent's and the command's PIDs, the host, the run directory
+    sample      every sample_s: each rank's process tree (CPU seconds, RSS, GPU memory/util; ``sampler``)
+    unattended  no reader was in contact for ``unattended_s`` seconds: the agent ends the job
+    exit        the command's exit code, once its output is drained
 
 With a ``lease`` in the request (local and SSH clusters), the agent first takes its node's leases
 (``leases``: one GPU or CPU slot each, all or none, held until the agent exits) and says ``@leased``
-(the devices) or ``@busy`` (who holds them; it then exits ``BUSY_EXIT``, having started nothing).
+(``FrameKind.LEASED``: the devices) or ``@busy`` (who holds them; it then exits ``BUSY_EXIT``, having started
+nothing).
 With ``go_on_stdin`` it starts the command only once the backend writes ``go`` on its stdin: every
 node of the job holds its leases by then, or none starts a rank.
 
-Ranks cannot forge the agent's lines: everything they print starts with ``|``, and the agent
+Ranks cannot forge the agent's lines: everything they print is framed as output, and the agent
 makes itself undumpable before it starts them, so a rank cannot open ``/proc/<agent>/fd/1`` to
 write there. Every rank's line comes whole and behind its ``[rank]:`` prefix, whichever launcher
 starts the ranks: torchrun tees each rank's output with the prefix the plan sets; under
 DeepSpeed's launcher (whose ranks would all share one pipe, unprefixed, lines merging) the agent
-runs that launcher with each rank's output on a pipe of its own (``rankstreams``).
+runs that launcher with each rank's output on a pipe of its own (``rankstreams``, ``rankrelay``).
 
 The job does not depend on the reader: when stdout breaks (the supervisor or its connection is
 gone) the agent stops writing there and carries on journaling; a reader comes back with the
@@ -69,14 +70,14 @@ from .journal import (
     touch,
     write_atomically,
 )
+from .linecut import READ_CHUNK, bounded_lines
+from .protocol import AgentRequest, FrameKind, RequestError, output_prefix
 from .rankstreams import on_devices, with_rank_streams
 from .rundir import RunDirError, job_run_dir, private_dir
-from .sampler import SAMPLE_S, Sampler
+from .sampler import Sampler
 from .subreaper import OWN, PR_SET_PDEATHSIG, SPAWN, harden, libc_prctl, reap_orphans, run_cleanup
 from .timelimit import forward_warning
 
-LINE_LIMIT = 64 * 1024
-READ_CHUNK = 64 * 1024
 REAP_S = 1.0
 EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
@@ -91,39 +92,12 @@ class Fenced(Exception):
     """The node records a newer supervisor generation than the one that sent this agent: it starts nothing."""
 
 
-def relay(fd: int, out: Output, limit: int = LINE_LIMIT) -> None:
-    """Copy the command's output to ``out`` as ``|`` lines, each cut at ``limit`` bytes (linear time); the whole
-    lines of each read go to ``out`` together."""
-    pending = bytearray()
-    dropped = 0
-
-    def add(piece: bytes) -> None:
-        nonlocal dropped
-        room = max(0, limit - len(pending))
-        pending.extend(piece[:room])
-        dropped += len(piece) - min(room, len(piece))
-
-    def emit() -> None:
-        nonlocal dropped
-        note = f" [launch: line cut at {limit} bytes; {dropped} more dropped]".encode() if dropped else b""
-        batch.append(b"|" + bytes(pending) + note)
-        pending.clear()
-        dropped = 0
-
-    batch: list[bytes] = []
-    while chunk := os.read(fd, READ_CHUNK):
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            add(chunk[start:end])
-            emit()
-            start = end + 1
-        add(chunk[start:])
-        if batch:  # the whole lines of one read, journaled in one write
-            out.write_lines(batch)
-            batch.clear()
-    if pending or dropped:
-        emit()
-        out.write_lines(batch)
+def relay(fd: int, out: Output, limit: int) -> None:
+    """Copy the command's output to ``out`` as output lines, each cut at ``limit`` bytes (``linecut``); the whole
+    lines of each read go to ``out`` together, stamped with the node's time of that read."""
+    for batch in bounded_lines(lambda: os.read(fd, READ_CHUNK), limit):
+        prefix = output_prefix()
+        out.write_lines([prefix + line for line in batch])
 
 
 def write_step_hooks(run_dir: str, files: dict[str, str], pythonpath: str | None) -> str:
@@ -144,13 +118,13 @@ def write_step_hooks(run_dir: str, files: dict[str, str], pythonpath: str | None
 class Agent:
     """One node's run (see the module docstring). ``req`` is the request the backend sent."""
 
-    def __init__(self, req: dict, out: Output) -> None:
+    def __init__(self, req: AgentRequest, out: Output) -> None:
         self.req = req
         self.out = out
-        self.job_id = req["job_id"]
-        node_tag = (req.get("env") or {}).get(proctree.NODE_TAG)
+        self.job_id = req.job_id
+        node_tag = req.env.get(proctree.NODE_TAG)
         self.node = int(node_tag) if node_tag is not None else None  # this node's processes carry the tag
-        self.grace = float(req.get("grace", 5.0))
+        self.grace = req.grace
         self.proc: subprocess.Popen[bytes] | None = None
         self.run_dir: str | None = None
         self.subreaper = False
@@ -164,68 +138,65 @@ class Agent:
     def take_leases(self, go: Callable[[], bool] | None) -> bool:
         """Take the request's leases (all or none) and wait for ``go`` when given; False (said in ``@busy`` or
         ``@exit``) when they are not free or the backend did not say go: then nothing has started."""
-        spec = self.req["lease"]
-        allow_shared = bool(spec.get("allow_shared"))
-        got = leases.acquire(spec["kind"], int(spec["count"]), int(spec["capacity"]),
-                             {"job": self.job_id, "from": spec.get("from")}, float(spec["order"]),
-                             allow_shared=allow_shared, directory=spec.get("dir"))
+        spec = self.req.lease
+        assert spec is not None
+        got = leases.acquire(spec.kind, spec.count, spec.capacity, {"job": self.job_id, "from": spec.origin}, spec.order,
+                             allow_shared=spec.allow_shared, directory=spec.dir)
         if isinstance(got, leases.Busy):
-            self.out.event("busy", got.as_json(allow_shared))
+            self.out.event(FrameKind.BUSY, got.as_json(spec.allow_shared))
             return False
         self.lease = got
-        self.out.event("leased", {"kind": got.kind, "devices": got.devices, "host": leases.host_name()})
+        self.out.event(FrameKind.LEASED, {"kind": got.kind, "devices": got.devices, "host": leases.host_name()})
         if go is not None and not go():
-            self.out.write(f"|launch: node {self.req.get('node')}: not started: another node of the job could not "
-                           "take its leases".encode())
+            self.out.note(f"launch: node {self.req.node}: not started: another node of the job could not take its leases")
             return False
         return True
 
     def start(self, secrets: dict[str, str]) -> None:
-        self.run_dir = run_dir = job_run_dir(self.job_id, self.req.get("run_root"))
-        newer = fenced_by(run_dir, self.req["node"], int(self.req.get("generation") or 0))
+        req = self.req
+        self.run_dir = run_dir = job_run_dir(self.job_id)
+        newer = fenced_by(run_dir, req.node, req.generation)
         if newer is not None:
             raise Fenced(f"a newer supervisor (generation {newer['generation']}) is in charge of the job")
-        if self.req.get("record") is not None:  # what `launch attach --cluster` reads back (no secret in it)
-            write_atomically(os.path.join(run_dir, RECORD_FILE), json.dumps(self.req["record"]))
+        if req.record is not None:  # what `launch attach --cluster` reads back (no secret in it)
+            write_atomically(os.path.join(run_dir, RECORD_FILE), json.dumps(req.record))
         # the pid file first: a reader that finds this attempt's journal finds this agent's pid
-        write_atomically(pid_path(run_dir, self.req["node"]), f"{os.getpid()} {proctree.start_ticks(os.getpid())}\n")
-        limit = self.req.get("journal_limit")
-        self.out.attach(Journal(run_dir, self.req["node"], DEFAULT_LIMIT if limit is None else int(limit)))
-        planned = {key: value.replace(RUN_DIR_TOKEN, run_dir) for key, value in self.req.get("env", {}).items()}
+        write_atomically(pid_path(run_dir, req.node), f"{os.getpid()} {proctree.start_ticks(os.getpid())}\n")
+        self.out.attach(Journal(run_dir, req.node, DEFAULT_LIMIT if req.journal_limit is None else req.journal_limit))
+        planned = {key: value.replace(RUN_DIR_TOKEN, run_dir) for key, value in req.env.items()}
         if self.lease is not None and self.lease.kind == "gpu":  # the GPUs leased, in nvidia-smi's (PCI) order
             planned.update(CUDA_VISIBLE_DEVICES=",".join(map(str, self.lease.devices)), CUDA_DEVICE_ORDER="PCI_BUS_ID")
         given = {**planned, **secrets, "LAUNCH_RUN_DIR": run_dir}
-        for name, (filename, text) in self.req.get("files", {}).items():
+        for name, (filename, text) in req.files.items():
             path = os.path.join(run_dir, os.path.basename(filename))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as handle:
                 handle.write(text)
             given[name] = path
-        if self.req.get("step_hooks"):
-            given["PYTHONPATH"] = write_step_hooks(run_dir, self.req["step_hooks"],
-                                                   given.get("PYTHONPATH", os.environ.get("PYTHONPATH")))
-        prefix = self.req.get("env_prefix", "")
+        if req.step_hooks:
+            given["PYTHONPATH"] = write_step_hooks(run_dir, req.step_hooks, given.get("PYTHONPATH", os.environ.get("PYTHONPATH")))
+        prefix = req.env_prefix
         tag = {key: given[key] for key in TAG_NAMES if key in given}
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
-        argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in self.req["argv"]]
+        argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in req.argv]
         argv = with_rank_streams(on_devices(argv, self.lease.devices) if self.lease and self.lease.kind == "gpu" else argv)
         prctl = libc_prctl()
         self.subreaper = harden(prctl)
         with SPAWN:
             self.proc = subprocess.Popen(
-                argv, cwd=run_dir if self.req.get("cleanup") else (self.req.get("cwd") or None), env=env,
+                argv, cwd=run_dir if req.cleanup else (req.cwd or None), env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=(lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)) if prctl else None,
             )
             OWN.add(self.proc.pid)
-        self.out.event("started", {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
+        self.out.event(FrameKind.STARTED, {"pid": os.getpid(), "child": self.proc.pid, "host": socket.gethostname(),
                                    "run_dir": run_dir, "start_ticks": proctree.start_ticks(os.getpid()),
                                    **({"devices": self.lease.devices} if self.lease else {})})
         if self.lease is not None:
             shown = ",".join(map(str, self.lease.devices))
             visible = f" (CUDA_VISIBLE_DEVICES={shown})" if self.lease.kind == "gpu" else ""
-            self.out.write(f"|launch: node {self.req.get('node')}: {self.lease.kind}(s) {shown} leased on "
-                           f"{leases.host_name()} for the job's life{visible}".encode())
+            self.out.note(f"launch: node {req.node}: {self.lease.kind}(s) {shown} leased on "
+                          f"{leases.host_name()} for the job's life{visible}")
 
     def end(self, why: str) -> None:
         """End the command and everything of the job on this node, from any thread; a second call waits for
@@ -240,7 +211,7 @@ class Agent:
             proc = self.proc
             if proc is not None and proc.poll() is None:
                 proctree.end_group(proc.pid, self.grace, alive=lambda: proc.poll() is None)
-            run_cleanup(self.req.get("cleanup", []), self.grace)
+            run_cleanup([list(command) for command in self.req.cleanup], self.grace)
             proctree.end_job(self.job_id, self.grace, self.node)
             self.sweep()
         finally:
@@ -259,8 +230,8 @@ class Agent:
         ended = [proc.pid for proc in proctree.descendants(os.getpid(), helpers)]
         if ended:
             self.left = proctree.end_descendants(os.getpid(), self.grace, helpers)
-            self.out.write(f"|launch: node {self.req.get('node')}: ended {len(ended)} process(es) the job left running "
-                           f"(pids {' '.join(map(str, ended[:16]))})".encode())
+            self.out.note(f"launch: node {self.req.node}: ended {len(ended)} process(es) the job left running "
+                          f"(pids {' '.join(map(str, ended[:16]))})")
         reap_orphans()
         return ended
 
@@ -271,31 +242,30 @@ class Agent:
         newer supervisor generation than this agent's, stdout is closed to the older one (``fence_stdout``)."""
         poller = select.poll()
         poller.register(self.out.fileno(), select.POLLERR | select.POLLHUP)
-        generation = int(self.req.get("generation") or 0)
         while not self.out.broken.is_set():
             if poller.poll(1000):
                 self.out.lose("the reader of stdout is gone")
             elif self.run_dir is not None:
-                newer = fenced_by(self.run_dir, self.req["node"], generation)
+                newer = fenced_by(self.run_dir, self.req.node, self.req.generation)
                 if newer is not None:
                     self.fence_stdout(newer)
                 elif self.out.contact_age() < CONTACT_POLL_S:
-                    touch(contact_path(self.run_dir, self.req["node"]))
+                    touch(contact_path(self.run_dir, self.req.node))
 
     def fence_stdout(self, newer: dict) -> None:
         """A newer supervisor took the job: the older one, reading stdout, gets ``@fenced`` (not journaled) after
         the lines queued for it, then nothing more (it stops on that line); the journal says so and goes on."""
         why = (f"a newer supervisor (generation {newer.get('generation')}, process {newer.get('pid')} on "
                f"{newer.get('host')}) took the job")
-        self.out.farewell(b"@fenced " + json.dumps(newer, separators=(",", ":")).encode() + b"\n", why)
-        self.out.write(f"|launch: node {self.req.get('node')}: {why}; the older one's stream was told".encode())
+        self.out.farewell(FrameKind.FENCED, newer, why)
+        self.out.note(f"launch: node {self.req.node}: {why}; the older one's stream was told")
 
     def since_contact(self) -> float:
         """Seconds since a reader was last in contact: stdout taking the lines, or the contact file touched."""
         age = self.out.contact_age()
         if self.run_dir is not None:
             try:
-                age = min(age, max(0.0, time.time() - os.stat(contact_path(self.run_dir, self.req["node"])).st_mtime))
+                age = min(age, max(0.0, time.time() - os.stat(contact_path(self.run_dir, self.req.node)).st_mtime))
             except OSError:
                 pass
         return age
@@ -303,38 +273,37 @@ class Agent:
     def watch_contact(self, relayed: threading.Event) -> None:
         """With ``unattended_s`` set: once no reader has been in contact for that long, journal ``@unattended``
         and end the job (the command exits, its output drains, ``run`` reports ``@exit`` as always)."""
-        limit = self.req.get("unattended_s")
+        limit = self.req.unattended_s
         if limit is None:
             return
-        limit = float(limit)
         started = time.monotonic()
         while not relayed.wait(min(CONTACT_POLL_S, max(0.05, limit / 10))):
             since = min(self.since_contact(), time.monotonic() - started)  # the agent's start counts as contact
             if since >= limit and not self._ended:
-                self.out.event("unattended", {"after_s": round(since, 1) if math.isfinite(since) else limit})
+                self.out.event(FrameKind.UNATTENDED, {"after_s": round(since, 1) if math.isfinite(since) else limit})
                 self.end("unattended")
                 return
 
     def run(self) -> int:
         """Relay and sample until the command exits and its output is drained; the agent's exit status."""
         assert self.proc is not None and self.proc.stdout is not None
-        sampler = Sampler(self.job_id, self.node, self.out, int(self.req.get("gpus", 0)),
-                          float(self.req.get("sample_s", SAMPLE_S)), self.req.get("rendezvous_port"))
+        sampler = Sampler(self.job_id, self.node, self.out, self.req.gpus, self.req.sample_s, self.req.rendezvous_port)
         relayed = threading.Event()
         targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed),
                    lambda: self.watch_contact(relayed)]
-        if self.req.get("warn_file"):
-            targets.append(lambda: forward_warning(self.job_id, self.node, self.out, self.req["warn_file"], relayed))
+        warn_file = self.req.warn_file
+        if warn_file:
+            targets.append(lambda: forward_warning(self.job_id, self.node, self.out, warn_file, relayed))
         for target in targets:
             threading.Thread(target=target, daemon=True).start()
-        relay(self.proc.stdout.fileno(), self.out, int(self.req.get("line_limit", LINE_LIMIT)))
+        relay(self.proc.stdout.fileno(), self.out, self.req.line_limit)
         relayed.set()
         code = self.proc.wait()
         sampler.stop.set()
         if self._ended:
             self._end_done.wait()  # an end a signal or a lost supervisor began: ranks that outlive TERM get KILL first
         self.sweep()
-        self.out.event("exit", {"code": code})
+        self.out.event(FrameKind.EXIT, {"code": code})
         return EXIT_SIGNAL_BASE - code if code < 0 else code
 
     def _reap(self, relayed: threading.Event) -> None:
@@ -353,14 +322,19 @@ class Agent:
 
 
 def main(argv: list[str]) -> int:
-    """``agent REQUEST_JSON``; with ``secrets_on_stdin`` the first stdin line is a JSON object of secrets."""
-    req = json.loads(argv[0])
-    secrets = json.loads(sys.stdin.readline() or "{}") if req.get("secrets_on_stdin") else {}
-    go = (lambda: sys.stdin.readline().strip() == "go") if (req.get("lease") or {}).get("go_on_stdin") else None
+    """``agent REQUEST_JSON`` (``protocol.AgentRequest``); with ``secrets_on_stdin`` the next stdin line is a JSON
+    object of secrets."""
+    try:
+        req = AgentRequest.from_json(argv[0])
+    except RequestError as exc:
+        print(f"launch node agent: {exc}", file=sys.stderr, flush=True)
+        return 2
+    secrets = json.loads(sys.stdin.readline() or "{}") if req.secrets_on_stdin else {}
+    go = (lambda: sys.stdin.readline().strip() == "go") if req.lease is not None and req.lease.go_on_stdin else None
     return serve(req, Output(sys.stdout.fileno()), secrets, go)
 
 
-def serve(req: dict, out: Output, secrets: dict[str, str], go: Callable[[], bool] | None = None) -> int:
+def serve(req: AgentRequest, out: Output, secrets: dict[str, str], go: Callable[[], bool] | None = None) -> int:
     """Run one node's command as ``req`` says, framed lines to ``out`` (closed once they are written there, or
     given up); the agent's exit status. ``go``: with a lease, wait for it before starting (False: do not start)."""
     agent = Agent(req, out)
@@ -377,17 +351,17 @@ def _serve(agent: Agent, go: Callable[[], bool] | None, secrets: dict[str, str])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: threading.Thread(target=agent.end, args=("signalled",), daemon=True).start())
     try:
-        if req.get("lease") and not agent.take_leases(go):
-            out.event("exit", {"code": BUSY_EXIT})
+        if req.lease is not None and not agent.take_leases(go):
+            out.event(FrameKind.EXIT, {"code": BUSY_EXIT})
             return BUSY_EXIT
     except (leases.LeaseError, OSError) as exc:
-        out.write(f"|launch: node {req.get('node')}: cannot take its leases: {exc}".encode())
-        out.event("exit", {"code": 126, "error": str(exc)})
+        out.note(f"launch: node {req.node}: cannot take its leases: {exc}")
+        out.event(FrameKind.EXIT, {"code": 126, "error": str(exc)})
         return 126
     try:
         agent.start(secrets)
     except (RunDirError, Fenced, OSError) as exc:
-        out.write(f"|launch: node {req.get('node')}: cannot start: {exc}".encode())
-        out.event("exit", {"code": 126, "error": str(exc)})
+        out.note(f"launch: node {req.node}: cannot start: {exc}")
+        out.event(FrameKind.EXIT, {"code": 126, "error": str(exc)})
         return 126
     return agent.run()

@@ -262,8 +262,12 @@ def answer(req: dict) -> dict:
     out = collect(req)
     if isinstance(req.get("leases"), dict):
         from . import waiting
+        from .protocol import LeaseRequest, RequestError
 
-        out["leases"] = waiting.answer(req["leases"])
+        try:
+            out["leases"] = waiting.answer(LeaseRequest.from_json(req["leases"]))
+        except RequestError as exc:
+            out["leases"] = {"error": str(exc)}
     return out
 
 

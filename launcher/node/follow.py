@@ -1,10 +1,10 @@
 """``follow``: a reader's way back to a node's journal (docs/JOURNALS.md).
 
-Prints the journal's lines after line ``after``, then tails it, touching the contact file every
-second (the agent's unattended watchdog counts that as contact), until it has printed an ``@exit``
-line. Prints ``@lost {"reason": ...}`` instead when there is no journal, or when the agent is gone
-(its pid, with its start time, from ``node<N>.pid``) and the journal has no ``@exit``, or when a
-new attempt's journal replaced the one followed. Prints ``@fenced {generation record}`` and stops
+Prints the journal's lines after line ``after`` as they are, then tails it, touching the contact file
+every second (the agent's unattended watchdog counts that as contact), until it has printed an ``exit``
+frame. Prints its own ``lost`` frame (``protocol``) instead when there is no journal, or when the agent
+is gone (its pid, with its start time, from ``node<N>.pid``) and the journal has no ``exit``, or when a
+new attempt's journal replaced the one followed. Prints a ``fenced`` frame (the generation record) and stops
 when the node records a newer supervisor generation than the request's (``--takeover``): the
 reader has been replaced. Its reader gone, it stops quietly (and so stops touching the contact
 file): never the job.
@@ -33,12 +33,23 @@ from .journal import (
     touch,
     write_atomically,
 )
+from .protocol import (
+    FenceRequest,
+    FollowRequest,
+    FrameKind,
+    RecordRequest,
+    SignalRequest,
+    SweepRequest,
+    encode_frame,
+    frame_mark,
+    kind_of,
+)
 from .rundir import RunDirError, job_run_dir, run_root
 
 POLL_S = 0.1
 TOUCH_S = 1.0
 READ_CHUNK = 1 << 20
-EXIT = b"@exit"
+EXIT = frame_mark(FrameKind.EXIT)
 RECORD_LIMIT = 16 * 2**20  # a job record past this is not one launch wrote
 
 
@@ -56,7 +67,7 @@ def _write(fd: int, data: bytes) -> None:
 
 
 def _is_exit(line: bytes) -> bool:
-    return line == EXIT or line.startswith(EXIT + b" ")
+    return kind_of(line) is FrameKind.EXIT
 
 
 def agent_gone(run_dir: str, node: object) -> str | None:
@@ -75,21 +86,20 @@ def agent_gone(run_dir: str, node: object) -> str | None:
     return None
 
 
-def follow(req: dict, out: int = 1) -> int:
-    """Follow the journal ``req`` names (``job_id``, ``node``, ``after``, ``run_root``), printing to fd ``out``."""
-    job_id, node, after = req["job_id"], int(req["node"]), max(0, int(req.get("after") or 0))
-    generation = int(req.get("generation") or 0)
+def follow(req: FollowRequest, out: int = 1) -> int:
+    """Follow the journal ``req`` names, printing to fd ``out``."""
+    job_id, node, after, generation = req.job_id, req.node, max(0, req.after), req.generation
 
     def lost(reason: str) -> int:
-        _write(out, b"@lost " + json.dumps({"reason": reason}, separators=(",", ":")).encode() + b"\n")
+        _write(out, encode_frame(FrameKind.LOST, {"reason": reason}) + b"\n")
         return 0
 
     try:
         try:
-            run_dir = os.path.join(req.get("run_root") or run_root(), job_id)
+            run_dir = os.path.join(run_root(), job_id)
             if not os.path.isdir(run_dir):
                 return lost(f"no run directory for job {job_id} on this node")
-            run_dir = job_run_dir(job_id, req.get("run_root"))  # checked: this user's, private
+            run_dir = job_run_dir(job_id)  # checked: this user's, private
             fd = os.open(journal_path(run_dir, node), os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             return lost(f"no journal for node {node} of job {job_id} on this node")
@@ -104,7 +114,7 @@ def follow(req: dict, out: int = 1) -> int:
 
 
 def _fenced(out: int, newer: dict) -> int:
-    _write(out, b"@fenced " + json.dumps(newer, separators=(",", ":")).encode() + b"\n")
+    _write(out, encode_frame(FrameKind.FENCED, newer) + b"\n")
     return 0
 
 
@@ -161,23 +171,22 @@ def _tail(fd: int, run_dir: str, node: int, after: int, out: int, lost, generati
             raise ReaderGone
 
 
-def _existing_run_dir(req: dict) -> str | None:
+def _existing_run_dir(job_id: str) -> str | None:
     """The job's run directory on this node, checked, if it exists (never created here)."""
-    job_id = req["job_id"]
-    if not os.path.isdir(os.path.join(req.get("run_root") or run_root(), job_id)):
+    if not os.path.isdir(os.path.join(run_root(), job_id)):
         return None
-    return job_run_dir(job_id, req.get("run_root"))
+    return job_run_dir(job_id)
 
 
-def fenced_request(req: dict) -> dict | None:
-    """The newer generation's record when a supervisor of generation ``req["generation"]`` asks something only the
-    one in charge of node ``req["node"]`` may (signal, end); None while it is, or when no generation is given
+def fenced_request(req: SweepRequest | SignalRequest) -> dict | None:
+    """The newer generation's record when a supervisor of generation ``req.generation`` asks something only the
+    one in charge of node ``req.node`` may (signal, end); None while it is, or when no generation is given
     (`launch cancel` of a job whose supervisor is gone)."""
-    generation, node = req.get("generation"), req.get("node")
-    if type(generation) is not int or type(node) is not int:
+    generation, node = req.generation, req.node
+    if generation is None or node is None or req.job_id is None:
         return None
     try:
-        run_dir = _existing_run_dir(req)
+        run_dir = _existing_run_dir(req.job_id)
     except (RunDirError, OSError):
         return None
     return fenced_by(run_dir, node, generation) if run_dir is not None else None
@@ -188,22 +197,22 @@ def _answer(data: dict) -> int:
     return 0
 
 
-def fence(req: dict) -> int:
-    """Print node ``node``'s generation record (``job_id``, ``node``) and how long ago a reader was in contact
-    (``contact_s``). With ``generation`` newer than the recorded one, record it first (with ``pid``, ``host``):
-    from then on, ``follow`` and the agent refuse readers of an older generation. ``taken``: it was written."""
-    node = int(req["node"])
+def fence(req: FenceRequest) -> int:
+    """Print node ``node``'s generation record and how long ago a reader was in contact (``contact_s``). With
+    ``generation`` newer than the recorded one, record it first (with ``pid``, ``host``): from then on, ``follow``
+    and the agent refuse readers of an older generation. ``taken``: it was written."""
+    node = req.node
     try:
-        run_dir = _existing_run_dir(req)
+        run_dir = _existing_run_dir(req.job_id)
     except (RunDirError, OSError) as exc:
-        return _answer({"error": f"cannot use the run directory of job {req['job_id']}: {exc}"})
+        return _answer({"error": f"cannot use the run directory of job {req.job_id}: {exc}"})
     if run_dir is None or not os.path.exists(journal_path(run_dir, node)):
-        return _answer({"error": f"no journal of node {node} of job {req['job_id']} on this node"})
+        return _answer({"error": f"no journal of node {node} of job {req.job_id} on this node"})
     current = read_generation(run_dir, node)
-    wanted = req.get("generation")
-    taken = isinstance(wanted, int) and wanted > current["generation"]
+    wanted = req.generation
+    taken = wanted is not None and wanted > current["generation"]
     if taken:
-        current = {"generation": wanted, "pid": req.get("pid"), "host": req.get("host"), "since": time.time()}
+        current = {"generation": wanted, "pid": req.pid, "host": req.host, "since": time.time()}
         write_atomically(generation_path(run_dir, node), json.dumps(current))
     try:
         contact_s: float | None = max(0.0, time.time() - os.stat(contact_path(run_dir, node)).st_mtime)
@@ -212,17 +221,17 @@ def fence(req: dict) -> int:
     return _answer({**current, "taken": taken, "contact_s": contact_s, "agent_gone": agent_gone(run_dir, node)})
 
 
-def record(req: dict) -> int:
+def record(req: RecordRequest) -> int:
     """Print the job as its supervisor recorded it in the run directory (``job.json``), or why not."""
     try:
-        run_dir = _existing_run_dir(req)
+        run_dir = _existing_run_dir(req.job_id)
         if run_dir is None:
-            return _answer({"error": f"no run directory of job {req['job_id']} on this node"})
+            return _answer({"error": f"no run directory of job {req.job_id} on this node"})
         fd = os.open(os.path.join(run_dir, RECORD_FILE), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as handle:
             data = json.loads(handle.read(RECORD_LIMIT + 1)[:RECORD_LIMIT])
     except FileNotFoundError:
-        return _answer({"error": f"job {req['job_id']} left no record on this node (started by an older launch?)"})
+        return _answer({"error": f"job {req.job_id} left no record on this node (started by an older launch?)"})
     except (RunDirError, OSError, ValueError) as exc:
-        return _answer({"error": f"cannot read the record of job {req['job_id']} on this node: {exc}"})
+        return _answer({"error": f"cannot read the record of job {req.job_id} on this node: {exc}"})
     return _answer({"record": data})

@@ -1,6 +1,6 @@
 """A node agent's journal and its stdout: every framed line it reports, kept on the node (docs/JOURNALS.md).
 
-``node<N>.journal`` in the job's run directory holds the agent's framed lines in order, one a line:
+``node<N>.journal`` in the job's run directory holds the agent's framed lines (``protocol``) in order, one a line:
 line k has sequence number k. Each line is journaled, then sent to stdout by a thread of its own,
 so the lines on stdout are the journal's in the same order and a slow, stalled or vanished reader
 never slows the ranks. The journal is bounded (``limit`` bytes): past it, output (``|``) and
@@ -20,10 +20,11 @@ import os
 import threading
 import time
 
+from .protocol import DROPPABLE, FrameKind, encode_frame, encode_output, kind_of
+
 DEFAULT_LIMIT = 256 * 2**20
 BEHIND_LIMIT = 64 * 2**20  # stdout this far behind the journal (its reader stalled) is given up
 DRAIN_STALL_S = 10.0  # at exit, the agent waits for its stdout to take the last lines while it makes progress
-DROPPABLE = (b"|", b"@sample ")  # past the bound these are not kept; every other line always is
 
 
 def journal_path(run_dir: str, node: object) -> str:
@@ -114,7 +115,7 @@ class Journal:
         if self.full or self.size + len(block) > self.limit:  # else all of them fit: kept as they are
             block = b"".join(self._bounded(lines))
         if block and not self._write(block):
-            return b"".join(line + b"\n" for line in lines if not line.startswith(DROPPABLE))
+            return b"".join(line + b"\n" for line in lines if kind_of(line) not in DROPPABLE)
         self.size += len(block)
         self.lines += block.count(b"\n")
         return block
@@ -122,12 +123,12 @@ class Journal:
     def _bounded(self, lines: list[bytes]):
         size = self.size
         for line in lines:
-            droppable = line.startswith(DROPPABLE)
+            droppable = kind_of(line) in DROPPABLE
             if droppable and self.full:
                 continue
             if droppable and size + len(line) + 1 > self.limit:
                 self.full = True
-                line = f"|launch: node {self.node}: journal full at {self.limit} bytes; later output is not kept".encode()
+                line = encode_output(f"launch: node {self.node}: journal full at {self.limit} bytes; later output is not kept")
             size += len(line) + 1
             yield line + b"\n"
 
@@ -174,9 +175,9 @@ class Output:
     def fileno(self) -> int:
         return self._fd
 
-    def write(self, line: bytes) -> None:
-        """Journal one framed line (no newline) and queue it for stdout."""
-        self.write_lines([line])
+    def note(self, text: str) -> None:
+        """Journal a line of the agent's own output (``launch: ...``) and queue it for stdout."""
+        self.write_lines([encode_output(text)])
 
     def write_lines(self, lines: list[bytes]) -> None:
         """Journal framed lines (no newlines) in one write and queue them for stdout (the relay's hot path)."""
@@ -195,20 +196,22 @@ class Output:
             else:
                 self._ready.notify()
 
-    def event(self, kind: str, data: dict) -> None:
-        self.write(f"@{kind} ".encode() + json.dumps(data, separators=(",", ":")).encode())
+    def event(self, kind: FrameKind, data: dict) -> None:
+        """Journal a frame of ``kind`` and queue it for stdout."""
+        self.write_lines([encode_frame(kind, data)])
 
-    def farewell(self, data: bytes, why: str) -> None:
-        """Send ``data`` (not journaled: the agent's word to this reader only) after what is queued, then give
+    def farewell(self, kind: FrameKind, data: dict, why: str) -> None:
+        """Send a frame (not journaled: the agent's word to this reader only) after what is queued, then give
         stdout up (``why``): the journal goes on without it."""
+        line = encode_frame(kind, data) + b"\n"
         with self._lock:
             if self.broken.is_set() or self._farewell is not None:
                 return
             self._farewell = why
             if not self._unsent:
                 self._waiting_since = time.monotonic()
-            self._queue.append(data)
-            self._unsent += len(data)
+            self._queue.append(line)
+            self._unsent += len(line)
             self._ready.notify()
 
     def lose(self, why: str) -> None:

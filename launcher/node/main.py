@@ -11,15 +11,28 @@ REQUEST_ON_STDIN = "-"  # in place of the request: it is the first line of stdin
 
 
 def main(argv: list[str]) -> int:
+    """Run the node command ``argv[0]`` with its request; a request this node side cannot read exits 2, saying why."""
     command, rest = argv[0], argv[1:]
     if rest[:1] == [REQUEST_ON_STDIN]:
         rest = [sys.stdin.readline(), *rest[1:]]
         if not rest[0]:
             return 0  # started ahead of its request (the local backend's warm agent) and not needed after all
-    if command == "facts":
+    if command == "facts":  # the probe every submit waits for: it compiles no more modules than it reads
         from . import facts
 
         return facts.main(rest)
+    from . import protocol
+
+    try:
+        return _run(command, rest)
+    except protocol.RequestError as exc:
+        print(f"launch node side: {command}: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run(command: str, rest: list[str]) -> int:
+    from . import protocol
+
     if command == "agent":
         from . import agent
 
@@ -31,37 +44,41 @@ def main(argv: list[str]) -> int:
     if command in ("follow", "fence", "record"):
         from . import follow
 
-        request = json.loads(rest[0])
-        return {"follow": follow.follow, "fence": follow.fence, "record": follow.record}[command](request)
+        if command == "follow":
+            return follow.follow(protocol.FollowRequest.from_json(rest[0]))
+        if command == "fence":
+            return follow.fence(protocol.FenceRequest.from_json(rest[0]))
+        return follow.record(protocol.RecordRequest.from_json(rest[0]))
     if command in ("leases", "wait"):
         from . import waiting
 
-        request = json.loads(rest[0])
-        return waiting.probe(request) if command == "leases" else waiting.wait(request)
+        lease = protocol.LeaseRequest.from_json(rest[0])
+        return waiting.probe(lease) if command == "leases" else waiting.wait(lease)
     if command == "stacks":
         from . import stacks
 
-        return stacks.main(rest)
+        return stacks.main(protocol.StacksRequest.from_json(rest[0]))
     if command in ("list", "end", "signal"):
-        from . import follow
-
-        req = json.loads(rest[0])
-        newer = follow.fenced_request(req)
-        if newer is not None:  # a newer supervisor is in charge: the older one's signals and sweeps are refused
-            print(json.dumps({"fenced": newer}), flush=True)
-            return 0
-    if command in ("list", "end"):
-        from . import proctree, subreaper
-
-        failed = subreaper.run_cleanup(req.get("cleanup", []), req["grace"]) if command == "end" else []
-        pids = proctree.job_pids(req["job_id"]) if command == "list" else proctree.end_job(req["job_id"], req["grace"])
-        print(json.dumps({"pids": pids, "cleanup_failed": failed}), flush=True)
-        return 0
-    if command == "signal":
-        from . import proctree
-
-        sent = proctree.signal_if(req["pid"], req["start_ticks"], req["signal"])
-        print(json.dumps({"sent": sent}), flush=True)
-        return 0
+        return _fenced_command(command, rest[0])
     print(f"launch node side: unknown command {command!r}", file=sys.stderr)
     return 2
+
+
+def _fenced_command(command: str, text: str) -> int:
+    """``list``, ``end`` and ``signal``: refused (``{"fenced": record}``) to a supervisor a newer one replaced."""
+    from . import follow, proctree, protocol
+
+    req = protocol.SignalRequest.from_json(text) if command == "signal" else protocol.SweepRequest.from_json(text)
+    newer = follow.fenced_request(req)
+    if newer is not None:  # a newer supervisor is in charge: the older one's signals and sweeps are refused
+        print(json.dumps({"fenced": newer}), flush=True)
+    elif isinstance(req, protocol.SignalRequest):
+        sent = proctree.signal_if(req.pid, req.start_ticks, req.signal)
+        print(json.dumps({"sent": sent}), flush=True)
+    else:
+        from . import subreaper
+
+        failed = subreaper.run_cleanup([list(c) for c in req.cleanup], req.grace) if command == "end" else []
+        pids = proctree.job_pids(req.job_id) if command == "list" else proctree.end_job(req.job_id, req.grace)
+        print(json.dumps({"pids": pids, "cleanup_failed": failed}), flush=True)
+    return 0

@@ -11,6 +11,7 @@ import time
 
 from . import proctree, rendezvous
 from .journal import Output
+from .protocol import FrameKind
 from .subreaper import run_helper
 
 SAMPLE_S = 2.0
@@ -38,7 +39,7 @@ class Sampler:
         trees = proctree.rank_trees(proctree.job_procs(self.job_id, self.node))
         if not trees:
             if self.rendezvous_port:
-                self.out.event("sample", {"t": time.time(), "ranks": [], "joined": rendezvous.joined(self.rendezvous_port)})
+                self.out.event(FrameKind.SAMPLE, {"t": time.time(), "ranks": [], "joined": rendezvous.joined(self.rendezvous_port)})
             return
         gpu_mem, gpu_util = _gpu_usage() if self.gpus else ({}, {})
         ranks = []
@@ -51,7 +52,7 @@ class Sampler:
                 "gpu_mem_bytes": sum(gpu_mem.get(pid, 0) for pid in tree.pids) if self.gpus else None,
                 "gpu_util": gpu_util.get(device) if self.gpus and device is not None else None,
             })
-        self.out.event("sample", {"t": time.time(), "ranks": ranks})
+        self.out.event(FrameKind.SAMPLE, {"t": time.time(), "ranks": ranks})
 
 
 def _device(tree: proctree.RankTree) -> int | None:

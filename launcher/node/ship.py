@@ -6,7 +6,7 @@ command's stdin (``stdin_argv`` and ``stdin_request``): Linux refuses a single a
 PAYLOAD is the package's module sources, zlib-compressed and base64-encoded; BOOT, a few lines
 of Python, makes them importable as the package ``launch_node`` in that one process (the modules
 import each other relatively) and runs COMMAND. A module is compiled when it is first imported, so
-a command pays for the modules it uses (``facts`` compiles 3 of the 19; compiling all of them took
+a command pays for the modules it uses (``facts`` compiles 3 of the 21; compiling all of them took
 about 35 ms of every node command). No file is written and nothing needs installing on the node but
 a Python 3.10+; a ``launcher`` the node may have installed is left alone. Every command but ``facts`` and ``slurm``
 (which read the job interpreter's installed packages) uses the standard library alone and starts without ``site``
@@ -23,9 +23,11 @@ import zlib
 from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
+from launcher.node.protocol import Request
 
 NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
-                "rendezvous", "rundir", "subreaper", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode", "main")
+                "rendezvous", "rundir", "subreaper", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode", "main",
+                "protocol", "linecut")
 
 PACKAGE = "launch_node"
 BOOT = """\
@@ -66,9 +68,14 @@ def _interpreter(python: str, command: str) -> list[str]:
     return [python] if command in NEEDS_SITE else [python, "-S"]
 
 
-def node_argv(python: str, command: str, request: dict) -> list[str]:
-    """The argv that runs ``command`` (facts, agent, follow, slurm, list, end, stacks) with ``request`` under ``python`` on a node."""
-    return [*_interpreter(python, command), "-c", BOOT, payload(), command, json.dumps(request, separators=(",", ":"))]
+def _text(request: Request | dict) -> str:
+    return json.dumps(request.to_json() if isinstance(request, Request) else request, separators=(",", ":"))
+
+
+def node_argv(python: str, command: str, request: Request | dict) -> list[str]:
+    """The argv that runs ``command`` (facts, agent, follow, slurm, list, end, stacks) with ``request`` (typed in
+    ``launcher.node.protocol``; the facts probe's is a dict) under ``python`` on a node."""
+    return [*_interpreter(python, command), "-c", BOOT, payload(), command, _text(request)]
 
 
 def stdin_argv(python: str, command: str) -> list[str]:
@@ -88,6 +95,6 @@ def step_hook_files() -> dict[str, str]:
     return {name: (folder / f"{module}.py").read_text(encoding="utf-8") for name, module in STEP_HOOK_FILES}
 
 
-def stdin_request(request: dict) -> bytes:
+def stdin_request(request: Request) -> bytes:
     """``request`` as the first stdin line of a ``stdin_argv`` command (the agent's secrets, if any, follow it)."""
-    return json.dumps(request, separators=(",", ":")).encode() + b"\n"
+    return _text(request).encode() + b"\n"

@@ -23,6 +23,7 @@ import sys
 import time
 
 from . import agent, facts
+from .protocol import RequestError, SlurmRequest, SlurmRun
 
 POLL_S = 0.2
 ABORT_FILE = "abort"
@@ -38,7 +39,7 @@ def write_private(path: str, data: dict) -> None:
     os.replace(partial, path)
 
 
-def wait_for_run(folder: str, index: int, wait_s: float) -> dict | None:
+def wait_for_run(folder: str, index: int, wait_s: float) -> SlurmRun | None:
     """This node's run request once the supervisor wrote it (the file is removed: it holds secrets);
     None if the job was aborted or nothing came within ``wait_s``."""
     path = os.path.join(folder, f"node{index}.run.json")
@@ -53,26 +54,29 @@ def wait_for_run(folder: str, index: int, wait_s: float) -> dict | None:
             time.sleep(POLL_S)
             continue
         os.unlink(path)
-        return run
+        return SlurmRun.from_json(run)
     return None
 
 
 def main(argv: list[str]) -> int:
-    """``slurm REQUEST_JSON``: REQUEST has ``dir``, ``facts`` (each node's facts request, by SLURM_NODEID: a
-    container probe is named after its node), ``port`` (node 0's
-    rendezvous port, checked free there) and ``wait_s``."""
-    req = json.loads(argv[0])
-    folder = req["dir"]
+    """``slurm REQUEST_JSON`` (``protocol.SlurmRequest``; each node's facts request is by SLURM_NODEID: a container
+    probe is named after its node; node 0's rendezvous port is checked free there)."""
+    req = SlurmRequest.from_json(argv[0])
+    folder = req.dir
     index = int(os.environ.get("SLURM_NODEID", "0"))
     master = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
-    ask = {**req["facts"][index], "master": master, "port": req.get("port") if index == 0 else None}
+    ask = {**req.facts[index], "master": master, "port": req.port if index == 0 else None}
     found = facts.collect(ask)
     found["slurm_node"] = os.environ.get("SLURMD_NODENAME") or found["hostname"]
     found["master"] = master
     write_private(os.path.join(folder, f"node{index}.facts.json"), found)
-    run = wait_for_run(folder, index, float(req.get("wait_s", 600)))
+    try:
+        run = wait_for_run(folder, index, req.wait_s)
+    except RequestError as exc:
+        print(f"launch: node {index}: an unreadable run request: {exc}", file=sys.stderr)
+        return ABORTED_EXIT
     if run is None:
         print(f"launch: node {index}: no run request (preflight failed, or the job was ended)", file=sys.stderr)
         return ABORTED_EXIT
     fd = os.open(os.path.join(folder, f"node{index}.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    return agent.serve(run["agent"], agent.Output(fd), run.get("secrets", {}))
+    return agent.serve(run.agent, agent.Output(fd), run.secrets)

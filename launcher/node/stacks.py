@@ -24,6 +24,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from . import facts, proctree, rundir
+from .protocol import StacksRequest
 
 DUMP_TIMEOUT_S = 20.0
 STACK_LIMIT = 64 * 1024
@@ -134,7 +135,6 @@ def _plain(value, budget: list[int], depth: int = 0):
     return str(value)[:1000]
 
 
-def main(argv: list[str]) -> int:
-    req = json.loads(argv[0])
-    print(json.dumps(collect(req["job_id"], req.get("run_dir"), req.get("node"))), flush=True)
+def main(req: StacksRequest) -> int:
+    print(json.dumps(collect(req.job_id, req.run_dir, req.node)), flush=True)
     return 0

@@ -40,13 +40,12 @@ def forward_warning(job_id: str, node: int | None, out: Output, path: str, relay
             if proctree.catches(proc.pid, signal.SIGUSR1) and proctree.signal_if(proc.pid, proc.start_ticks,
                                                                                  signal.SIGUSR1):
                 signalled.add((proc.pid, proc.start_ticks))
-                out.write(f"|launch: the time limit is near: rank {tree.rank} (pid {proc.pid}) got SIGUSR1".encode())
+                out.note(f"launch: the time limit is near: rank {tree.rank} (pid {proc.pid}) got SIGUSR1")
             else:
                 unhandled.append(tree)
         if unhandled and not told_unhandled and time.monotonic() - warned_at >= WARN_UNHANDLED_S:
             told_unhandled = True
             ranks = ", ".join(str(tree.rank) for tree in unhandled)
-            out.write(f"|launch: the time limit is near: rank(s) {ranks} do not handle SIGUSR1: "
-                      "not signalled".encode())
+            out.note(f"launch: the time limit is near: rank(s) {ranks} do not handle SIGUSR1: not signalled")
         if relayed.wait(WARN_POLL_S):
             return

@@ -15,22 +15,22 @@ import sys
 import time
 
 from . import leases
+from .protocol import LeaseRequest
 
 POLL_S = 0.25
 GPU_LOOK_S = 2.0  # nvidia-smi's processes change without a lease moving: look again this often on GPU nodes
 
 
-def state(req: dict) -> dict:
+def state(req: LeaseRequest) -> dict:
     """This host's devices of the request's kind, and whether ``count`` of them are the job's to take now."""
-    found = leases.survey(req["kind"], int(req["capacity"]), req.get("dir"))
-    order = float(req.get("order") or time.time())
-    before = leases.ahead(found.waiting, str(req.get("job")), order)
-    free = found.free(bool(req.get("allow_shared")))
-    return {**found.as_json(), "ready": len(free) >= int(req.get("count", 0)) and not before,
-            "free": len(free), "wanted": int(req.get("count", 0)), "ahead": [t.as_json() for t in before]}
+    found = leases.survey(req.kind, req.capacity, req.dir)
+    before = leases.ahead(found.waiting, req.job, req.order or time.time())
+    free = found.free(req.allow_shared)
+    return {**found.as_json(), "ready": len(free) >= req.count and not before,
+            "free": len(free), "wanted": req.count, "ahead": [t.as_json() for t in before]}
 
 
-def answer(req: dict) -> dict:
+def answer(req: LeaseRequest) -> dict:
     """``state``, or ``{"error": why}`` when this host's leases cannot be read."""
     try:
         return state(req)
@@ -38,7 +38,7 @@ def answer(req: dict) -> dict:
         return {"error": str(exc)}
 
 
-def probe(req: dict) -> int:
+def probe(req: LeaseRequest) -> int:
     print(json.dumps(answer(req)), flush=True)
     return 0
 
@@ -54,16 +54,16 @@ def _changes(directory: str) -> tuple[str, int]:
     return flocks, os.stat(directory).st_mtime_ns
 
 
-def wait(req: dict) -> int:
+def wait(req: LeaseRequest) -> int:
     """Hold a ticket and report this host's state when it changes, until stdin closes."""
-    record = {"job": req.get("job"), "from": req.get("from")}
+    record = {"job": req.job, "from": req.origin}
     try:
-        with leases.ticket(record, float(req["order"]), int(req["count"]), req.get("dir")):
-            directory = leases.lease_dir(req.get("dir"))
+        with leases.ticket(record, req.order, req.count, req.dir):
+            directory = leases.lease_dir(req.dir)
             shown, seen, looked = None, None, 0.0
             while True:
                 changes = _changes(directory)
-                if changes != seen or (req["kind"] == "gpu" and time.monotonic() - looked > GPU_LOOK_S):
+                if changes != seen or (req.kind == "gpu" and time.monotonic() - looked > GPU_LOOK_S):
                     seen, looked = changes, time.monotonic()
                     now = state(req)
                     key = json.dumps(now, sort_keys=True)

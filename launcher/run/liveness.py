@@ -15,7 +15,9 @@ rendezvous, naming the nodes without ranks and, when node 0's agent could count 
 agents had joined the rendezvous store; never as ranks that hang, since those ranks do not exist.
 
 One writer: the node watchers' threads only describe what they saw (``Output``, ``Sample``,
-``Progress``); the supervisor's loop applies those to its ``Liveness`` (``apply``) and reads it.
+``Progress``); the supervisor's loop applies those to its ``Liveness`` (``apply``) and reads it. Each carries
+the supervisor's time ``t`` of receipt, which the verdicts use, and the node's own time of the line
+(``node_time``: its monotonic and wall clocks, ``launcher.node.protocol``) when the node said.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.backends.failures import Failure, FailureKind
+from launcher.node.protocol import NodeTime
 from launcher.views.stackclasses import ranges
 
 CPU_BUSY = 0.02  # a rank gaining more than 2% of a core between two samples is working
@@ -32,9 +35,10 @@ GPU_BUSY = 0.05  # GPU utilisation above 5% is working
 
 @dataclass(frozen=True)
 class Output:
-    """A line of output from any rank or node agent, at ``t``."""
+    """A line of output from any rank or node agent, at ``t`` (``node_time``: the node's, when it said)."""
 
     t: float
+    node_time: NodeTime | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Sample:
     cpu_s: float
     gpu_util: float | None
     t: float
+    node_time: NodeTime | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class Progress:
     rank: int
     step: int
     t: float
+    node_time: NodeTime | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Joined:
 
     agents: int
     t: float
+    node_time: NodeTime | None = None
 
 
 Observation = Output | Sample | Progress | Joined

@@ -19,7 +19,6 @@ size: nothing is lost, nothing written twice.
 from __future__ import annotations
 
 import collections
-import json
 import queue
 import re
 import threading
@@ -32,6 +31,7 @@ from launcher.backends import failures
 from launcher.backends.base import NodeHandle
 from launcher.backends.follow import fenced_record
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
+from launcher.node.protocol import Frame, FrameKind, NodeTime, OutputLine, Unparsable, parse
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
 from launcher.run.filing import AgentStarted, Handed, Losses, Noted, RejectedLine, ToStore
@@ -176,15 +176,16 @@ class NodeWatcher:
         got = 0
         try:
             for raw in handle.lines():
-                if raw.startswith("@fenced"):  # the agent's word to this reader, not a journal line
-                    self.fenced = fenced_record(raw)
+                parsed = parse(raw)
+                if isinstance(parsed, Frame) and parsed.kind is FrameKind.FENCED:  # to this reader, not journaled
+                    self.fenced = fenced_record(parsed)
                     return got
                 got += 1
                 if got == 1:
                     with self._lock:
                         self._contact = self._after_try = None
                 try:
-                    self._line(raw, log)
+                    self._line(parsed, log)
                 except Exception as exc:  # noqa: BLE001 - one bad line must not stop the relay (counted in _line)
                     self.errors += 1
                     self._relay.losses.add(exc, lines=1)
@@ -234,25 +235,25 @@ class NodeWatcher:
             self._log_error = exc
             return None
 
-    def _line(self, raw: str, log: CappedLog | None) -> None:
+    def _line(self, parsed: OutputLine | Frame | Unparsable, log: CappedLog | None) -> None:
         node, now = self.handle.index, time.time()
-        if raw.startswith("@"):
-            kind, _, data = raw[1:].partition(" ")
-            self.count += 1
-            self._event(kind, json.loads(data) if data else {}, now, log)
-            return
         self.count += 1
+        if isinstance(parsed, Unparsable):
+            raise ValueError(f"an unparsable line from the node: {parsed.why}")
+        if isinstance(parsed, Frame):
+            self._event(parsed, now, log)
+            return
         relay = self._relay
-        text = raw[1:] if raw.startswith("|") else raw
+        text = parsed.text
         if relay.secrets:
             text = mask(text, dict(relay.secrets))
-        relay.handed.put(Output(now))
+        relay.handed.put(Output(now, parsed.at))
         record = parse_line(text, world_size=relay.world_size, node=node, host=self.host)
         if isinstance(record, Rejected):
             relay.handed.put(RejectedLine(node, record))
             return
         if record is not None:
-            relay.handed.put(Progress(node, record.rank, record.step, now))
+            relay.handed.put(Progress(node, record.rank, record.step, now, parsed.at))
             relay.handed.put(ToStore(self._seen(log), records=(record,)))
             self._marked = self.count
             return
@@ -288,29 +289,34 @@ class NodeWatcher:
         except Exception as exc:  # noqa: BLE001 - a full disk or a store that refuses the cap's event
             self._relay.losses.add(exc, lines=1)
 
-    def _event(self, kind: str, data: dict, now: float, log: CappedLog | None) -> None:
+    def _event(self, frame: Frame, now: float, log: CappedLog | None) -> None:
         node = self.handle.index
-        if kind == "sample":
-            self._sample(data, now, log)
-        elif kind == "started":
-            ticks = data.get("start_ticks")
-            self.handle.pid = int(data["pid"])
-            self.agent = (self.handle.pid, ticks if isinstance(ticks, int) else None)
+        if frame.kind is FrameKind.SAMPLE:
+            self._sample(frame.data, now, log, frame.at)
+        elif frame.kind is FrameKind.STARTED:
+            pid = frame.get_int("pid")
+            if pid is None:
+                raise ValueError("a started frame without the agent's pid")
+            self.handle.pid = pid
+            self.agent = (pid, frame.get_int("start_ticks"))
             self._relay.handed.put(AgentStarted(node, *self.agent))
-        elif kind == "exit":
+        elif frame.kind is FrameKind.EXIT:
+            code = frame.get_int("code")
+            if code is None:
+                raise ValueError("an exit frame without a code")
             with self._lock:
-                self._agent_exit = int(data["code"])
-        elif kind == "unattended":
-            after = data.get("after_s")
+                self._agent_exit = code
+        elif frame.kind is FrameKind.UNATTENDED:
+            after = frame.get_number("after_s")
             self._show(f"[{node}] launch: node {node}: no supervisor in contact for "
-                       f"{after if isinstance(after, (int, float)) else '?'} s (watch.unattended_timeout): "
+                       f"{format(after, 'g') if after is not None else '?'} s (watch.unattended_timeout): "
                        "its agent ended the job there", "", log, now)
-        elif kind == "lost":
-            why = data.get("reason")
+        elif frame.kind is FrameKind.LOST:
+            why = frame.get_text("reason")
             self._show(f"[{node}] launch: node {node}: its agent is gone without an exit "
-                       f"({why if isinstance(why, str) else 'no reason given'})", "", log, now)
+                       f"({why if why is not None else 'no reason given'})", "", log, now)
 
-    def _sample(self, data: dict, now: float, log: CappedLog | None) -> None:
+    def _sample(self, data: dict, now: float, log: CappedLog | None, node_time: NodeTime | None) -> None:
         relay, node = self._relay, self.handle.index
         samples = [s for s in parse_samples(data, world_size=relay.world_size, node=node, host=self.host)
                    if not isinstance(s, Rejected)]
@@ -323,10 +329,10 @@ class NodeWatcher:
                 self._samples[sample.rank] = sample
                 self._pids.add(sample.pid)
         for sample in samples:
-            relay.handed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now))
+            relay.handed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now, node_time))
         joined = data.get("joined")
         if node == 0 and type(joined) is int and 0 <= joined <= MAX_JOINED:
-            relay.handed.put(Joined(joined, now))
+            relay.handed.put(Joined(joined, now, node_time))
         relay.handed.put(ToStore(self._seen(log), samples=tuple(samples)))
         self._marked = self.count
 

@@ -16,7 +16,7 @@ import pytest
 
 from launcher.node import proctree, rundir
 from launcher.store.db import Store
-from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.helpers import ROOT, cli_env, launch_argv, output_texts, run_cli, status_json, wait_for, wait_for_state, write_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def _job(path: Path, heard: Path) -> Path:
 def _step_lines(journal: Path) -> int:
     """How many 'step K of rank R' lines node 0's journal holds (0 before it exists)."""
     try:
-        return sum(1 for line in journal.read_bytes().splitlines() if line.startswith(b"|[") and b"]:step " in line)
+        return sum(1 for text in output_texts(journal.read_bytes().splitlines()) if text.startswith("[") and "]:step " in text)
     except FileNotFoundError:
         return 0
 

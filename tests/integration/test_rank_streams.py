@@ -18,6 +18,7 @@ from launcher.metrics.record import MetricRecord, Rejected, parse_line
 from launcher.node import rankstreams
 from launcher.node.ship import node_argv
 from launcher.plan.commands import deepspeed_argv
+from tests.helpers import output_texts
 
 pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "rank_streams.py"
@@ -37,13 +38,13 @@ def test_two_deepspeed_ranks_printing_at_once_arrive_as_whole_lines_each_behind_
     argv = deepspeed_argv(sys.executable, [2], 0, "127.0.0.1", _free_port(), (True, [str(PROGRAM)]))
     env = {"LAUNCH_JOB_ID": job_id, "LAUNCH_NODE": "0", "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1",
            "RANK_STREAMS_READY": str(ready), "RANK_STREAMS_LINES": str(LINES)}
-    request = {"job_id": job_id, "node": 0, "argv": argv, "env": env, "cwd": str(tmp_path), "grace": 1.0,
-               "run_root": str(tmp_path / "runs")}
-    (tmp_path / "runs").mkdir(mode=0o700)
-    done = subprocess.run(node_argv(sys.executable, "agent", request), capture_output=True, text=True, timeout=300)
-    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    request = {"job_id": job_id, "node": 0, "argv": argv, "env": env, "cwd": str(tmp_path), "grace": 1.0}
+    (tmp_path / "runtime").mkdir(mode=0o700)  # the node's run root: $XDG_RUNTIME_DIR/launch
+    done = subprocess.run(node_argv(sys.executable, "agent", request), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "runtime")})
+    shutil.rmtree(tmp_path / "runtime", ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    output = [line[1:] for line in done.stdout.splitlines() if line.startswith("|")]
+    output = output_texts(done.stdout.splitlines())
 
     for rank in (0, 1):
         printed = [line for line in output if re.search(r"rank \d (line|err) ", line)]

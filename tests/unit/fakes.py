@@ -17,6 +17,7 @@ from datetime import datetime
 from launcher.backends.base import Backend, CommandResult, Preflight, StartContext
 from launcher.backends.leasing import LeasesBusy
 from launcher.errors import NodeStartError
+from launcher.node.protocol import FrameKind, encode_frame, encode_output
 from launcher.plan.planner import Plan
 from launcher.spec.cluster import ClusterSpec
 
@@ -36,11 +37,11 @@ class NodeScript:
 
 
 def output(text: str) -> str:
-    return "|" + text
+    return encode_output(text).decode()
 
 
 def sample(t: float, *ranks: dict) -> str:
-    return "@sample " + json.dumps({"t": t, "ranks": list(ranks)})
+    return encode_frame(FrameKind.SAMPLE, {"t": t, "ranks": list(ranks)}).decode()
 
 
 def record(rank: int, step: int) -> str:
@@ -77,7 +78,7 @@ class FakeNode:
             self._code = 255
         else:
             self._code = -15 if self._stopped.is_set() else self._script.code
-            yield "@exit " + json.dumps({"code": self._code})
+            yield encode_frame(FrameKind.EXIT, {"code": self._code}).decode()
         self._done.set()
 
     def poll(self) -> int | None:

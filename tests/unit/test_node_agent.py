@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from launcher.node import proctree, rundir
 from launcher.node.ship import node_argv
 from launcher.plan.shell import render_command
+from tests.helpers import frame_data, frames, kind_of_line, output_texts
 
 ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('V'), os.environ.get('SECRET'), os.getcwd()]))"
 HOSTILE = ["a;b", "$(id)", "`id`", "it's", 'say "hi"', "two  words", "line\nbreak", "naïve ☃ 漢字", "", "-rf", "*", "\\"]
@@ -65,10 +66,6 @@ def _eventually(condition, timeout: float = 15.0) -> bool:
     return True
 
 
-def _output(lines: list[str]) -> list[str]:
-    return [line[1:] for line in lines if line.startswith("|")]
-
-
 def test_hostile_values_and_secrets_arrive_verbatim_and_secrets_never_on_a_command_line(tmp_path: Path) -> None:
     cwd = tmp_path / "dir with 'quotes' and $(x)"
     cwd.mkdir()
@@ -77,27 +74,27 @@ def test_hostile_values_and_secrets_arrive_verbatim_and_secrets_never_on_a_comma
         job_id = _job_id()
         assert secret not in _command(job_id, [sys.executable, "-c", ECHO, value], {"V": value}, str(cwd))
         status, lines, job_id = _run_agent([sys.executable, "-c", ECHO, value], {"V": value}, str(cwd), {"SECRET": secret})
-        assert status == 0 and lines[0].startswith("@started ")
-        assert json.loads(_output(lines)[0]) == [[value], value, secret, str(cwd)]
-        started = json.loads(lines[0].partition(" ")[2])
+        assert status == 0 and kind_of_line(lines[0]) == "started"
+        assert json.loads(output_texts(lines)[0]) == [[value], value, secret, str(cwd)]
+        started = frame_data(lines[0])
         run_dir = Path(started["run_dir"])
         assert run_dir == Path(rundir.run_root()) / job_id
         assert (run_dir / "node1.pid").read_text().split()[0] == str(started["pid"])
         assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
-        assert json.loads(lines[-1].partition(" ")[2]) == {"code": 0}
+        assert frame_data(lines[-1]) == {"code": 0}
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(text_without_nul, min_size=1, max_size=3), text_without_nul)
 def test_any_text_round_trips_through_the_agent_command(args: list[str], value: str) -> None:
     status, lines, _ = _run_agent([sys.executable, "-c", ECHO, *args], {"V": value}, "/", {})
-    assert status == 0 and json.loads(_output(lines)[0])[:2] == [args, value]
+    assert status == 0 and json.loads(output_texts(lines)[0])[:2] == [args, value]
 
 
 def test_exit_codes_and_signals_come_back() -> None:
     assert _run_agent([sys.executable, "-c", "raise SystemExit(3)"], {}, "/", {})[0] == 3
     status, lines, _ = _run_agent([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}, "/", {})
-    assert status == 128 + 9 and json.loads(lines[-1].partition(" ")[2]) == {"code": -9}
+    assert status == 128 + 9 and frame_data(lines[-1]) == {"code": -9}
     status, lines, _ = _run_agent(["/no/such/program"], {}, "/", {})
     assert status == 126 and "/no/such/program" in "\n".join(lines)
 
@@ -106,14 +103,14 @@ def test_a_rank_cannot_forge_the_agents_own_lines() -> None:
     forged = 'print("@exit {\\"code\\": 0}"); print("@sample {}"); raise SystemExit(5)'
     status, lines, _ = _run_agent([sys.executable, "-c", forged], {}, "/", {})
     assert status == 5
-    assert [line for line in lines if line.startswith("@exit")] == ['@exit {"code":5}']
-    assert '|@exit {"code": 0}' in lines
+    assert frames(lines, "exit") == [{"code": 5}]
+    assert '@exit {"code": 0}' in output_texts(lines) and "@sample {}" in output_texts(lines)
 
 
 def test_long_lines_are_cut_with_a_marker_and_nothing_else_is_lost() -> None:
     program = "import sys; sys.stdout.write('a' * 300000 + '\\n' + 'short\\n' + 'b' * 5000)"
     status, lines, _ = _run_agent([sys.executable, "-c", program], {}, "/", {}, line_limit=1000)
-    out = _output(lines)
+    out = output_texts(lines)
     assert status == 0 and len(out) == 3
     assert out[0].startswith("a" * 1000) and out[0].endswith("[launch: line cut at 1000 bytes; 299000 more dropped]")
     assert out[1] == "short" and out[2].startswith("b" * 1000) and "4000 more dropped" in out[2]
@@ -123,7 +120,7 @@ def test_the_agent_samples_each_rank_from_outside() -> None:
     # 1.5 s of CPU time, however loaded the machine (a wall-clock loop gets less CPU under load)
     busy = "import time\nwhile time.process_time() < 1.5: pass\nbuf = bytearray(50 * 2**20)\ntime.sleep(1)"
     status, lines, _ = _run_agent([sys.executable, "-c", busy], {"RANK": "3", "LOCAL_RANK": "1"}, "/", {}, sample_s=0.3)
-    samples = [json.loads(line.partition(" ")[2]) for line in lines if line.startswith("@sample ")]
+    samples = frames(lines, "sample")
     assert status == 0 and len(samples) >= 3
     ranks = [entry for sample in samples for entry in sample["ranks"]]
     assert {entry["rank"] for entry in ranks} == {3} and {entry["local_rank"] for entry in ranks} == {1}
@@ -140,8 +137,8 @@ def test_signalled_agent_ends_its_command_group_and_every_tagged_process() -> No
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     proc.stdin.write("{}\n")
     proc.stdin.close()
-    started = json.loads(proc.stdout.readline().partition(" ")[2])
-    assert proc.stdout.readline().strip() == "|True", "the command runs in a session of its own"
+    started = frame_data(proc.stdout.readline())
+    assert output_texts([proc.stdout.readline().strip()]) == ["True"], "the command runs in a session of its own"
     assert _eventually(lambda: len(proctree.job_pids(job_id)) >= 2), "the command and its setsid child are tagged"
     signalled = subprocess.run(node_argv(sys.executable, "signal", {"pid": started["pid"], "start_ticks": started["start_ticks"],
                                                                     "signal": int(signal.SIGTERM)}), capture_output=True, text=True)
@@ -170,18 +167,18 @@ def test_two_nodes_of_one_job_on_one_machine_each_sample_and_end_only_their_own_
         nodes.append((proc, reader))
 
     def sampled(node: int) -> set[int]:
-        return {entry["rank"] for line in list(lines[node]) if line.startswith("@sample ")
-                for entry in json.loads(line.partition(" ")[2])["ranks"]}
+        return {entry["rank"] for data in frames([line.rstrip("\n") for line in list(lines[node])], "sample")
+                for entry in data["ranks"]}
 
     assert _eventually(lambda: sampled(0) and sampled(1)), "both agents sample"
     assert sampled(0) == {0} and sampled(1) == {1}
-    started = json.loads(lines[0][0].partition(" ")[2])
+    started = frame_data(lines[0][0])
     os.kill(started["pid"], signal.SIGTERM)
     assert nodes[0][0].wait(30) == 128 + signal.SIGTERM
     go.touch()
     assert nodes[1][0].wait(30) == 0, "node 0's agent ending its ranks left node 1's alone"
     nodes[1][1].join(5)
-    assert "|rank 1 done\n" in lines[1]
+    assert "rank 1 done" in output_texts(line.rstrip("\n") for line in lines[1])
 
 
 def test_a_signal_is_refused_for_a_reused_pid() -> None:
@@ -205,16 +202,16 @@ def test_a_broken_output_pipe_leaves_the_job_running_and_journaling() -> None:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     proc.stdin.write("{}\n")
     proc.stdin.close()
-    started = json.loads(proc.stdout.readline().partition(" ")[2])
+    started = frame_data(proc.stdout.readline())
     proc.stdout.close()
     journal = Path(started["run_dir"]) / "node1.journal"
-    closed_at = journal.read_bytes().count(b"\n@sample ")
-    assert _eventually(lambda: journal.read_bytes().count(b"\n@sample ") >= closed_at + 3), "samples are journaled"
+    closed_at = len(frames(journal.read_bytes().split(b"\n"), "sample"))
+    assert _eventually(lambda: len(frames(journal.read_bytes().split(b"\n"), "sample")) >= closed_at + 3), "samples are journaled"
     assert proc.poll() is None and proctree.job_pids(job_id), "the job runs on"
     os.kill(started["pid"], signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
     assert _eventually(lambda: proctree.job_pids(job_id) == [])
-    assert journal.read_bytes().endswith(b'\n@exit {"code":-15}\n')
+    assert frames(journal.read_bytes().split(b"\n")[-2:], "exit") == [{"code": -15}]
 
 
 def test_another_users_or_an_open_run_root_is_refused(tmp_path: Path) -> None:
@@ -286,7 +283,7 @@ def test_a_time_limit_warning_reaches_ranks_that_handle_sigusr1_even_once_they_i
                 "sys.exit(max(p.wait() for p in ranks))\n")
     status, lines, _ = _run_agent([sys.executable, "-c", launcher, rank, str(rank_1_warned)], {}, "/", {},
                                   warn_file=str(warning))
-    out = _output(lines)
+    out = output_texts(lines)
     assert status == 0, out
     assert "rank 0: usr1 handled" in out and "rank 1: usr1 handled" in out
     assert not any("never warned" in line for line in out)
@@ -340,9 +337,9 @@ def test_a_daemon_a_rank_starts_with_a_clean_environment_ends_with_the_job(tmp_p
     try:
         out, _ = proc.communicate("{}\n", timeout=120)
         daemon = _read_pid(pidfile)
-        assert proc.returncode == 0 and "|rank done" in out.splitlines()
+        assert proc.returncode == 0 and "rank done" in output_texts(out.splitlines())
         assert _gone(*daemon), "the daemon outlived its job"
-        assert f"|launch: node 1: ended 1 process(es) the job left running (pids {daemon[0]})" in out.splitlines()
+        assert f"launch: node 1: ended 1 process(es) the job left running (pids {daemon[0]})" in output_texts(out.splitlines())
     finally:
         proc.kill()
         if daemon is None and pidfile.exists():
@@ -377,7 +374,7 @@ def test_ranks_that_ignore_sigterm_are_killed_before_the_agent_exits(tmp_path: P
     try:
         proc.stdin.write("{}\n")
         proc.stdin.close()
-        started = json.loads(proc.stdout.readline().partition(" ")[2])
+        started = frame_data(proc.stdout.readline())
         assert _eventually(pidfile.exists), "the rank ignores SIGTERM and says so"
         rank = _read_pid(pidfile)
         if supervisor_end == "hangup":
@@ -420,8 +417,8 @@ def test_a_rank_cannot_open_the_agents_output_to_forge_its_lines() -> None:
     done = subprocess.run([*as_user, *through_own_pipe, *node_argv(python, "agent", request)], capture_output=True,
                           text=True, env={"PATH": "/usr/bin:/bin"}, timeout=120, cwd="/")
     lines = done.stdout.splitlines()
-    started = json.loads(lines[0].partition(" ")[2])
+    started = frame_data(lines[0])
     shutil.rmtree(Path(started["run_dir"]), ignore_errors=True)
     assert done.returncode == 0, done.stderr
-    assert "|refused" in lines and "|opened" not in lines
-    assert [line for line in lines if line.startswith("@exit")] == ['@exit {"code":0}'], "one exit line, the agent's own"
+    assert "refused" in output_texts(lines) and "opened" not in output_texts(lines)
+    assert frames(lines, "exit") == [{"code": 0}], "one exit line, the agent's own"

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from launcher.node import proctree, rundir
+from launcher.node.protocol import FrameKind, encode_output
 from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.shell import render_command
+from tests.helpers import frame_data, frames, kind_of_line, output_texts
 
 JOB_PREFIX = f"journal-{os.getpid()}-"
 NODE = 1
@@ -68,11 +70,11 @@ def _follow(job_id: str, after: int, node: int = NODE, timeout: float = 60) -> t
     return done.returncode, done.stdout.split(b"\n")[:-1]
 
 
-def _read_until(proc: subprocess.Popen, wanted: bytes) -> list[bytes]:
-    """Lines from the agent's stdout, up to and including ``wanted``."""
+def _read_until(proc: subprocess.Popen, wanted: str) -> list[bytes]:
+    """Lines from the agent's stdout, up to and including the output line ``wanted``."""
     assert proc.stdout is not None
     lines: list[bytes] = []
-    while not lines or lines[-1] != wanted:
+    while not lines or output_texts(lines[-1:]) != [wanted]:
         line = proc.stdout.readline()
         assert line, f"stdout ended before {wanted!r}: {lines}"
         lines.append(line.rstrip(b"\n"))
@@ -96,15 +98,15 @@ for i in range(6, 2001):
 def test_a_job_outlives_its_broken_stdout_and_follow_resumes_where_the_reader_stopped(tmp_path: Path) -> None:
     go = tmp_path / "go"
     job_id, proc = _start([sys.executable, "-c", GATED, str(go)])
-    seen = _read_until(proc, b"|line 5")
+    seen = _read_until(proc, "line 5")
     assert proc.stdout is not None
     proc.stdout.close()  # the supervisor is gone mid-run
     go.touch()
     assert proc.wait(60) == 0, "the job ran to its end without a reader"
     journal = _journal(job_id)
     assert journal[:len(seen)] == seen, "stdout delivered the journal's first lines, in order"
-    assert journal[-1] == b'@exit {"code":0}'
-    assert [line for line in journal if line.startswith(b"|")] == [f"|line {i}".encode() for i in range(1, 2001)]
+    assert frame_data(journal[-1]) == {"code": 0} and kind_of_line(journal[-1]) == "exit"
+    assert output_texts(journal) == [f"line {i}" for i in range(1, 2001)]
     for after in (len(seen), len(seen) - 2, 0):
         code, lines = _follow(job_id, after)
         assert code == 0 and lines == journal[after:], f"after={after}: exactly lines {after + 1}.. to @exit"
@@ -114,14 +116,14 @@ def test_a_job_outlives_its_broken_stdout_and_follow_resumes_where_the_reader_st
 def test_an_unattended_job_is_ended_by_its_agent_and_the_journal_says_so() -> None:
     job_id, proc = _start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
                           unattended_s=2)
-    _read_until(proc, b"|up")
+    _read_until(proc, "up")
     assert proc.stdout is not None
     proc.stdout.close()  # nobody reads, nobody follows
     assert proc.wait(60) == 128 + signal.SIGTERM
     assert _eventually(lambda: proctree.job_pids(job_id) == []), "the ranks are gone"
     journal = _journal(job_id)
-    assert journal[-2].startswith(b"@unattended ") and json.loads(journal[-2].partition(b" ")[2])["after_s"] >= 2
-    assert journal[-1] == b'@exit {"code":-15}'
+    assert kind_of_line(journal[-2]) == "unattended" and frame_data(journal[-2])["after_s"] >= 2
+    assert frames(journal[-1:], "exit") == [{"code": -15}]
 
 
 def test_a_follower_keeps_an_unattended_job_in_contact() -> None:
@@ -129,16 +131,16 @@ def test_a_follower_keeps_an_unattended_job_in_contact() -> None:
     ``unattended_s``: the job runs to its end, and the follower prints it to its ``@exit``."""
     job_id, proc = _start([sys.executable, "-c", "import time; time.sleep(6); print('done', flush=True)"],
                           unattended_s=2)
-    assert proc.stdout is not None and proc.stdout.readline().startswith(b"@started ")
+    assert proc.stdout is not None and kind_of_line(proc.stdout.readline()) == "started"
     follower = subprocess.Popen(node_argv(sys.executable, "follow", {"job_id": job_id, "node": NODE, "after": 1}),
                                 stdout=subprocess.PIPE)
     proc.stdout.close()
     out, _ = follower.communicate(timeout=60)
     assert proc.wait(60) == 0
     journal = _journal(job_id)
-    assert not any(line.startswith(b"@unattended") for line in journal)
+    assert not frames(journal, "unattended")
     assert follower.returncode == 0 and out.split(b"\n")[:-1] == journal[1:]
-    assert b"|done" in journal and journal[-1] == b'@exit {"code":0}'
+    assert "done" in output_texts(journal) and frames(journal[-1:], "exit") == [{"code": 0}]
 
 
 def test_past_its_bound_the_journal_keeps_no_more_output_but_still_the_exit() -> None:
@@ -149,24 +151,26 @@ def test_past_its_bound_the_journal_keeps_no_more_output_but_still_the_exit() ->
     assert proc.wait(60) == 3
     journal = _journal(job_id)
     assert sent == journal, "stdout carries exactly the journal"
-    full = f"|launch: node {NODE}: journal full at 2000 bytes; later output is not kept".encode()
-    assert journal.count(full) == 1 and journal[-1] == b'@exit {"code":3}'
-    after_full = journal[journal.index(full) + 1:]
-    assert after_full == [b'@exit {"code":3}'], "no output nor sample after the line that says the journal is full"
-    kept = [line for line in journal[:journal.index(full)] if line.startswith(b"|")]
-    assert kept == [f"|output line {i:04d} ".encode() + b"x" * 30 for i in range(len(kept))] and 10 < len(kept) < 60
-    assert len(b"\n".join(journal[:journal.index(full)])) <= 2000
+    full = f"launch: node {NODE}: journal full at 2000 bytes; later output is not kept"
+    texts = [output_texts([line]) for line in journal]
+    assert texts.count([full]) == 1 and frames(journal[-1:], "exit") == [{"code": 3}]
+    at = texts.index([full])
+    assert frames(journal[at + 1:], "exit") == [{"code": 3}] and len(journal) == at + 2, \
+        "no output nor sample after the line that says the journal is full"
+    kept = output_texts(journal[:at])
+    assert kept == [f"output line {i:04d} " + "x" * 30 for i in range(len(kept))] and 10 < len(kept) < 40
+    assert len(b"\n".join(journal[:at])) <= 2000
 
 
 def test_follow_says_lost_when_the_agent_died_without_its_exit_and_when_there_is_no_journal() -> None:
     job_id, proc = _start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"])
-    lines = _read_until(proc, b"|up")
-    started = json.loads(lines[0].partition(b" ")[2])
+    lines = _read_until(proc, "up")
+    started = frame_data(lines[0])
     os.kill(started["pid"], signal.SIGKILL)
     assert proc.wait(30) == -signal.SIGKILL
     code, followed = _follow(job_id, 1)
-    assert code == 0 and followed[:-1] == _journal(job_id)[1:] and followed[-1].startswith(b"@lost ")
-    assert "gone" in json.loads(followed[-1].partition(b" ")[2])["reason"]
+    assert code == 0 and followed[:-1] == _journal(job_id)[1:] and kind_of_line(followed[-1]) == "lost"
+    assert "gone" in frame_data(followed[-1])["reason"]
     assert _eventually(lambda: proctree.job_pids(job_id) == []), "the rank died with its agent (PDEATHSIG)"
     code, followed = _follow(job_id, 0, node=7)
     assert code == 0 and len(followed) == 1 and b"no journal for node 7" in followed[0]
@@ -176,11 +180,11 @@ def test_follow_says_lost_when_the_agent_died_without_its_exit_and_when_there_is
 
 def test_a_followers_lost_reader_ends_the_follower_not_the_job() -> None:
     job_id, proc = _start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"])
-    started = json.loads(_read_until(proc, b"|up")[0].partition(b" ")[2])
+    started = frame_data(_read_until(proc, "up")[0])
     follower = subprocess.Popen(node_argv(sys.executable, "follow", {"job_id": job_id, "node": NODE, "after": 0}),
                                 stdout=subprocess.PIPE)
     assert follower.stdout is not None
-    assert follower.stdout.readline().startswith(b"@started ")
+    assert kind_of_line(follower.stdout.readline()) == "started"
     follower.stdout.close()
     assert follower.wait(30) == 0, "the follower stops quietly once nobody reads it"
     assert proc.poll() is None and proctree.job_pids(job_id), "the job runs on"
@@ -197,17 +201,17 @@ def test_a_stalled_reader_never_blocks_the_writer_and_is_given_up_past_the_lag_b
     try:
         out = Output(write_end, behind_limit=1_000_000)
         out.attach(Journal(str(tmp_path), 0))
-        line = b"|" + b"y" * 99
+        line = encode_output(b"y" * 75)
         deadline = time.monotonic() + 30
         for _ in range(200):  # 2 MB: thirty times what the pipe holds
             out.write_lines([line] * 100)
             assert time.monotonic() < deadline, "a write waited for the reader"
         assert out.broken.is_set() and "behind" in out.why_broken
         assert out.contact_age() == float("inf")
-        out.write(b'@exit {"code":0}')
+        out.event(FrameKind.EXIT, {"code": 0})
         out.close(stall_s=1.0)
         journal = (tmp_path / "node0.journal").read_bytes().split(b"\n")[:-1]
-        assert journal == [line] * 20000 + [b'@exit {"code":0}']
+        assert journal[:-1] == [line] * 20000 and frames(journal[-1:], "exit") == [{"code": 0}]
         os.set_blocking(read_end, False)
         try:
             sent = os.read(read_end, 1 << 20)

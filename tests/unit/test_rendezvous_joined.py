@@ -3,7 +3,6 @@ agent counts the connections to the rendezvous port from outside and reports the
 
 from __future__ import annotations
 
-import json
 import queue
 import shutil
 import socket
@@ -14,6 +13,7 @@ from launcher.backends.follow import Followed
 from launcher.node import rendezvous, rundir
 from launcher.run.liveness import Joined
 from launcher.run.watcher import NodeWatcher, Relay
+from tests.helpers import frames
 from tests.unit.test_node_agent import _run_agent
 
 
@@ -46,7 +46,7 @@ def test_node_0s_agent_reports_the_count_while_no_rank_exists() -> None:
         for sock in [*clients, server]:
             sock.close()
     shutil.rmtree(Path(rundir.run_root()) / job_id, ignore_errors=True)
-    samples = [json.loads(line.partition(" ")[2]) for line in lines if line.startswith("@sample ")]
+    samples = frames(lines, "sample")
     assert status == 0 and samples, lines
     assert all(sample["ranks"] == [] and sample["joined"] == 2 for sample in samples), samples
 

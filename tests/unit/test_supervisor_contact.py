@@ -11,6 +11,7 @@ import pytest
 from launcher.backends import cluster_spec, plan_job
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.follow import Followed
+from launcher.node.protocol import FrameKind, encode_frame, encode_output
 from launcher.run import contact
 from launcher.run import watcher as watcher_module
 from launcher.run.contact import OutOfContact, Pulse, verdict
@@ -92,10 +93,11 @@ def test_retries_back_off_then_keep_a_steady_pace():
 
 def test_a_journal_reader_learns_the_exit_or_the_loss_from_the_lines():
     followed = Followed("h2")
-    assert list(followed.through(iter(["|a", '@exit {"code":3}']))) == ["|a", '@exit {"code":3}']
+    lines = [encode_output("a").decode(), encode_frame(FrameKind.EXIT, {"code": 3}).decode()]
+    assert list(followed.through(iter(lines))) == lines
     assert followed.code() == 3
     lost = Followed("h2")
-    list(lost.through(iter(['@lost {"reason":"the agent (pid 7) is gone"}'])))
+    list(lost.through(iter([encode_frame(FrameKind.LOST, {"reason": "the agent (pid 7) is gone"}).decode()])))
     assert lost.code() == LOST_NODE_EXIT and "the agent (pid 7) is gone" in lost.lost
 
 

@@ -16,13 +16,15 @@ import pytest
 from launcher.backends import cluster_spec, plan_job
 from launcher.backends.follow import Followed
 from launcher.errors import FENCED_EXIT, LaunchError, SupervisorFenced
-from launcher.node import follow, journal
+from launcher.node import follow, journal, rundir
+from launcher.node.protocol import FenceRequest, FollowRequest, FrameKind, RecordRequest, encode_frame, encode_output
 from launcher.run import takeover
 from launcher.run.recorded import stored_spec
 from launcher.spec import JobSpec
 from launcher.store.db import Store
 from launcher.store.rows import JobRow
 from launcher.store.states import JobState
+from tests.helpers import frames, kind_of_line
 
 JOB = JobSpec(name="taken", entrypoint=["python", "t.py"], resources={"nodes": 2, "nproc_per_node": 1},
               secrets=["HF_TOKEN"])
@@ -32,16 +34,21 @@ JOB_ID = "taken-0000cccc"
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """A private run root holding the job's run directory with node 0's journal."""
-    root = tmp_path / "runs"
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private run root (``$XDG_RUNTIME_DIR/launch``, as on a node) holding the job's run directory with node 0's
+    journal."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    root = runtime / "launch"
     root.mkdir(mode=0o700)
+    assert rundir.run_root() == str(root)
     (root / JOB_ID).mkdir(mode=0o700)
-    (root / JOB_ID / "node0.journal").write_text("|hello\n")
+    (root / JOB_ID / "node0.journal").write_bytes(encode_output("hello") + b"\n")
     return root
 
 
-def _command(command, req: dict) -> dict:
+def _command(command, req) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
         assert command(req) == 0
@@ -60,16 +67,16 @@ def test_a_generation_fences_only_the_older_ones(tmp_path: Path) -> None:
 
 
 def test_fence_records_only_a_newer_generation_and_says_who_holds_it(root: Path) -> None:
-    req = {"job_id": JOB_ID, "node": 0, "run_root": str(root)}
+    req = FenceRequest(JOB_ID, 0)
     assert _command(follow.fence, req) | {"contact_s": None} == {
         "generation": 0, "taken": False, "contact_s": None, "agent_gone": "its pid file is unreadable "
         f"([Errno 2] No such file or directory: '{root / JOB_ID / 'node0.pid'}')"}
-    took = _command(follow.fence, {**req, "generation": 1, "pid": 42, "host": "login-2"})
+    took = _command(follow.fence, FenceRequest(JOB_ID, 0, 1, 42, "login-2"))
     assert took["taken"] and (took["generation"], took["pid"], took["host"]) == (1, 42, "login-2")
-    again = _command(follow.fence, {**req, "generation": 1, "pid": 43, "host": "login-3"})
+    again = _command(follow.fence, FenceRequest(JOB_ID, 0, 1, 43, "login-3"))
     assert not again["taken"] and (again["generation"], again["pid"]) == (1, 42)  # a racing taker loses
-    assert _command(follow.fence, {**req, "node": 1})["error"].startswith(f"no journal of node 1 of job {JOB_ID}")
-    assert "no journal" in _command(follow.fence, {**req, "job_id": "other-00000000"})["error"]
+    assert _command(follow.fence, FenceRequest(JOB_ID, 1))["error"].startswith(f"no journal of node 1 of job {JOB_ID}")
+    assert "no journal" in _command(follow.fence, FenceRequest("other-00000000", 0))["error"]
     assert not (root / "other-00000000").exists()  # asking never makes a run directory
 
 
@@ -78,15 +85,15 @@ def test_a_follow_of_an_older_generation_gets_fenced_and_no_line(root: Path) -> 
                              json.dumps({"generation": 1, "pid": 42, "host": "login-2"}))
     read, write = os.pipe()
     try:
-        assert follow.follow({"job_id": JOB_ID, "node": 0, "after": 0, "run_root": str(root)}, out=write) == 0
+        assert follow.follow(FollowRequest(JOB_ID, 0, 0), out=write) == 0
         os.close(write)
         said = os.read(read, 65536).decode()
     finally:
         os.close(read)
-    assert said.startswith("@fenced ") and "hello" not in said
+    assert kind_of_line(said.strip()) == "fenced" and "hello" not in said
     assert not (root / JOB_ID / "node0.contact").exists()  # a fenced reader is no contact
     seen = Followed("gpu1")
-    assert list(seen.through(iter([said.strip(), "|never passed on"]))) == []
+    assert list(seen.through(iter([said.strip(), encode_output("never passed on").decode()]))) == []
     assert seen.fenced == {"generation": 1, "pid": 42, "host": "login-2"} and seen.code() is None
 
 
@@ -94,14 +101,16 @@ def test_an_agent_fenced_tells_its_old_reader_once_and_journals_on(tmp_path: Pat
     read, write = os.pipe()
     out = journal.Output(write)
     out.attach(journal.Journal(str(tmp_path), 0))
-    out.write_lines([b"|before"])
-    out.farewell(b'@fenced {"generation":1}\n', "a newer supervisor took the job")
-    out.write_lines([b"|after"])
+    before, after = encode_output("before"), encode_output("after")
+    out.write_lines([before])
+    out.farewell(FrameKind.FENCED, {"generation": 1}, "a newer supervisor took the job")
+    out.write_lines([after])
     out.close()
     os.close(write)
     with os.fdopen(read, "rb") as stream:
-        assert stream.read() == b'|before\n@fenced {"generation":1}\n'
-    assert Path(journal.journal_path(str(tmp_path), 0)).read_bytes() == b"|before\n|after\n"
+        sent = stream.read().split(b"\n")
+    assert sent[0] == before and frames(sent[1:2], "fenced") == [{"generation": 1}] and sent[2:] == [b""]
+    assert Path(journal.journal_path(str(tmp_path), 0)).read_bytes() == before + b"\n" + after + b"\n"
     assert out.broken.is_set() and out.why_broken == "a newer supervisor took the job"
     assert out.contact_age() == float("inf")  # stdout no longer counts as contact: the new reader's follow does
 
@@ -112,7 +121,7 @@ def test_the_job_record_round_trips_through_a_node_and_keeps_no_secret_value(roo
     plan = plan_job(JOB, SSH, JOB_ID, rdzv_port=29533)
     row = JobRow(JOB_ID, "j", JobState.RUNNING, created_at=1700000000.0, spec=stored_spec(JOB, SSH, run_check=True))
     journal.write_atomically(str(root / JOB_ID / journal.RECORD_FILE), json.dumps(takeover.node_record(row, plan, 2)))
-    answer = _command(follow.record, {"job_id": JOB_ID, "run_root": str(root)})
+    answer = _command(follow.record, RecordRequest(JOB_ID))
     assert "hf-very-secret-value" not in json.dumps(answer)
     found = takeover.parse_record(answer["record"], JOB_ID, SSH)
     assert found.attempt == 2 and found.created_at == 1700000000.0
@@ -127,7 +136,7 @@ def test_the_job_record_round_trips_through_a_node_and_keeps_no_secret_value(roo
         (2, 0, 0, "gpu1"), (2, 1, 0, "gpu2")]
     assert [e["kind"] for e in store.events(JOB_ID)] == ["imported"]
 
-    assert _command(follow.record, {"job_id": "gone-00000000", "run_root": str(root)})["error"] == \
+    assert _command(follow.record, RecordRequest("gone-00000000"))["error"] == \
         "no run directory of job gone-00000000 on this node"
 
 
@@ -207,7 +216,8 @@ def _fenced_backend(scripts, answer_fence: bool):
             self._read = Read(f"h{index + 1}")
 
         def lines(self):
-            yield from self._read.through(iter(["@fenced " + json.dumps(NEWER), "|not passed on"]))
+            yield from self._read.through(iter([encode_frame(FrameKind.FENCED, NEWER).decode(),
+                                                encode_output("not passed on").decode()]))
 
         @property
         def fenced(self):
@@ -274,7 +284,7 @@ def test_a_supervisor_whose_agents_stream_says_fenced_stops_at_that_line(tmp_pat
 
     store, plan = _recorded(tmp_path, "unit-0000f2f2")
     backend = FakeBackend(TWO, [[NodeScript(code=None),
-                                 NodeScript(lines=[record(1, 1), "@fenced " + json.dumps(NEWER), record(1, 2)], code=None)]])
+                                 NodeScript(lines=[record(1, 1), encode_frame(FrameKind.FENCED, NEWER).decode(), record(1, 2)], code=None)]])
     with pytest.raises(SupervisorFenced, match="generation 1, process 4242 on login-2"):
         Supervisor(store, plan, backend, grace=0.1).run()
     assert [r.step for r in store.metrics(plan.job_id)] == [1]  # nothing past the agent's word is taken
@@ -326,7 +336,7 @@ def test_a_node_refuses_the_signals_and_sweeps_of_an_older_generation(root: Path
                              json.dumps({"generation": 1, "pid": 42, "host": "login-2"}))
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        term = {"job_id": JOB_ID, "node": 0, "run_root": str(root), "pid": agent.pid,
+        term = {"job_id": JOB_ID, "node": 0, "pid": agent.pid,
                 "start_ticks": start_ticks(agent.pid), "signal": int(signal.SIGTERM)}
 
         def said(command: str, req: dict) -> dict:
@@ -336,7 +346,7 @@ def test_a_node_refuses_the_signals_and_sweeps_of_an_older_generation(root: Path
             return json.loads(out.getvalue())
 
         assert said("signal", {**term, "generation": 0}) == {"fenced": {"generation": 1, "pid": 42, "host": "login-2"}}
-        assert said("end", {"job_id": JOB_ID, "node": 0, "run_root": str(root), "grace": 0.1, "generation": 0}) == {
+        assert said("end", {"job_id": JOB_ID, "node": 0, "grace": 0.1, "generation": 0}) == {
             "fenced": {"generation": 1, "pid": 42, "host": "login-2"}}
         assert agent.poll() is None, "the old supervisor's TERM was not sent"
         assert said("signal", {**term, "generation": 1}) == {"sent": True}
@@ -344,7 +354,7 @@ def test_a_node_refuses_the_signals_and_sweeps_of_an_older_generation(root: Path
     finally:
         agent.kill()
         agent.wait()
-    assert "fenced" not in said("end", {"job_id": JOB_ID, "run_root": str(root), "grace": 0.1})  # launch cancel's
+    assert "fenced" not in said("end", {"job_id": JOB_ID, "grace": 0.1})  # launch cancel's
 
 
 def test_a_supervisors_sweep_carries_its_generation_and_stops_it_when_refused() -> None:
@@ -362,5 +372,5 @@ def test_a_supervisors_sweep_carries_its_generation_and_stops_it_when_refused() 
     backend.generation = 1
     with pytest.raises(SupervisorFenced, match="generation 2, process 7 on login-3"):
         backend.sweep(plan, 0.1)
-    assert {(r["job_id"], r["node"], r["generation"]) for r in asked} <= {(JOB_ID, 0, 1), (JOB_ID, 1, 1)}
+    assert {(r.job_id, r.node, r.generation) for r in asked} <= {(JOB_ID, 0, 1), (JOB_ID, 1, 1)}
     backend.close()

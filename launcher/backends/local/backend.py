@@ -22,6 +22,7 @@ from launcher.backends.local.spec import LocalCluster
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
+from launcher.node.protocol import Frame, FrameKind, Request, early_output, parse
 from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.planner import NodePlan, Plan
 
@@ -44,7 +45,7 @@ class LocalNode:
         """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
         assert self._proc.stdout is not None
         lines = (raw.decode("utf-8", "replace").rstrip("\n") for raw in iter(self._proc.stdout.readline, b""))
-        self.leased = leasing.read_until_leased(lines, [], "localhost", self.index)
+        self.leased = leasing.read_until_leased(lines, "localhost", self.index)
 
     def answer(self, go: bool) -> None:
         """Tell an agent holding its leases to start (``go``), or, closing its stdin without, to exit."""
@@ -62,10 +63,11 @@ class LocalNode:
         for raw in iter(self._proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self._first.append(line)
-            if line.startswith("@started "):
+            parsed = parse(line)
+            if isinstance(parsed, Frame) and parsed.kind is FrameKind.STARTED:
                 return
         self._proc.wait()
-        shown = " | ".join(line.lstrip("|") for line in self._first if not line.startswith("@"))[-500:]
+        shown = early_output(self._first)
         raise NodeStartError(f"localhost: the node agent exited {self._proc.returncode}: {shown or 'no output'}", self.index)
 
     def lines(self) -> Iterator[str]:
@@ -245,7 +247,7 @@ class LocalBackend(Backend[LocalCluster]):
         """The facts of this machine, and (unless the job waits for them) who holds the slots or GPUs it needs."""
         return self._facts(plan)
 
-    def stream_command(self, plan: Plan, index: int, command: str, request: dict) -> LocalStream:
+    def stream_command(self, plan: Plan, index: int, command: str, request: Request) -> LocalStream:
         argv = node_argv(plan.python, command, request)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -19,7 +19,6 @@ watch for; they pass SIGUSR1 on to the ranks that handle it.
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import time
@@ -46,6 +45,7 @@ from launcher.backends.slurm.job import POLL_S, SlurmJob, SlurmNode, slurm_lines
 from launcher.backends.slurm.planning import CHECK_NODES, SlurmPlanning, required
 from launcher.backends.slurm.spec import SlurmCluster, time_minutes
 from launcher.errors import LaunchError, NodeStartError, PreflightError
+from launcher.node.protocol import Frame, FrameKind, SlurmRequest, SlurmRun, parse
 from launcher.node.ship import node_argv
 from launcher.node.slurmnode import ABORT_FILE, write_private
 from launcher.plan.netenv import NodeNetwork
@@ -130,9 +130,9 @@ class SlurmBackend(Backend[SlurmCluster]):
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SlurmNode]]:
         folder = self._attempt_dir(plan.job_id)
-        request = {"dir": str(folder), "port": plan.rendezvous.port, "wait_s": FACTS_TIMEOUT_S,
-                   "facts": [{**facts_request(plan, index, gpus=self.spec.gpus_per_node), "port": None,
-                              "resolve_self": plan.launcher == "torchrun"} for index in range(plan.nnodes)]}
+        request = SlurmRequest(str(folder), tuple({**facts_request(plan, index, gpus=self.spec.gpus_per_node), "port": None,
+                                                   "resolve_self": plan.launcher == "torchrun"} for index in range(plan.nnodes)),
+                               plan.rendezvous.port, FACTS_TIMEOUT_S)
         script = folder / "job.sh"
         script.write_text(batch_script(node_argv(plan.python, "slurm", request), folder))
         argv = cli.sbatch_argv(self.spec, nodes=plan.nnodes, job_name=job_name(plan.job_id),
@@ -152,11 +152,10 @@ class SlurmBackend(Backend[SlurmCluster]):
                          f"{job.slurm_id} was cancelled")
             placed = context.place(plan, found) if context.place else plan
             for node in placed.nodes:
-                request = {**agent_request(placed, node, context.grace, secrets_on_stdin=False,
-                                           generation=context.generation, record=context.record),
-                           "warn_file": str(folder / WARN_FILE)}
-                write_private(str(folder / f"node{node.index}.run.json"),
-                              {"agent": request, "secrets": dict(context.secrets)})
+                run = SlurmRun(agent_request(placed, node, context.grace, secrets_on_stdin=False,
+                                             generation=context.generation, record=context.record,
+                                             warn_file=str(folder / WARN_FILE)), dict(context.secrets))
+                write_private(str(folder / f"node{node.index}.run.json"), run.to_json())
             pids = self._wait_started(placed, job, context)
         except BaseException:
             self._abort(job)
@@ -257,7 +256,7 @@ class SlurmBackend(Backend[SlurmCluster]):
         return Preflight(problems=problems, nodes=nodes, probes=probes, facts=facts)
 
     def _wait_started(self, plan: Plan, job: SlurmJob, context: StartContext) -> dict[int, int | None]:
-        """Each node's agent PID from its ``@started`` line (or its ``@exit``: it could not start)."""
+        """Each node's agent PID from its ``started`` frame (or its ``exit``: it could not start)."""
         pids: dict[int, int | None] = {}
         deadline = time.monotonic() + STARTED_TIMEOUT_S
         for node in plan.nodes:
@@ -269,9 +268,10 @@ class SlurmBackend(Backend[SlurmCluster]):
                 if node.index in pids or not path.exists():
                     continue
                 for line in path.read_text(errors="replace").split("\n")[:-1]:  # whole lines only
-                    if line.startswith("@started "):
-                        pids[node.index] = int(json.loads(line.partition(" ")[2])["pid"])
-                    elif line.startswith("@exit ") and node.index not in pids:
+                    parsed = parse(line)
+                    if isinstance(parsed, Frame) and parsed.kind is FrameKind.STARTED:
+                        pids[node.index] = parsed.get_int("pid")
+                    elif isinstance(parsed, Frame) and parsed.kind is FrameKind.EXIT and node.index not in pids:
                         pids[node.index] = None
                 if node.index in pids:
                     context.stage(Stage.START, node.index, node.host, StageState.DONE)

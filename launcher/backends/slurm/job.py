@@ -9,7 +9,6 @@ directory (``node<N>.out``) until the agent's ``@exit``, or until Slurm ends the
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -19,10 +18,11 @@ from pathlib import Path
 from launcher.backends import failures
 from launcher.backends.failures import LOST_NODE_EXIT, Failure, FailureKind
 from launcher.backends.slurm import commands as cli
+from launcher.node.protocol import Frame, FrameKind, parse
 
 POLL_S = 0.5
 STATUS_EVERY_S = 1.0
-EXIT_TAIL_BYTES = 4096  # the end of node<N>.out that holds the agent's last line, ``@exit {...}``
+EXIT_TAIL_BYTES = 4096  # the end of node<N>.out that holds the agent's last line, its ``exit`` frame
 
 
 _ENDED_WORDS = {s.value for s in cli.SlurmState if s.ended}
@@ -167,8 +167,9 @@ class SlurmNode:
                             self._skip -= 1
                         else:
                             yield line
-                        if line.startswith("@exit "):
-                            self._exited(line)
+                        parsed = parse(line)
+                        if isinstance(parsed, Frame) and parsed.kind is FrameKind.EXIT:
+                            self._exited(parsed)
                             return
                     continue
                 if self._code is not None:
@@ -189,11 +190,9 @@ class SlurmNode:
             self._scheduler_failure = self._job.scheduler_failure(self._host)
         return self._scheduler_failure
 
-    def _exited(self, line: str) -> None:
-        try:
-            code = int(json.loads(line.partition(" ")[2])["code"])
-        except (ValueError, KeyError, TypeError):
-            code = LOST_NODE_EXIT
+    def _exited(self, frame: Frame) -> None:
+        code = frame.get_int("code")
+        code = LOST_NODE_EXIT if code is None else code
         with self._decided:  # lines() and poll() may both find the line
             if self._code is not None:
                 return
@@ -232,8 +231,10 @@ class SlurmNode:
             return self._code
 
     def _poll(self) -> int | None:
-        if self._code is None and (last := self._last_line()).startswith("@exit "):
-            self._exited(last)
+        if self._code is None:
+            last = parse(self._last_line())
+            if isinstance(last, Frame) and last.kind is FrameKind.EXIT:
+                self._exited(last)
         if self._code is None and self._job.status().state in (cli.SlurmState.NODE_FAIL, cli.SlurmState.COMPLETING):
             failure = self._job.scheduler_failure(self._host)
             if failure is not None and failure.kind == FailureKind.LOST:

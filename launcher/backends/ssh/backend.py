@@ -13,7 +13,6 @@ preflight, the version comparison, sync, setup, start and watch.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -35,6 +34,7 @@ from launcher.backends.ssh.settings import SSHSettings
 from launcher.backends.ssh.spec import SSHCluster
 from launcher.backends.stopping import term_then_kill
 from launcher.errors import LaunchError, NodeStartError
+from launcher.node.protocol import Frame, FrameKind, Request, SignalRequest, early_output, parse
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
@@ -67,7 +67,7 @@ class SSHNode:
         """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
         self._channel.settimeout(timeout)
         try:
-            self.leased = leasing.read_until_leased(self._stream, [], self._host, self.index)
+            self.leased = leasing.read_until_leased(self._stream, self._host, self.index)
         except TimeoutError:
             self._channel.close()
             raise NodeStartError(f"{self._host}: the node agent did not take its leases within {timeout:.0f} s",
@@ -88,16 +88,16 @@ class SSHNode:
         try:
             for line in self._stream:
                 self._early.append(line)
-                if line.startswith("@started "):
-                    started = json.loads(line.partition(" ")[2])
-                    self.pid, self.start_ticks = int(started["pid"]), started.get("start_ticks")
+                parsed = parse(line)
+                if isinstance(parsed, Frame) and parsed.kind is FrameKind.STARTED:
+                    self.pid, self.start_ticks = parsed.get_int("pid"), parsed.get_int("start_ticks")
                     self._channel.settimeout(None)
                     return
         except TimeoutError:
             self._early.append(f"(no answer within {timeout:.0f} s)")
         self._channel.status_event.wait(EXIT_STATUS_WAIT_S)
         self._channel.close()
-        shown = " | ".join(line.lstrip("|") for line in self._early[-5:] if not line.startswith("@")) or "no output"
+        shown = early_output(self._early, last=5) or "no output"
         raise NodeStartError(f"{self._host}: the node agent did not start (exit {self._channel.exit_status}): {shown}",
                              self.index)
 
@@ -131,8 +131,9 @@ class SSHNode:
 
     def _signal(self, sig: int) -> None:
         """Send ``sig`` to the agent, by PID and start time (a PID reused since is left alone)."""
+        assert self.pid is not None
         self._backend.fenced_command(self._plan, self.index, "signal",
-                                     {"pid": self.pid, "start_ticks": self.start_ticks, "signal": int(sig)}, timeout=30)
+                                     SignalRequest(pid=self.pid, signal=int(sig), start_ticks=self.start_ticks), timeout=30)
 
 
 def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
@@ -290,7 +291,7 @@ class SSHBackend(Backend[SSHCluster]):
         spec = self.cluster.nodes[index]  # a plan's node index is its cluster's (a smaller cluster: a new backend)
         return ("gpu", spec.gpus) if spec.gpus else ("slot", spec.capacity)
 
-    def stream_command(self, plan: Plan, index: int, command: str, request: dict) -> SSHStream:
+    def stream_command(self, plan: Plan, index: int, command: str, request: Request) -> SSHStream:
         conn = self._pool.get(self.targets[index])
         return SSHStream(conn.exec(render_command(node_argv(plan.python, command, request), replace_shell=False)))
 
