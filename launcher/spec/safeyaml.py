@@ -298,7 +298,7 @@ class _Builder:
             return None
         try:
             return self._scalars.construct_object(node)
-        except (yaml.YAMLError, ValueError, TypeError, KeyError, ArithmeticError):
+        except (yaml.YAMLError, ValueError, TypeError, LookupError, ArithmeticError):  # an empty !!int: IndexError
             shown = repr(node.value) if len(node.value) <= 40 else f"{node.value[:37]!r}... ({len(node.value)} characters)"
             self.problem(node, f"cannot read {shown} as {_tag_name(node.tag)}")
             return None

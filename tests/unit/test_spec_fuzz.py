@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import yaml
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from launcher.backends import cluster_models, load_cluster
@@ -106,6 +106,7 @@ def test_job_loader_returns_a_model_or_a_spec_error(tmp_path_factory, document, 
 
 @FUZZ
 @given(documents, overrides)
+@example(document=b"{(: !!int }", sets=[])  # an empty !!int: PyYAML's int constructor raised IndexError
 def test_cluster_loader_returns_a_model_or_a_spec_error(tmp_path_factory, document, sets):
     path = tmp_path_factory.mktemp("fuzz") / "cluster.yaml"
     path.write_bytes(document)
