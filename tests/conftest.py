@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,16 @@ def home(tmp_path, monkeypatch):
     path = tmp_path / "launch-home"
     monkeypatch.setenv("LAUNCH_HOME", str(path))
     return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """TERM (a CI timeout, `timeout make test`) ends a run as Ctrl-C does, through the fixtures' teardown: killed
+    outright, a session left its beds (namespaces, sshd, Ray) running."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupted)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +48,21 @@ SLURM_BED = RAY_BED = "b"
 USERS_BED = "a"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C and TERM ignored while a bed is torn down: a second Ctrl-C during a slow teardown (``ray stop``, sshd,
+    namespaces) used to leave the rest of the bed running. Outside the main thread signals cannot be set: as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def bed_of(item: pytest.Item) -> str:
@@ -99,8 +116,12 @@ def testbeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Beds]:
     """TESTBED_HOSTS namespaced hosts with sshd per bed, up for the rest of the session once asked for."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
-    with contextlib.ExitStack() as stack:
+    stack = contextlib.ExitStack()
+    try:
         yield Beds(tmp_path_factory.mktemp("testbeds"), stack)
+    finally:
+        with uninterrupted():
+            stack.close()
 
 
 @pytest.fixture

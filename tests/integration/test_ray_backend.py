@@ -7,6 +7,7 @@ have different IPs and the job's ranks talk across the bridge.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -24,7 +25,7 @@ from launcher.backends.ray.backend import NAMESPACE
 from launcher.node import proctree
 from launcher.run.ports import free_port
 from tests.helpers import HOSTILE, PROBE, TORCH_EXTENSIONS_DIR, cli_env, kill_supervisor_and_keeper, run_cli, status_json, wait_for, wait_for_state, write_yaml
-from tests.testbed_fixture import RAY_BED, Beds
+from tests.testbed_fixture import RAY_BED, Beds, uninterrupted
 from tools import testbed as tb
 
 pytestmark = [
@@ -76,6 +77,27 @@ def _ray_pids(names: tuple[str, ...] = ("raylet", "gcs_server")) -> set[int]:
     return found
 
 
+RAY_TEMP_PREFIX = "/tmp/lray"  # the suite's Ray temp dirs: a Ray daemon naming one in its arguments is the suite's
+
+
+def _stale_suite_ray() -> list[int]:
+    """Ray's processes that a killed or interrupted earlier run of the suite left (their arguments name one of its
+    temp dirs), SIGKILLed. The Ray bed is held by one test session at a time (its machine lock): any is stale."""
+    stale = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if RAY_TEMP_PREFIX.encode() in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
+            stale.append(int(entry))
+    return stale
+
+
 def _with_own_hosts_file(hosts: Path, argv: list[str]) -> list[str]:
     """``argv`` run in a private mount namespace where ``hosts`` is /etc/hosts.
 
@@ -92,13 +114,14 @@ def ray_cluster(testbeds: Beds, tmp_path_factory: pytest.TempPathFactory):
     import ray
 
     testbed = testbeds.get(RAY_BED)
+    _stale_suite_ray()
     before = _ray_pids()
     host = testbed.hosts[0]
     port, client_port = free_port(), free_port()
     address = f"{testbed.names.bridge_address}:{port}"
     hosts = tmp_path_factory.mktemp("ray-head") / "hosts"
     hosts.write_text(Path("/etc/hosts").read_text() + f"{testbed.names.bridge_address} {socket.gethostname()}\n")
-    temp_dir = tempfile.mkdtemp(prefix="lray", dir="/tmp")  # short: Ray's socket paths live under it
+    temp_dir = tempfile.mkdtemp(prefix=Path(RAY_TEMP_PREFIX).name, dir=str(Path(RAY_TEMP_PREFIX).parent))  # short: Ray's socket paths live under it
     node_args = [*RAY_NODE_ARGS, "--temp-dir", temp_dir]
     try:
         subprocess.run(
@@ -114,10 +137,11 @@ def ray_cluster(testbeds: Beds, tmp_path_factory: pytest.TempPathFactory):
         assert wait_for(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, timeout=30), ray.nodes()
         yield {"address": address, "host": host, "ray": ray, "bridge": testbed.names.bridge_address}
     finally:
-        ray.shutdown()
-        started = _ray_pids() - before
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=60)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        with uninterrupted():
+            ray.shutdown()
+            started = _ray_pids() - before
+            subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=60)
+            shutil.rmtree(temp_dir, ignore_errors=True)
     left = [pid for pid in started if tb.pid_alive(pid)]
     assert not left, f"Ray daemons still running after `ray stop --force`: {left}"
 
