@@ -75,3 +75,49 @@ def test_an_agent_in_a_workdir_that_is_gone_names_the_workdir_not_the_interprete
     gone = prepared.plan.nodes[0].model_copy(update={"cwd": str(tmp_path / "removed")})
     with pytest.raises(NodeStartError, match=r"workdir .*removed is not a directory"):
         get_backend(prepared.cluster)._spawn_agent(prepared.plan, gone)
+
+
+STAND_IN = """\
+import sys, time
+from launcher.node.protocol import FrameKind, encode_frame
+sys.stdin.readline()  # the request
+sys.stdin.readline()  # the secrets
+if sys.argv[1] == "leases":
+    print(encode_frame(FrameKind.LEASED, {"kind": "slot", "devices": [0], "host": "here"}).decode(), flush=True)
+    sys.stdin.readline()  # go
+print("|hanging here", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("hangs", ["leases", "start"])
+def test_a_hung_agent_fails_the_start_with_a_clear_message_and_is_ended(tmp_path: Path, monkeypatch, hangs: str) -> None:
+    """A stand-in agent that never takes its leases, or takes them and never starts its command: the start fails
+    within the bound, naming what the agent did not do, and leaves no agent running."""
+    import subprocess
+
+    from launcher.backends.base import StartContext
+    from launcher.backends.local import backend as local
+
+    prepared = _prepared(tmp_path)
+    backend = get_backend(prepared.cluster)
+    started: list[subprocess.Popen] = []
+
+    def stand_in(plan, node):
+        proc = subprocess.Popen([sys.executable, "-c", STAND_IN, "leases" if hangs == "start" else "none"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(local, "START_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(local.LocalNode.wait_leased, "__defaults__", (2.0,))
+    monkeypatch.setattr(local.LocalNode.wait_started, "__defaults__", (2.0,))
+    monkeypatch.setattr(backend, "_agent_process", stand_in)
+    context = StartContext(run_dir=tmp_path, secrets={}, grace=0.5)
+    with pytest.raises(NodeStartError) as caught:
+        backend._start_agents(prepared.plan, context, 1.0)
+    said = str(caught.value)
+    what = "start its command" if hangs == "start" else "take its leases"
+    assert f"localhost: the node agent did not {what} within 2 s" in said and "hanging here" in said
+    assert started and all(proc.wait(10) is not None for proc in started), "every stand-in agent was ended"

@@ -10,7 +10,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
 from launcher.backends import leasing
@@ -27,6 +28,7 @@ from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.planner import NodePlan, Plan
 
 STDOUT_CLOSED_WAIT_S = 1.0  # an agent whose stdout closed exits within this, unless fenced (else: followed again)
+START_TIMEOUT_S = 60.0  # an agent that has not taken its leases, or not started its command, this long is ended
 
 
 class LocalNode:
@@ -41,11 +43,43 @@ class LocalNode:
         self.leased: str | None = None  # what the agent holds (``slots 0-1``)
         self.error: str | None = None
 
-    def wait_leased(self) -> None:
-        """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
+    def _within(self, read: Callable[[], object], timeout: float, what: str, seen: list[str]) -> None:
+        """``read()`` (of the agent's first lines, kept in ``seen``) if it returns within ``timeout``; else
+        NodeStartError (the caller ends the agent: its stdout then closes and the reading thread ends)."""
+        done: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                read()
+                done.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
+                done.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True, name=f"agent{self.index}-start")
+        thread.start()
+        thread.join(timeout)
+        if not done:
+            shown = early_output(list(seen))
+            raise NodeStartError(f"localhost: the node agent did not {what} within {timeout:.0f} s"
+                                 f"{': ' + shown if shown else ''}", self.index)
+        if done[0] is not None:
+            raise done[0]
+
+    def wait_leased(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Read up to the agent's ``leased`` frame (LeasesBusy on ``busy``); those lines are not the journal's.
+        NodeStartError if it says neither within ``timeout``."""
         assert self._proc.stdout is not None
-        lines = (raw.decode("utf-8", "replace").rstrip("\n") for raw in iter(self._proc.stdout.readline, b""))
-        self.leased = leasing.read_until_leased(lines, "localhost", self.index)
+        stdout, seen = self._proc.stdout, []
+
+        def lines() -> Iterator[str]:
+            for raw in iter(stdout.readline, b""):
+                seen.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                yield seen[-1]
+
+        def read() -> None:
+            self.leased = leasing.read_until_leased(lines(), "localhost", self.index)
+
+        self._within(read, timeout, "take its leases", seen)
 
     def answer(self, go: bool) -> None:
         """Tell an agent holding its leases to start (``go``), or, closing its stdin without, to exit."""
@@ -57,8 +91,12 @@ class LocalNode:
         except OSError:
             pass  # the agent exited: wait_started reports it
 
-    def wait_started(self) -> None:
-        """Read up to the agent's ``@started`` line; NodeStartError with its output if it exits first."""
+    def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Read up to the agent's ``started`` frame; NodeStartError with its output if it exits first, or says
+        nothing of the kind within ``timeout`` (a hung agent never hangs `launch submit`)."""
+        self._within(self._read_started, timeout, "start its command", self._first)
+
+    def _read_started(self) -> None:
         assert self._proc.stdout is not None
         for raw in iter(self._proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
