@@ -36,6 +36,7 @@ COMMANDS = {
     "bench": "launcher.cli.metrics:bench",
     "report": "launcher.cli.metrics:report",
     "completion": "launcher.cli.completion:completion",
+    "dashboard": "launcher.cli.dashboard:dashboard",
 }
 
 

@@ -33,11 +33,14 @@ WAL_RETRY_S = 0.01
 class StoreBase:
     """The store's file and its one connection: opened private, migrated, every SQLite error a StoreError."""
 
-    def __init__(self, home: Path | None = None) -> None:
+    def __init__(self, home: Path | None = None, read_only: bool = False) -> None:
         self.home = home or launch_home()
         self.runs = self.home / "runs"
         self.path = self.home / "jobs.db"
         self._lock = threading.Lock()
+        if read_only:
+            self._open_read_only()
+            return
         try:
             self.runs.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not self.home.is_symlink():  # a link's target is someone's directory: its mode is not launch's to set
@@ -52,6 +55,16 @@ class StoreBase:
             self._write_ahead_log()
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
+
+    def _open_read_only(self) -> None:
+        """A reader's connection (``mode=ro``: the dashboard): it never writes, migrates or locks out a supervisor."""
+        if not self.path.exists():
+            raise StoreError(f"no job store in {self.home} yet", hint="submit a job first, or set LAUNCH_HOME")
+        with self._guard():
+            self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                                       check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def _write_ahead_log(self) -> None:
         """Put the file in WAL mode. On a new file that another process is switching at the same moment (two

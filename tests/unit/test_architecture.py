@@ -49,7 +49,7 @@ def _graph(typing_too: bool = False) -> dict[str, set[str]]:
 
 
 #: The layers of docs/ARCHITECTURE.md, lowest first: a module imports its own layer or lower ones.
-LAYERS = ["errors", "catalog", "spec", "plan", "metrics", "store", "backends", "views", "run", "cli", "__main__", "recipes"]
+LAYERS = ["errors", "catalog", "spec", "plan", "metrics", "store", "backends", "views", "run", "dashboard", "cli", "__main__", "recipes"]
 #: Imported by any layer: the package root and the node side (shipped to nodes, stdlib only).
 SHARED = {"", "node"}
 

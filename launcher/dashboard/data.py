@@ -1,0 +1,86 @@
+"""What the dashboard's pages show, composed by the functions `launch status` and `launch compare` use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.run import status
+from launcher.store.db import Store
+from launcher.store.states import JobState
+from launcher.views import jobstatus
+from launcher.views.compare import comparison, job_metrics, row_cells, table_headers
+from launcher.views.jobstatus import JobStatus
+from launcher.views.render import masked_env, shown_env
+from launcher.views.stacks import latest
+from launcher.views.verdict import verdict_lines
+
+#: The figures of a rank plotted on a job's page, by their metric record's name.
+SERIES = ("samples_per_sec", "step_time_s", "loss", "mem_peak_bytes")
+
+
+def jobs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every job newest first, as `launch status --json` gives each, with the ETA of a running one."""
+    out = []
+    for shown in status.listed(store, limit):
+        obj = jobstatus.job_object(shown)
+        obj["eta_s"] = eta_s(obj) if shown.job.state == JobState.RUNNING else None
+        out.append(obj)
+    return out
+
+
+def eta_s(obj: dict[str, Any]) -> float | None:
+    """Seconds left at the job's step rate, None where either is unknown."""
+    metrics, total = obj.get("metrics") or {}, obj.get("max_steps")
+    rate, steps = metrics.get("steps_per_sec"), metrics.get("steps") or 0
+    return (total - steps) / rate if isinstance(total, int) and rate and total > steps else None
+
+
+def shown_plan(plan: Any) -> list[dict[str, Any]]:
+    """Each node of a stored plan: host, argv, and its environment with where each value came from, secrets masked."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("nodes"), list):
+        return []
+    secrets = tuple(s for s in plan.get("secrets") or () if isinstance(s, str))
+    out = []
+    for node in plan["nodes"]:
+        if not isinstance(node, dict) or not isinstance(node.get("env"), dict):
+            continue
+        given = node.get("env_sources")
+        sources = given if isinstance(given, dict) else {}
+        env = masked_env(shown_env(node), secrets)
+        out.append({"node": node.get("index"), "host": node.get("host"), "nproc": node.get("nproc"),
+                    "argv": [str(a) for a in node.get("argv") or ()],
+                    "env": [(k, v, sources.get(k) or "") for k, v in env.items()]})
+    return out
+
+
+def job(store: Store, ref: str) -> dict[str, Any]:
+    """One job as `launch status JOB --json` shows it, with its verdict's lines and its plan per node. Unlike the
+    CLI it does not ask the nodes of an unattended job about their agents (a page load never reaches a node)."""
+    row = store.job(ref)
+    shown = JobStatus(row, jobstatus.job_summary(store, row), status.supervision(store, row), nodes=tuple(store.nodes(row.id)),
+                      events=tuple(store.events(row.id)), stacks=latest(store.run_dir(row.id)))
+    obj = jobstatus.detail_json(shown)
+    obj["verdict_lines"] = verdict_lines(shown.stacks, row, list(shown.events)) if shown.stacks else []
+    obj["plan_nodes"] = shown_plan(row.plan)
+    return obj
+
+
+def series(store: Store, ref: str) -> dict[str, Any]:
+    """The plotted figures of a job's latest attempt, per rank: {"ranks": {rank: {"step": [...], name: [...]}}}."""
+    row = store.job(ref)
+    ranks: dict[int, dict[str, list[Any]]] = {}
+    for record in store.metrics(row.id):
+        if record.attempt != (row.attempt or 0) or record.warmup:
+            continue
+        points = ranks.setdefault(record.rank, {"step": [], **{name: [] for name in SERIES}})
+        points["step"].append(record.step)
+        for name in SERIES:
+            points[name].append(getattr(record, name))
+    return {"job": row.id, "state": row.state, "ranks": {str(rank): ranks[rank] for rank in sorted(ranks)}}
+
+
+def compare(store: Store, refs: list[str]) -> dict[str, Any]:
+    """The `launch compare` table of these jobs (the first the baseline): headers and the cells of each row."""
+    entries = [(row, job_metrics(row, store.metrics(row.id), usage=store.samples(row.id)))
+               for row in (store.job(ref) for ref in refs)]
+    return {"headers": table_headers(), "rows": [row_cells(r) for r in comparison(entries)]}

@@ -1,0 +1,142 @@
+"""`launch dashboard`'s server through Starlette's TestClient: the token, escaping, masked secrets, and log
+streams that resume after a cut at the last line seen (no line lost or doubled)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the dashboard extra (launch[dashboard]) is part of launch[dev]")
+from starlette.testclient import TestClient  # noqa: E402
+
+from launcher.backends import cluster_spec, plan_job  # noqa: E402
+from launcher.dashboard import stream  # noqa: E402
+from launcher.dashboard.app import create_app, is_loopback  # noqa: E402
+from launcher.spec import JobSpec  # noqa: E402
+from launcher.store.db import LAUNCHING, RUNNING, SUCCEEDED, Store  # noqa: E402
+from launcher.views.logs import LogQuery  # noqa: E402
+
+HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+
+
+def make_job(home: Path, job_id: str = "dash-00000001", env: dict[str, str] | None = None,
+             lines: tuple[list[str], ...] = ([], [])) -> Store:
+    store = Store(home)
+    spec = JobSpec(name="dash", entrypoint=["python", "t.py"], env=env or {}, batch={"micro_batch": 2})
+    store.create_job(plan_job(spec, cluster_spec(name="local"), job_id, rdzv_port=29500), {})
+    for node, text in enumerate(lines):
+        path = store.run_dir(job_id) / f"attempt0-node{node}.log"
+        path.write_text("".join(f"{line}\n" for line in text), encoding="utf-8")
+        store.set_node(job_id, 0, node, host=f"h{node}", state="RUNNING", log_path=str(path))
+    return store
+
+
+def run(store: Store, job_id: str = "dash-00000001") -> None:
+    assert store.transition(job_id, LAUNCHING) and store.transition(job_id, RUNNING)
+
+
+def events(body: str) -> list[dict]:
+    """The SSE events of a response body: {"id", "event", "data"} each."""
+    out = []
+    for block in body.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        out.append({"id": fields.get("id"), "event": fields.get("event"), "data": json.loads(fields["data"])})
+    return out
+
+
+def test_loopback_binds_need_no_token_and_others_do():
+    assert all(map(is_loopback, ["127.0.0.1", "localhost", "::1", "127.0.0.2"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "10.1.2.3", "::", "gpu-head"]))
+
+
+def test_a_request_without_the_token_is_refused(home):
+    make_job(home)
+    client = TestClient(create_app(Store(home, read_only=True), token="s3cret-token"))
+    for path in ["/", "/jobs/dash-00000001", "/api/jobs", "/api/jobs/dash-00000001/logs", "/static/dashboard.js"]:
+        assert client.get(path).status_code == 403, path
+        assert client.get(path, params={"token": "wrong"}).status_code == 403, path
+    assert client.get("/api/jobs", params={"token": "s3cret-token"}).json()[0]["id"] == "dash-00000001"
+    assert client.get("/api/jobs", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+    page = client.get("/", params={"token": "s3cret-token"}).text
+    assert 'data-token="s3cret-token"' in page and "/static/dashboard.js?token=s3cret-token" in page
+
+
+def test_the_job_page_escapes_what_a_job_said_and_masks_secrets(home):
+    store = make_job(home, env={"MY_PASSWORD": "hunter2-value", "EVIL": HOSTILE})
+    run(store)
+    store.update_job("dash-00000001", reason=HOSTILE, first_failure={"rank": 0, "line": HOSTILE})
+    store.add_event("dash-00000001", "node_lost", HOSTILE)
+    page = TestClient(create_app(Store(home, read_only=True))).get("/jobs/dash-00000001")
+    assert page.status_code == 200
+    assert "<script>alert" not in page.text and "<img src=x" not in page.text
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page.text
+    assert "hunter2-value" not in page.text and "MY_PASSWORD</td><td>****" in page.text
+    assert "innerHTML" not in (Path(stream.__file__).parent / "static" / "dashboard.js").read_text()
+
+
+def test_the_jobs_list_and_compare_show_the_store(home):
+    make_job(home, "dash-00000001")
+    make_job(home, "dash-00000002")
+    client = TestClient(create_app(Store(home, read_only=True)))
+    assert [j["id"] for j in client.get("/api/jobs").json()] == ["dash-00000002", "dash-00000001"]
+    compare = client.get("/compare", params={"jobs": "dash-00000001,dash-00000002"})
+    assert compare.status_code == 200 and compare.text.count("<tr><td>dash") == 2
+    assert client.get("/jobs/nope").status_code == 404
+
+
+def test_a_read_only_store_never_writes(home):
+    make_job(home)
+    reader = Store(home, read_only=True)
+    with pytest.raises(Exception, match="readonly|read-only"):
+        reader.update_job("dash-00000001", reason="x")
+
+
+def test_a_finished_job_streams_its_lines_once_and_resumes_after_the_last_id(home):
+    store = make_job(home, lines=([f"[0/0] step {i}" for i in range(3)], [f"[1/1] step {i}" for i in range(2)]))
+    run(store)
+    assert store.transition("dash-00000001", SUCCEEDED)
+    client = TestClient(create_app(Store(home, read_only=True)))
+    first = events(client.get("/api/jobs/dash-00000001/logs").text)
+    assert first[0]["event"] == "lines" and sorted(first[0]["data"]) == sorted(
+        [f"[0/0] step {i}" for i in range(3)] + [f"[1/1] step {i}" for i in range(2)])
+    assert first[-1] == {"id": None, "event": "end", "data": {"state": "SUCCEEDED"}}
+    again = events(client.get("/api/jobs/dash-00000001/logs", headers={"Last-Event-ID": first[0]["id"]}).text)
+    assert [e["event"] for e in again] == ["end"]  # nothing sent twice
+    rank = events(client.get("/api/jobs/dash-00000001/logs", params={"rank": "1", "pattern": "step [1-9]"}).text)
+    assert rank[0]["data"] == ["[1/1] step 1"]
+
+
+def test_a_live_stream_cut_anywhere_resumes_with_no_line_lost_or_doubled(home):
+    """The job writes lines (the last one half-written each time) while the stream is read; the stream is cut after
+    each event and resumed from that event's id: the lines seen, in order, are the complete lines written."""
+    store = make_job(home, lines=(["[0/0] step 0"], []))
+    run(store)
+    log = store.run_dir("dash-00000001") / "attempt0-node0.log"
+    writes = iter(range(1, 7))
+
+    async def job_writes(_s: float) -> None:
+        step = next(writes, None)
+        if step is None:
+            store.transition("dash-00000001", SUCCEEDED)
+            return
+        with log.open("a", encoding="utf-8") as out:  # completes the half line written before, leaves one
+            out.write(("" if step == 1 else f" {step - 1}\n") + f"[0/0] step {step}\n[0/0] half")
+
+    async def read_all() -> list[str]:
+        reader, seen, last_id = Store(home, read_only=True), [], None
+        while True:
+            agen = stream.log_events(reader, "dash-00000001", LogQuery(), last_id, poll_s=0, sleep=job_writes)
+            got = await agen.__anext__()
+            await agen.aclose()  # the connection is cut after each event
+            event = events(got)[0]
+            if event["event"] == "end":
+                return seen
+            seen.extend(event["data"])
+            last_id = event["id"]
+
+    seen = asyncio.run(read_all())
+    complete = log.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(complete) == 12 and seen == complete
