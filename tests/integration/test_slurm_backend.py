@@ -185,17 +185,17 @@ def test_ctrl_c_cancels_a_queued_job_and_launch_cancel_a_running_one(slurm: sl.S
     waiting.send_signal(signal.SIGINT)
     _, err = waiting.communicate(timeout=60)
     assert waiting.returncode != 0
-    assert f"job {queued['id']}: queued by the scheduler (its job {queued['scheduler_id']})" in err
-    assert _status(queued["id"])["state"] == "CANCELLED"
-    assert job_state(slurm, queued["scheduler_id"])[0] == "CANCELLED"
-    assert not steps(slurm, queued["scheduler_id"])
+    assert f"job {queued.id}: queued by the scheduler (its job {queued.scheduler_id})" in err
+    assert _status(queued.id)["state"] == "CANCELLED"
+    assert job_state(slurm, queued.scheduler_id)[0] == "CANCELLED"
+    assert not steps(slurm, queued.scheduler_id)
 
     running = _status(first)
     done = _launch("cancel", first)
     assert done.returncode == 0, done.stderr
     assert _status(first)["state"] == "CANCELLED"
     assert job_state(slurm, running["scheduler_id"])[0] == "CANCELLED"
-    _assert_nothing_left(slurm, [running["scheduler_id"], queued["scheduler_id"]])
+    _assert_nothing_left(slurm, [running["scheduler_id"], queued.scheduler_id])
 
 
 def test_a_failing_rank_is_named_with_its_node(slurm: sl.SlurmCluster, tmp_path: Path, home: Path) -> None:
