@@ -53,3 +53,52 @@ def run_in_terminal(argv: list[str], env: dict[str, str], cols: int = 100, rows:
     screen = pyte.Screen(cols, rows)
     pyte.ByteStream(screen).feed(bytes(raw))
     return TerminalRun(proc.wait(timeout=10), bytes(raw), [line.rstrip() for line in screen.display])
+
+
+class ControllingTerminal:
+    """A program started as a terminal emulator or sshd starts a login shell: a session leader whose controlling
+    terminal is a new pty. Its output is read (and kept) by a thread, so it never blocks on a full pty; ``type``
+    writes keys (``\\x03`` is Ctrl-C: SIGINT from the line discipline); ``hang_up`` closes the terminal as a closed
+    window or a dropped SSH session does: the kernel sends SIGHUP, and writes to the pty fail from then on."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cols: int = 200, rows: int = 50) -> None:
+        import fcntl
+        import threading
+
+        self._master, slave = os.openpty()
+        termios.tcsetwinsize(slave, (rows, cols))
+        env = {**env, "COLUMNS": str(cols), "LINES": str(rows), "TERM": "xterm-256color"}
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+                                     start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(slave)
+        self.raw = bytearray()
+        self._lock, self._closing = threading.Lock(), threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closing.is_set():
+            ready, _, _ = select.select([self._master], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self._master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            with self._lock:
+                self.raw += chunk
+
+    @property
+    def text(self) -> str:
+        with self._lock:
+            return bytes(self.raw).decode(errors="replace")
+
+    def type(self, keys: bytes) -> None:
+        os.write(self._master, keys)
+
+    def hang_up(self) -> None:
+        self._closing.set()
+        self._reader.join()
+        os.close(self._master)

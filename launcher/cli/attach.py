@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from launcher.cli.output import echo_reason, echo_safe_line, exit_for
+from launcher.cli.output import cancel_question, echo_reason, echo_safe_line, exit_for
 from launcher.store.states import JobState
 
 
@@ -30,11 +30,16 @@ def attach(job, cluster_path, takeover):
     resumes every node's journal from the last line the store has (nothing lost, nothing
     twice: what the ranks printed meanwhile is shown and kept, their metrics stored), shows
     logs and progress as submit does, restarts as the job's policy says, and records how
-    the job ended. Ctrl-C cancels the job, as in submit. Exit code: 0 SUCCEEDED, 1 FAILED,
+    the job ended. As in submit, Ctrl-C asks before it cancels the job (on a pipe it
+    cancels at once) and a closed terminal never ends it. Exit code: 0 SUCCEEDED, 1 FAILED,
     130 CANCELLED, 5 taken over in turn by a newer supervisor.
 
-    Exactly one supervisor decides. While the job's supervisor is alive, attach is refused (it
-    says where: host and PID; `launch status --watch JOB` follows that one); with --takeover it
+    A foreground supervisor whose terminal closed goes on in the background ("in the background
+    since HH:MM" in `launch status`): a plain attach takes the job back from it.
+
+    Exactly one supervisor decides. While the job's supervisor is alive, or another store's is in
+    contact with the nodes, attach is refused (it says which: generation, host, PID, contact age;
+    `launch status --watch JOB` follows the job from here); with --takeover it
     takes the job from it: a newer supervisor generation is recorded on every node, the old
     supervisor's streams and follows are refused, and it stops (no sweep, no cancel, no state
     written; it says "taken over by a newer supervisor ...", exit 5; a detached keeper does not
@@ -81,7 +86,8 @@ def attach(job, cluster_path, takeover):
     try:
         job_id, state = attach_job(store, job, echo=lambda line: view.log(line) if view else echo_safe_line(line),
                                    warn=lambda text: click.echo(text, err=True), on_attached=attached,
-                                   takeover=takeover, cluster_path=cluster_path)
+                                   takeover=takeover, cluster_path=cluster_path, terminal=True,
+                                   ask=cancel_question(lambda text: view.log(text) if view else click.echo(text, err=True)))
     except SupervisorFenced as exc:
         click.echo(exc.message, err=True)
         sys.exit(exc.exit_code)

@@ -7,6 +7,7 @@ Only click is imported here: `launch --help` stays light.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -37,3 +38,26 @@ def exit_for(state: JobState | None) -> None:
     """Exit as a foreground job ends: 0 SUCCEEDED (returns), 130 CANCELLED, 1 otherwise."""
     if state != JobState.SUCCEEDED:
         sys.exit(EXIT_CANCELLED if state == JobState.CANCELLED else 1)
+
+
+CANCEL_QUESTION = ("cancel the job? [y/N] (Ctrl-C again: yes; the job does not need this terminal: "
+                   "`launch submit --detach` next time) ")
+
+
+def cancel_question(say: Callable[[str], None] | None = None) -> Callable[[], bool] | None:
+    """Ctrl-C's question on a terminal: a function that asks on stderr (or through ``say``, the live view) and reads
+    the answer from stdin; True for yes. None where stdin is not a terminal (a pipe, CI): there Ctrl-C cancels at once,
+    as SIGINT does for any command."""
+    if not sys.stdin.isatty():
+        return None
+
+    def ask() -> bool:
+        if say is not None:
+            say(CANCEL_QUESTION)
+        else:
+            click.echo("\n" + CANCEL_QUESTION, err=True, nl=False)
+        yes = sys.stdin.readline().strip().lower() in ("y", "yes")
+        click.echo("cancelling the job" if yes else "the job goes on", err=True)
+        return yes
+
+    return ask

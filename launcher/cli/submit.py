@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from launcher.cli.output import echo_reason, echo_safe_line, exit_for
+from launcher.cli.output import cancel_question, echo_reason, echo_safe_line, exit_for
 from launcher.errors import LaunchError, PreflightError
 from launcher.store.states import FailureKind, JobState
 from launcher.views.render import console
@@ -31,7 +31,11 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
     """Validate, plan, preflight and run JOB_FILE.
 
     In the foreground, logs stream with [node/rank] prefixes and the exit code
-    is 0 only if the job succeeded; Ctrl-C cancels the job on every node. On a
+    is 0 only if the job succeeded. Only an explicit cancel ends the job: Ctrl-C
+    asks "cancel the job? [y/N]" when stdin is a terminal (a second Ctrl-C is a
+    yes) and cancels at once on a pipe or in CI; `launch cancel JOB` always. A
+    closed terminal or SSH session (SIGHUP) never ends it: the supervisor goes on
+    in the background and `launch attach JOB` brings the job back to a terminal. On a
     terminal a live view shows each node's stages (preflight, sync, setup, start)
     and then a progress bar (step, samples/s, slowest rank, peak memory, ETA) under
     the scrolling logs; on a pipe or in CI the output is plain lines.
@@ -62,6 +66,7 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
             prepared, detach=detach, echo=None if quiet else (view.log if view else echo_safe_line),
             on_recorded=_on_recorded(prepared, store, view, quiet), run_check=not skip_check, store=store,
             warn=lambda text: click.echo(text, err=True), **({"stage": view.stage} if view else {}),
+            ask=None if detach else cancel_question(view.log if view else None),
         )
     finally:
         if view is not None:

@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from launcher.backends import get_backend
 from launcher.errors import LaunchError, SpecError
@@ -19,12 +20,16 @@ from launcher.spec.cluster import ClusterSpec
 from launcher.store.db import Store
 from launcher.store.states import JobState
 
+if TYPE_CHECKING:
+    from launcher.run.takeover import NodeGeneration
+
 TAKEOVER_WAIT_S = 30.0  # how long a takeover waits for the supervisor it fenced to stop
 
 
 def attach(
     store: Store, job_ref: str, *, echo: Callable[[str], None] | None, warn: Callable[[str], None] | None = None,
     on_attached: Callable[[str, int], None] | None = None, takeover: bool = False, cluster_path: str | None = None,
+    terminal: bool = False, ask: Callable[[], bool] | None = None,
 ) -> tuple[str, JobState]:
     """Supervise a running job here, to its end (`launch attach`); (job id, final state).
 
@@ -63,7 +68,8 @@ def attach(
         found = supervisor_presence(store, job.id)
     where = identity.described(run_dir, job.id, job.supervisor_pid, None)
     at = f"process {where.pid or found.pid} on {where.host or 'this machine'}"
-    if found.gone is None and not (takeover and found.pid is not None):
+    background = found.pid is not None and where.terminal_closed is not None  # its terminal closed: it gives way
+    if found.gone is None and not ((takeover or background) and found.pid is not None):
         raise LaunchError(f"job {job.id} has a supervisor: {at} follows it; only one supervisor decides",
                           hint=f"`launch status --watch {job.id}` follows it from here; `launch attach {job.id} "
                                f"--takeover` takes the job from it; `launch cancel {job.id}` ends it")
@@ -74,17 +80,23 @@ def attach(
                           hint=f"`launch cancel {job.id}` ends whatever it started")
     backend = get_backend(job.cluster)
     can = backend.capabilities
-    if not can.follows or (takeover and not can.fences):
+    if not can.follows or ((takeover or background) and not can.fences):
         backend.close()
         what = "take from a live supervisor" if can.follows else "follow again"
         raise LaunchError(f"job {job.id} runs on the {job.plan.backend} backend, whose nodes `launch attach` cannot "
-                          f"{what} yet (local and SSH can)", hint=f"`launch cancel {job.id}` ends it")
+                          f"{what} yet (local and SSH can)" + (f"; its supervisor ({at}) goes on in the background"
+                                                               if background else ""),
+                          hint=f"`launch status --watch {job.id}` and `launch logs --follow {job.id}` follow it; "
+                               f"`launch cancel {job.id}` ends it")
+    takeover = takeover or background
     lock = open(run_dir / "attach.lock", "a")  # noqa: SIM115 - held until this process ends
     try:
         generation = 0
         if can.fences:  # before the lock: the supervisor taken over may be an attach holding it
-            generation = fencing.take(backend, job.plan, fencing.read_generations(backend, job.plan),
-                                      every_node=takeover, warn=say)
+            nodes = fencing.read_generations(backend, job.plan)
+            if not takeover and not imported:
+                _refuse_if_followed(job.id, nodes, where.generation)
+            generation = fencing.take(backend, job.plan, nodes, every_node=takeover, warn=say)
         if found.pid is not None:  # taken from a live supervisor: it stops within a second or two
             _wait_gone(store, job.id, found.pid, say)
         _lock(lock, job.id, wait=TAKEOVER_WAIT_S if takeover else 0.0)
@@ -96,12 +108,14 @@ def attach(
             job = dataclasses.replace(job, job=job.job.model_copy(update={"restarts": 0}))
         supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend, secrets or {},
                                      echo=echo, warn=warn, generation=generation)
-        supervisor.install_signal_handlers()
+        supervisor.install_signal_handlers(terminal=terminal, ask=ask)
         if found.pid is not None or followed is not None:
             taken_from = at if found.pid is not None else followed
-            store.add_event(job.id, "takeover", f"`launch attach --takeover` (process {os.getpid()} on "
-                            f"{socket.gethostname()}) took the job from its supervisor ({taken_from}) at generation "
-                            f"{generation}", {"generation": generation, "pid": os.getpid(), "from": taken_from})
+            how = "`launch attach`" if background else "`launch attach --takeover`"
+            whose = "its supervisor in the background, whose terminal closed" if background else "its supervisor"
+            store.add_event(job.id, "takeover", f"{how} (process {os.getpid()} on {socket.gethostname()}) took the job "
+                            f"from {whose} ({taken_from}) at generation {generation}",
+                            {"generation": generation, "pid": os.getpid(), "from": taken_from})
         else:
             store.add_event(job.id, "attach", f"`launch attach` took the job (pid {os.getpid()}, generation "
                             f"{generation}); its supervisor was gone: {found.gone}", {"generation": generation})
@@ -141,6 +155,22 @@ def _import_from_nodes(store: Store, job_id: str, cluster: ClusterSpec,
     fencing.import_job(store, found, backend.host(found.job.plan, 0))
     return (found.job, f"node 0, {backend.host(found.job.plan, 0)}",
             None if followed is None else fencing.who(followed).partition(", ")[2])
+
+
+def _refuse_if_followed(job_id: str, nodes: list[NodeGeneration], ours: int | None) -> None:
+    """A plain attach asks the nodes who is in contact: a supervisor of another generation than this store's own
+    (gone) one that followed a node within ``takeover.FRESH_CONTACT_S`` decides for the job (another store's, or one
+    that took it from this store): refused, naming it; only ``--takeover`` fences it."""
+    from launcher.run import takeover as fencing
+
+    followed = fencing.in_contact(nodes)
+    if followed is None or followed.generation == (ours or 0):
+        return
+    contact = (followed.answer or {}).get("contact_s", 0)
+    raise LaunchError(f"job {job_id} is followed by another supervisor ({fencing.who(followed)}: node "
+                      f"{followed.index} was in contact {contact:.1f} s ago); only one supervisor decides",
+                      hint=f"`launch attach {job_id} --takeover` takes the job from it; `launch cancel {job_id}` "
+                           "ends it")
 
 
 def _wait_gone(store: Store, job_id: str, pid: int, warn: Callable[[str], None]) -> None:

@@ -3,7 +3,8 @@
 A supervisor records its PID, its start time (clock ticks since boot, from /proc) and the boot id
 in its job's run directory. `launch cancel` signals that PID only if the process there now
 started at that same tick of that same boot (a reused PID cannot), and its command line is a
-launch supervisor's: the detached one names the job id, the foreground one is `launch submit`.
+launch supervisor's: the detached one names the job id, the foreground one is `launch submit`, `attach` or `bench`
+(whose runs are foreground submits).
 The same proof, turned round, says when a supervisor is gone (``presence``): `launch cancel` and
 `status --watch` act on that evidence only, never on a supervisor being slow. `launch attach` takes
 a job whose supervisor is proven gone; ``described`` is what `launch status` says of a job's supervisor.
@@ -21,10 +22,11 @@ from typing import Any
 
 from launcher.node.journal import write_atomically
 from launcher.node.proctree import start_ticks
-from launcher.store.states import Supervision, SupervisorState
+from launcher.store.states import Successor, Supervision, SupervisorState
 
 IDENTITY_FILE = "supervisor.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+FOREGROUND_COMMANDS = (b"submit", b"attach", b"bench")  # the commands that supervise a job in their own process
 def _boot_id() -> str | None:
     try:
         return Path(BOOT_ID).read_text().strip()
@@ -32,11 +34,38 @@ def _boot_id() -> str | None:
         return None
 
 
-def record(run_dir: Path, job_id: str, generation: int = 0) -> None:
-    """Record this process as the supervisor of ``job_id`` (of ``generation``: see ``launch attach --takeover``)."""
+def record(run_dir: Path, job_id: str, generation: int = 0, terminal_closed: float | None = None) -> None:
+    """Record this process as the supervisor of ``job_id`` (of ``generation``: see ``launch attach --takeover``);
+    ``terminal_closed``: when the terminal of this foreground supervisor closed (it goes on in the background, and
+    a plain `launch attach` takes the job from it)."""
+    since = _recorded(run_dir) or {}
+    began = since.get("since") if since.get("pid") == os.getpid() and since.get("job_id") == job_id else None
     identity = {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()), "boot_id": _boot_id(), "job_id": job_id,
-                "host": socket.gethostname(), "since": time.time(), "generation": generation}
+                "host": socket.gethostname(), "since": began or time.time(), "generation": generation,
+                "terminal_closed": terminal_closed}
     write_atomically(str(run_dir / IDENTITY_FILE), json.dumps(identity))  # a takeover's reader sees one or the other
+
+
+def fenced(run_dir: Path, job_id: str, newer: dict[str, Any]) -> None:
+    """Add to this process's record that a newer supervisor (``newer``: its generation, pid and host, as the nodes
+    said) took the job, for this store's `launch status`; a record that is no longer this process's is left alone."""
+    identity = _recorded(run_dir)
+    if identity is None or identity.get("pid") != os.getpid() or identity.get("job_id") != job_id:
+        return
+    taken = {key: newer.get(key) for key in ("generation", "pid", "host")}
+    write_atomically(str(run_dir / IDENTITY_FILE), json.dumps({**identity, "taken_over_by": taken}))
+
+
+def _successor(identity: dict[str, Any]) -> Successor | None:
+    taken = identity.get("taken_over_by")
+    if not isinstance(taken, dict):
+        return None
+
+    def typed(key: str, kind: type) -> Any:
+        value = taken.get(key)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    return Successor(typed("generation", int), typed("pid", int), typed("host", str))
 
 
 @dataclass(frozen=True)
@@ -67,7 +96,7 @@ def _argv(pid: int) -> list[bytes] | None:
 def _is_supervisor(argv: list[bytes], job_id: str) -> bool:
     detached = b"launcher.run.detached" in argv and job_id.encode() in argv
     launch = any(arg.endswith((b"launch", b"launcher")) for arg in argv[:3])
-    foreground = launch and (b"submit" in argv or b"attach" in argv)
+    foreground = launch and any(command in argv for command in FOREGROUND_COMMANDS)
     return detached or foreground
 
 
@@ -104,8 +133,14 @@ def described(run_dir: Path, job_id: str, spawned_pid: int | None, alive_at: flo
     pid = identity.get("pid") if mine and isinstance(identity.get("pid"), int) else spawned_pid
     began = identity.get("since") if mine and isinstance(identity.get("since"), (int, float)) else None
     generation = identity.get("generation", 0) if mine and isinstance(identity.get("generation", 0), int) else None
+    successor = _successor(identity) if mine else None
+    if successor is not None:
+        return Supervision(SupervisorState.TAKEN_OVER, host, pid, began, found.gone, generation, successor=successor)
+    closed = identity.get("terminal_closed") if mine else None
+    closed = closed if isinstance(closed, (int, float)) and not isinstance(closed, bool) else None
     if found.pid is not None:
-        return Supervision(SupervisorState.ATTACHED, host or socket.gethostname(), found.pid, began, generation=generation)
+        return Supervision(SupervisorState.ATTACHED, host or socket.gethostname(), found.pid, began, generation=generation,
+                           terminal_closed=closed)
     if found.gone is not None:
         return Supervision(SupervisorState.LOST, host, pid, alive_at if alive_at is not None else began, found.gone, generation)
     return Supervision(SupervisorState.UNKNOWN, host, pid, None, generation=generation)

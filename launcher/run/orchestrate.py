@@ -139,9 +139,11 @@ def submit(
     warn: Callable[[str], None] | None = None,
     stage: StageSink = no_stage,
     store: Store | None = None,
+    ask: Callable[[], bool] | None = None,
 ) -> tuple[str, JobState]:
     """Check, preflight, record (in ``store``, else the user's) and run the job; (job id, state). Nothing starts if a
-    check fails.
+    check fails. In the foreground, a closed terminal never ends the job and Ctrl-C cancels it, after ``ask`` says
+    yes where given (``Supervisor.install_signal_handlers``).
 
     ``run_check`` also compares the nodes' python, torch, deepspeed and NCCL versions (from the
     facts preflight gathered) and validates a DeepSpeed config with DeepSpeed's own classes.
@@ -175,7 +177,7 @@ def submit(
         else:
             supervisor = make_supervisor(store, plan, job, cluster, run_check, backend, secret_values,
                                          echo=echo, warn=warn, stage=stage)
-            supervisor.install_signal_handlers()
+            supervisor.install_signal_handlers(terminal=True, ask=ask)
     except BaseException as exc:
         backend.close()
         if created:

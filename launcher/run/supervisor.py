@@ -4,7 +4,8 @@ It relays every line with a ``[node/rank]`` prefix (``watcher``: to the console 
 always to per-node log files), files metric records in the store, follows what the node agents
 measure (``liveness``), notices the first node that fails (``attribution``) and tears the others
 down, calls a silent and idle job hung (taking every rank's stack first), obeys cancel requests
-(SIGTERM, SIGINT, SIGHUP), restarts after failures that can pass, and checks that no process of the
+(SIGTERM; SIGINT, asked first on a terminal), goes on in the background when its terminal closes (SIGHUP: ``hangup``),
+restarts after failures that can pass, and checks that no process of the
 job is left before it records the final state. Whatever goes wrong, it ends in one guarded finish
 (``finish``) that writes a terminal state: its own errors end the job FAILED ("launch internal
 error"), never a job left RUNNING (``errorlog`` keeps their tracebacks). Its collaborators: ``nodes`` (an
@@ -30,7 +31,7 @@ from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import SupervisorFenced
 from launcher.metrics.record import Rejected
 from launcher.plan.planner import Plan
-from launcher.run import errorlog, identity, stacks
+from launcher.run import errorlog, hangup, identity, stacks
 from launcher.run.attribution import node_failure
 from launcher.run.elastic import Replanner as ElasticReplanner
 from launcher.run.finish import Outcome, finish
@@ -51,11 +52,8 @@ SETTLE_S = 1.0
 REPORT_WAIT_S = 5.0  # how long failed nodes' output may take to reach us (their failure reports), under load
 POLL_S = 0.1
 HEARTBEAT_S = 2.0  # how often the loop records that the job's supervisor is alive (jobs.supervisor_at)
-CANCEL_SIGNALS = {
-    signal.SIGTERM: "cancelled (SIGTERM to the supervisor)",
-    signal.SIGINT: "cancelled (Ctrl-C)",
-    signal.SIGHUP: "cancelled (SIGHUP: the terminal of `launch submit` was closed)",
-}
+CANCELLED_BY_TERM = "cancelled (SIGTERM to the supervisor)"
+CANCELLED_BY_CTRL_C = "cancelled (Ctrl-C)"
 
 
 class Supervisor:
@@ -114,18 +112,27 @@ class Supervisor:
                               self._guarded)
         self._resume_attempt: int | None = None  # `launch attach`: follow this attempt's nodes instead of starting
         self._heartbeat_at = 0.0
+        self._asking = threading.Event()  # a Ctrl-C's question is on the terminal
+        self._terminal_lost = threading.Event()  # the terminal closed: the job goes on, supervised in the background
+        self._terminal_lost_filed = False
 
     # output
 
     def echo_line(self, line: str) -> None:
         """Show a relayed line in the foreground, unless the job is being torn down (those stay in the logs)."""
-        if self.echo is not None and not self._quiet.is_set():
-            self.echo(line)
+        if self.echo is not None and not self._quiet.is_set() and not self._terminal_lost.is_set():
+            try:
+                self.echo(line)
+            except OSError:  # EIO or EPIPE: the terminal (or the pipe's reader) is gone, the job is not
+                self.lose_terminal()
 
     def warn(self, text: str) -> None:
         self.store.add_event(self.plan.job_id, "warning", text)
-        if self._warn is not None:
-            self._warn(f"warning: {text}")
+        if self._warn is not None and not self._terminal_lost.is_set():
+            try:
+                self._warn(f"warning: {text}")
+            except OSError:
+                self.lose_terminal()
 
     def rejected_record(self, node: int, rejected: Rejected) -> None:
         """Count a malformed metric record (never stored); warn once an attempt."""
@@ -144,10 +151,39 @@ class Supervisor:
         self._cancel_reason = reason
         self._cancel.set()
 
-    def install_signal_handlers(self) -> None:
-        """SIGTERM (launch cancel), SIGINT (Ctrl-C) and SIGHUP (the submitting terminal closed) cancel the job."""
-        for signum, reason in CANCEL_SIGNALS.items():
-            signal.signal(signum, lambda *_, why=reason: self.request_cancel(why))
+    def install_signal_handlers(self, *, terminal: bool = False, ask: Callable[[], bool] | None = None) -> None:
+        """SIGTERM (`launch cancel`) cancels the job. SIGINT (Ctrl-C) cancels it, or with ``ask`` (a terminal to
+        answer on) first asks in a thread: yes cancels, and a second Ctrl-C while it asks is a yes. SIGHUP never
+        ends the job: a ``terminal`` supervisor (foreground) goes on in the background (``lose_terminal``), any
+        other ignores it."""
+        signal.signal(signal.SIGTERM, lambda *_: self.request_cancel(CANCELLED_BY_TERM))
+        signal.signal(signal.SIGINT, lambda *_: self._interrupted(ask))
+        signal.signal(signal.SIGHUP, (lambda *_: self.lose_terminal()) if terminal else signal.SIG_IGN)
+
+    def _interrupted(self, ask: Callable[[], bool] | None) -> None:
+        if ask is None or self._asking.is_set() or self._terminal_lost.is_set():
+            self.request_cancel(CANCELLED_BY_CTRL_C)
+            return
+        self._asking.set()
+        threading.Thread(target=self._ask, args=(ask,), daemon=True, name="launch-ctrl-c").start()
+
+    def _ask(self, ask: Callable[[], bool]) -> None:
+        try:
+            yes = ask()
+        except (OSError, ValueError):  # the terminal went away while asking: nobody said yes
+            yes = False
+        finally:
+            self._asking.clear()
+        if yes:
+            self.request_cancel(CANCELLED_BY_CTRL_C)
+
+    def lose_terminal(self) -> None:
+        """The terminal closed (signal-safe): say how to follow the job where it can still be said, write nothing
+        more to it, and go on; the loop files it (``_heartbeat``)."""
+        if self._terminal_lost.is_set():
+            return
+        self._terminal_lost.set()
+        hangup.detach_from_terminal(self.plan.job_id, self.run_dir)
 
     def run(self) -> JobState:
         """Start every node, watch until the end (restarting as the policy allows), clean up; the final state.
@@ -178,6 +214,8 @@ class Supervisor:
                 outcome = self._attempts()
         except SupervisorFenced as exc:  # a newer supervisor decides now: no sweep, no state, no notice
             fenced = exc
+            newer = exc.newer
+            self._guarded("recording who took the job", lambda: identity.fenced(self.run_dir, job_id, newer))
         except Exception as exc:  # noqa: BLE001 - the job must end, whatever went wrong in launch
             outcome = self._internal_error(exc)
         finally:
@@ -398,6 +436,12 @@ class Supervisor:
 
     def _heartbeat(self) -> None:
         now = time.time()
+        if self._terminal_lost.is_set() and not self._terminal_lost_filed:
+            self._terminal_lost_filed = True
+            identity.record(self.run_dir, self.plan.job_id, self.generation, terminal_closed=now)
+            job_id = self.plan.job_id
+            self.store.add_event(job_id, "terminal_closed", f"the supervisor's terminal closed; it goes on in the "
+                                 f"background (process {os.getpid()}): `launch attach {job_id}` follows the job")
         if now - self._heartbeat_at >= HEARTBEAT_S:
             self._heartbeat_at = now
             self.store.update_job(self.plan.job_id, supervisor_at=now)

@@ -79,12 +79,29 @@ class SupervisorState(StrEnum):
     ATTACHED = "attached"
     LOST = "lost"
     UNKNOWN = "unknown"
+    TAKEN_OVER = "taken_over"  # fenced by a newer supervisor generation (another store's, or another attach's)
+
+
+@dataclass(frozen=True)
+class Successor:
+    """The supervisor that took a job from this store's one (what the fenced supervisor heard from its nodes)."""
+
+    generation: int | None
+    pid: int | None
+    host: str | None
+
+    def __str__(self) -> str:
+        return f"generation {self.generation if self.generation is not None else '?'} (process {self.pid or '?'} on {self.host or '?'})"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"generation": self.generation, "pid": self.pid, "host": self.host}
 
 
 @dataclass(frozen=True)
 class Supervision:
-    """What `launch status` says of a job's supervisor: ``attached`` (where, since when it took the job), ``lost``
-    (where it ran, when it was last alive, why it is known gone) or ``unknown``."""
+    """What `launch status` says of a job's supervisor: ``attached`` (where, since when it took the job; when its
+    terminal closed, if it did), ``lost`` (where it ran, when it was last alive, why it is known gone), ``taken_over``
+    (by whom) or ``unknown``."""
 
     state: SupervisorState
     host: str | None = None
@@ -92,10 +109,13 @@ class Supervision:
     since: float | None = None
     why: str | None = None
     generation: int | None = None  # 0: the submitting supervisor; each `launch attach` one more
+    terminal_closed: float | None = None  # a foreground supervisor whose terminal closed: it goes on in the background
+    successor: Successor | None = None  # TAKEN_OVER: who took the job
 
     def as_json(self) -> dict[str, Any]:
         return {"state": self.state, "host": self.host, "pid": self.pid, "since": self.since,
-                "generation": self.generation}
+                "generation": self.generation, "terminal_closed": self.terminal_closed,
+                "taken_over_by": None if self.successor is None else self.successor.as_json()}
 
 
 def is_terminal(state: JobState | str | None) -> bool:

@@ -102,6 +102,21 @@ def unattended(status: JobStatus) -> str | None:
     return f"{state}, unattended since {when} (no supervisor){_agents_said(status.agents)}: {remedy} {status.job.id}"
 
 
+def supervisor_said(status: JobStatus) -> str | None:
+    """The job's state as its supervision qualifies it: unattended (``unattended``), taken over by a newer supervisor
+    (``RUNNING, taken over by generation 2 (process 4242 on lab-02)``: this store no longer follows it), or
+    supervised in the background since its terminal closed (``launch attach JOB`` brings it back to a terminal)."""
+    said, job = status.supervision, status.job
+    if said is None:
+        return None
+    if said.state == SupervisorState.TAKEN_OVER and said.successor is not None:
+        return f"{job.state}, taken over by {said.successor}"
+    if said.state == SupervisorState.ATTACHED and said.terminal_closed is not None:
+        when = time.strftime("%H:%M", time.localtime(said.terminal_closed))
+        return f"{job.state}, in the background since {when} (its terminal closed): launch attach {job.id}"
+    return unattended(status)
+
+
 def _agents_said(agents: AgentsLeft | None) -> str:
     """What the nodes said of their agents (``status JOB`` asks them), as a clause."""
     if agents is None:
@@ -216,7 +231,7 @@ def jobs_table(statuses: list[JobStatus]):
     for status in statuses:
         job, m = status.job, status.summary
         table.add_row(
-            Text(_fmt(job.id, "")), _state(job.state, unattended(status)),
+            Text(_fmt(job.id, "")), _state(job.state, supervisor_said(status)),
             Text(f"{_fmt(job.nnodes, 'd')}x{_fmt(job.nproc_per_node, 'd')}"),
             Text(steps_text(m.steps, job.max_steps)), _fmt(m.samples_per_sec),
             _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job.created_at),
@@ -327,7 +342,7 @@ def job_detail(status: JobStatus) -> list[Any]:
     obj, m, events = job_object(status), status.summary, list(status.events)
     waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == JobState.QUEUED and obj.get("queue_reason") else ""
     scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
-    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], unattended(status)),
+    header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], supervisor_said(status)),
                            Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))
     out: list[Any] = [
         header,

@@ -207,3 +207,59 @@ def test_takeover_fences_a_live_supervisor_and_another_store_reads_the_job_back_
     _each_step_once(other, job_id, TAKEN_STEPS)
     print(f"--cluster: {TAKEN_STEPS} steps of 2 nodes read back into a fresh store in {fetched_s:.1f} s")
     assert proctree.job_pids(job_id) == []
+
+
+HUNG_STEPS, HUNG_GATE = 40, 12
+
+
+def test_a_closed_terminal_never_ends_a_foreground_job_and_attach_takes_it_back(tmp_path, home):
+    """Issue 34: `launch submit` in the foreground on a terminal (the pty its controlling terminal, as in a terminal
+    window or an SSH session). Ctrl-C asks, "n" goes on; the terminal closes (SIGHUP): the supervisor goes on in the
+    background and `launch status` says so with `launch attach JOB`; a plain `launch attach` takes the job back to a
+    terminal and follows it to SUCCEEDED in attempt 0, every step once."""
+    from tests.terminal import ControllingTerminal
+
+    gate = tmp_path / "gate"
+    spec = write_yaml(tmp_path / "job.yaml", {
+        "name": "hangup", "entrypoint": ["python", str(STEP_LINES)], "batch": {"micro_batch": 8},
+        "resources": {"nodes": 1, "nproc_per_node": 2}, "max_steps": HUNG_STEPS,
+        "env": {"STEPS": str(HUNG_STEPS), "STEP_S": "0.1", "GATE_FILE": str(gate), "GATE_STEP": str(HUNG_GATE)},
+    })
+    term = ControllingTerminal(launch_argv("submit", str(spec)), cli_env(home))
+    job_id = None
+    try:
+        job_id = wait_for(lambda: (re.findall(r"job (hangup-[0-9a-f]{8}):", term.text) or [None])[0], timeout=120)
+        assert job_id, term.text[-3000:]
+        assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 3, timeout=180), term.text[-3000:]
+        term.type(b"\x03")
+        assert wait_for(lambda: "cancel the job? [y/N]" in term.text, timeout=30), term.text[-3000:]
+        term.type(b"n\r")
+        assert wait_for(lambda: "the job goes on" in term.text, timeout=30), term.text[-3000:]
+        term.hang_up()
+        closed = wait_for(lambda: [e for e in status_json(home, job_id)["events"] if e["kind"] == "terminal_closed"],
+                          timeout=30)
+        assert closed and term.proc.poll() is None, "the supervisor went on after its terminal closed"
+        shown = run_cli(home, "status", env=cli_env(home, COLUMNS="300")).stdout
+        assert re.search(rf"RUNNING, in the background since \d\d:\d\d \(its terminal closed\): launch attach {job_id}",
+                         shown), shown
+
+        attach = subprocess.Popen(launch_argv("attach", job_id), env=cli_env(home), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        assert term.proc.wait(timeout=90) == 5, "the background supervisor gave the job to the attach"
+        said = (home / "runs" / job_id / "supervisor.log").read_text()
+        assert f"job {job_id}: taken over by a newer supervisor (generation 1, process {attach.pid}" in said, said
+        gate.touch()
+        out, err = attach.communicate(timeout=180)
+        assert attach.returncode == 0 and f"job {job_id}: SUCCEEDED" in err, err + out[-2000:]
+    finally:
+        gate.touch()
+        if term.proc.poll() is None and job_id is None:
+            term.proc.kill()
+        if job_id:
+            run_cli(home, "cancel", job_id)
+    done = status_json(home, job_id)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 0
+    kinds = [event["kind"] for event in done["events"]]
+    assert kinds.count("terminal_closed") == 1 and kinds.count("takeover") == 1, kinds
+    assert not {"cancelled", "cancel_requested", "restarting", "supervisor_lost"} & set(kinds), kinds
+    _each_step_once(home, job_id, HUNG_STEPS)

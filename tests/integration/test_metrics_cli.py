@@ -232,3 +232,37 @@ def test_bench_runs_each_strategy_and_shows_failures_with_reasons(tmp_path) -> N
     listed = json.loads(run_launch(tmp_path, "status", "--json").stdout)
     assert sorted((j["strategy"], j["state"], j["max_steps"]) for j in listed) == [
         ("ddp", "SUCCEEDED", 4), ("dp", "SUCCEEDED", 4)]
+
+
+@pytest.mark.skipif(not (REPO / "launcher/recipes/train.py").exists(), reason="needs the recipes (launcher/recipes/train.py)")
+def test_a_bench_run_is_a_supervised_job_in_status_attach_and_cancel(tmp_path) -> None:
+    """`launch bench` supervises each run in its own process: status names it, a plain attach is refused, and
+    `launch cancel` asks it (not the orphan path), which stops the bench."""
+    from tests.helpers import status_json, wait_for
+
+    store = tmp_path / "store"
+    bench = subprocess.Popen(
+        [*launch_argv(), "bench", str(REPO / "jobs/cifar10_convnet.yaml"), "--strategies", "ddp,dp", "--steps",
+         "100000", "--set", "resources.nproc_per_node=2"], cwd=tmp_path, env={**os.environ, "LAUNCH_HOME": str(store)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = wait_for(lambda: [j["id"] for j in json.loads(run_launch(tmp_path, "status", "--json").stdout)
+                                   if j["state"] == "RUNNING"], timeout=180)
+        assert job_id, "the bench's first run never reached RUNNING"
+        supervisor = status_json(store, job_id[0])["supervisor"]
+        assert supervisor["state"] == "attached" and supervisor["pid"] == bench.pid, supervisor
+        listed = run_launch(tmp_path, "status")
+        assert "unattended" not in listed.stdout, listed.stdout
+        refused = run_launch(tmp_path, "attach", job_id[0])
+        assert refused.returncode == 1 and f"process {bench.pid} on" in refused.stderr, refused.stderr
+        cancelled = run_launch(tmp_path, "cancel", job_id[0])
+        assert cancelled.returncode == 0, cancelled.stderr
+        out, err = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate()
+    row = status_json(store, job_id[0])
+    assert row["state"] == "CANCELLED" and "supervisor was gone" not in (row["reason"] or ""), row["reason"]
+    assert "cancelled (SIGTERM to the supervisor)" in row["reason"], row["reason"]
+    assert "dp" in err and "not run: the bench was cancelled" in out + err, out + err

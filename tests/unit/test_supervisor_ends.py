@@ -1,6 +1,6 @@
 """However a supervised job goes, it ends in a terminal state that says why: its own clean-up failing,
-the store refusing records, the disk under LAUNCH_HOME full, the terminal of `launch submit` closed,
-the job cancelled before it launched. A scripted in-memory backend (tests/unit/fakes.py)."""
+the store refusing records, the disk under LAUNCH_HOME full, the job cancelled before it launched; the terminal
+of `launch submit` closed never ends it. A scripted in-memory backend (tests/unit/fakes.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,15 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(supervisor_module, "SETTLE_S", 0.2)
     monkeypatch.setattr(supervisor_module, "REPORT_WAIT_S", 0.5)
     monkeypatch.setattr(supervisor_module, "POLL_S", 0.01)
+
+
+@pytest.fixture(autouse=True)
+def detached(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The jobs whose supervisor left its terminal; the test process's own descriptors are left alone (the real
+    redirection is tested on a pseudo-terminal: tests/integration/test_attach.py)."""
+    calls: list[str] = []
+    monkeypatch.setattr(supervisor_module.hangup, "detach_from_terminal", lambda job_id, run_dir: calls.append(job_id))
+    return calls
 
 
 def _supervisor(tmp_path: Path, backend: FakeBackend) -> tuple[Supervisor, Store]:
@@ -137,14 +146,31 @@ def _signals():
 
 
 @pytest.mark.usefixtures("_signals")
-def test_a_closed_terminal_cancels_a_foreground_job_cleanly(tmp_path: Path) -> None:
-    backend = HangUp(CLUSTER, [[NodeScript(code=None), NodeScript(code=None)]])
+def test_a_closed_terminal_never_ends_a_foreground_job(tmp_path: Path, detached: list[str]) -> None:
+    backend = HangUp(CLUSTER, [[NodeScript([output("epoch 1")]), NodeScript([output("epoch 1")])]])
     sup, store = _supervisor(tmp_path, backend)
-    sup.install_signal_handlers()
-    assert sup.run() == JobState.CANCELLED
-    row = store.job("unit-00000001")
-    assert row.state == "CANCELLED" and "SIGHUP" in row.reason
-    assert all(node.terminated for node in backend.started[0]) and backend.swept_nodes == 2 and backend.closed
+    sup.install_signal_handlers(terminal=True)
+    assert sup.run() == JobState.SUCCEEDED
+    assert detached == ["unit-00000001"]
+    [closed] = [e for e in store.events("unit-00000001") if e["kind"] == "terminal_closed"]
+    assert "`launch attach unit-00000001` follows the job" in closed["message"]
+    assert not any(node.terminated for node in backend.started[0])
+
+
+@pytest.mark.usefixtures("_signals")
+def test_ctrl_c_on_a_terminal_asks_and_a_no_goes_on(tmp_path: Path) -> None:
+    asked = []
+
+    class CtrlC(FakeBackend):
+        def start(self, plan, context):
+            started = super().start(plan, context)
+            signal.raise_signal(signal.SIGINT)
+            return started
+
+    backend = CtrlC(CLUSTER, [[NodeScript([output("epoch 1")]), NodeScript([output("epoch 1")])]])
+    sup, store = _supervisor(tmp_path, backend)
+    sup.install_signal_handlers(terminal=True, ask=lambda: asked.append(1) or False)
+    assert sup.run() == JobState.SUCCEEDED and asked == [1]
 
 
 def test_a_job_cancelled_before_it_launched_still_has_its_backend_closed(tmp_path: Path) -> None:
@@ -165,7 +191,7 @@ def test_a_console_that_went_away_loses_nothing(tmp_path: Path) -> None:
     sup.echo = closed_terminal
     assert sup.run() == JobState.SUCCEEDED
     row = store.job("unit-00000001")
-    assert row.reason is None
+    assert row.reason is None and [e["kind"] for e in store.events(row.id)].count("terminal_closed") == 1
     assert (Path(row.run_dir) / "attempt0-node1.log").read_text().endswith("[1] epoch 1\n")
 
 
