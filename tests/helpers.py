@@ -81,7 +81,7 @@ def run_cli(home: Path, *args: str, timeout: float = 120, env: dict | None = Non
     (SIGTERM: the supervisor ends its job), then killed, and TimeoutExpired raised: a supervisor killed outright
     would leave its job to the node agents' unattended timeout, running on after the test."""
     proc = subprocess.Popen(launch_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env or cli_env(home), cwd=cwd or ROOT)
+                            env=env or cli_env(home), cwd=cwd or ROOT, stdin=subprocess.DEVNULL)
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException as exc:  # the timeout, or pytest-timeout's Failed raised in the middle of the wait

@@ -46,7 +46,7 @@ def _holding(tmp_path: Path, tag: str, proc: subprocess.Popen) -> bool:
 
 def _submit(home: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(launch_argv("submit", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env(home), cwd=ROOT)
+                            env=cli_env(home), cwd=ROOT, stdin=subprocess.DEVNULL)  # no terminal: Ctrl-C does not ask
 
 
 def _done(proc: subprocess.Popen) -> tuple[int, str]:

@@ -130,7 +130,7 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_of_a_foreground_submit_cancels_everything(tmp_path, home):
     job = probe_job(tmp_path / "job.yaml", nodes=1, nproc=2, env={"PROBE_STEPS": "2000"})
     proc = subprocess.Popen(launch_argv("submit", str(job)), env=cli_env(home), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)  # no terminal: no question
     try:
         first = proc.stderr.readline()
         job_id = first.split()[1].rstrip(":")

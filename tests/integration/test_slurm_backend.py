@@ -178,7 +178,7 @@ def test_ctrl_c_cancels_a_queued_job_and_launch_cancel_a_running_one(slurm: sl.S
     cluster = _cluster(tmp_path, slurm)
     first, _ = _running_held_job(tmp_path, cluster, "running")
     waiting = subprocess.Popen([LAUNCH, "submit", str(_job(tmp_path, name="queued")), "--cluster", str(cluster)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     store = Store(home)
     queued = wait_for(lambda: next((j for j in store.jobs() if j.name == "queued" and j.state == "QUEUED"), None),
                       30, "the foreground job to be queued")

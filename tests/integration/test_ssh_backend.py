@@ -244,7 +244,8 @@ def test_a_dead_supervisor_leaves_the_job_to_the_unattended_timeout_and_cancel_r
 def test_ctrl_c_cancels_a_foreground_job(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
     job = _job(tmp_path, steps=400, step_s=0.1)
     proc = subprocess.Popen([LAUNCH, "submit", str(job), "--cluster", str(_cluster(tmp_path, testbed))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)  # not a terminal: Ctrl-C cancels without asking
     try:
         row = Store(home).job(_wait_running(home).id)
         backend = SSHBackend(cluster_spec((row.spec or {})["cluster"]))
