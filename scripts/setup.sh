@@ -3,7 +3,7 @@
 #   scripts/setup.sh          a venv in .venv with launch and the training extras (torch, deepspeed, transformers)
 #   scripts/setup.sh --test   also the test tools, Ray, and (as root) Debian's openssh-server, iproute2, chromium,
 #                             podman and runc (made podman's default runtime by a drop-in file), slurm-wlm and munge,
-#                             pdsh (the OpenSSH baseline of scripts/bench_fanout.py)
+#                             pdsh (the OpenSSH baseline of scripts/bench_fanout.py), prometheus (scrapes the dashboard)
 # Torch comes from pip's configured index: on the dev/CI machines that is a local CPU build (torch 2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,8 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   [[ -x /usr/sbin/munged && -f /etc/munge/munge.key ]] || missing+=(munge)
   # The OpenSSH fan-out tool that scripts/bench_fanout.py measures launch against, on the same hosts.
   command -v pdsh >/dev/null || missing+=(pdsh)
+  # A real Prometheus that scrapes `launch dashboard`'s /metrics in its test (the test starts it itself).
+  command -v prometheus >/dev/null || missing+=(prometheus)
   if (( ${#missing[@]} )); then
     # Debian's packages install while pip fills the venv (in a fresh CI machine each takes a minute or more)
     echo "setup: apt-get install ${missing[*]} (log in $APT_LOG)"

@@ -3,6 +3,7 @@ to more than loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import re
@@ -14,10 +15,11 @@ from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from launcher.dashboard import data, pages, stream
+from launcher.dashboard import data, exporter, pages, stream
+from launcher.dashboard.cluster import Leases
 from launcher.errors import JobNotFound, LaunchError
 from launcher.store.db import Store
 from launcher.store.states import JobState
@@ -52,8 +54,11 @@ class TokenGate(BaseHTTPMiddleware):
         return await call_next(request)
 
 
-def create_app(store: Store, token: str | None = None) -> Starlette:
-    """The application over a (read-only) store; ``token``: required of every request when given."""
+def create_app(store: Store, token: str | None = None, leases: Leases | None = None, user: str = "",
+               metrics_only: bool = False) -> Starlette:
+    """The application over a (read-only) store; ``token``: required of every request when given; ``leases``: the
+    cluster file's nodes (the Cluster page, and lease series in /metrics); ``user``: the store's owner, as /metrics
+    labels its jobs; ``metrics_only``: /metrics and nothing else."""
 
     def _token(request: Request) -> str | None:
         return request.query_params.get("token") if token else None
@@ -88,15 +93,32 @@ def create_app(store: Store, token: str | None = None) -> Starlette:
         store.job(request.path_params["job"])  # an unknown job is a 404 now, not an empty stream
         return _sse(stream.log_events(store, request.path_params["job"], query, request.headers.get("last-event-id")))
 
+    async def cluster_page(request: Request) -> Response:
+        return HTMLResponse(pages.cluster_page(leases.cluster.name if leases else None, _token(request)))
+
+    async def cluster_events(request: Request) -> Response:
+        if leases is None:
+            raise LaunchError("no cluster file: start the dashboard with --cluster FILE to see its nodes")
+        return _sse(stream.changes(lambda: leases.read().as_json(), lambda _: False, poll_s=leases.every_s))
+
+    async def metrics(request: Request) -> Response:
+        per_rank = request.query_params.get("ranks", "") in ("1", "true", "yes")
+        reading = await asyncio.to_thread(leases.read) if leases else None
+        scrape = exporter.Scrape(store, user, per_rank, None if reading is None else reading.nodes)
+        return Response(await asyncio.to_thread(exporter.exposition, scrape), media_type=exporter.CONTENT_TYPE)
+
     async def launch_error(request: Request, exc: Exception) -> Response:
         return PlainTextResponse(f"{exc}\n", status_code=404 if isinstance(exc, JobNotFound) else 400)
 
-    routes = [
-        Route("/", jobs_page), Route("/jobs/{job}", job_page), Route("/compare", compare_page),
-        Route("/api/jobs", jobs_json), Route("/api/jobs/events", jobs_events), Route("/api/jobs/{job}", job_json),
-        Route("/api/jobs/{job}/series", series_events), Route("/api/jobs/{job}/logs", log_events),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
-    ]
+    routes: list[BaseRoute] = [Route("/metrics", metrics)]
+    if not metrics_only:
+        routes += [
+            Route("/", jobs_page), Route("/jobs/{job}", job_page), Route("/compare", compare_page),
+            Route("/cluster", cluster_page), Route("/api/cluster/events", cluster_events),
+            Route("/api/jobs", jobs_json), Route("/api/jobs/events", jobs_events), Route("/api/jobs/{job}", job_json),
+            Route("/api/jobs/{job}/series", series_events), Route("/api/jobs/{job}/logs", log_events),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
     middleware = [Middleware(TokenGate, token=token)] if token else []
     return Starlette(routes=routes, middleware=middleware, exception_handlers={LaunchError: launch_error})
 

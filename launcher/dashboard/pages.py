@@ -20,7 +20,7 @@ def page(title: str, body: str, token: str | None, script: str = "") -> str:
     q = f"?token={_e(token)}" if token else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{_e(title)} · launch</title>
 <link rel="stylesheet" href="/static/uPlot.min.css{q}"><link rel="stylesheet" href="/static/dashboard.css{q}">
-</head><body data-token="{_e(token or '')}"><nav><a href="/{q}">Jobs</a> <a href="/compare{q}">Compare</a></nav>
+</head><body data-token="{_e(token or '')}"><nav><a href="/{q}">Jobs</a> <a href="/compare{q}">Compare</a> <a href="/cluster{q}">Cluster</a></nav>
 <h1>{_e(title)}</h1>{body}
 <script src="/static/uPlot.iife.min.js{q}"></script><script src="/static/dashboard.js{q}"></script>
 <script>{script}</script></body></html>"""
@@ -60,6 +60,17 @@ regex <input name="pattern"> <label><input type=checkbox name=follow checked> fo
 <h2>Events</h2><table class=events>{events}</table>
 <h2>Plan</h2>{plan}"""
     return page(f"Job {job.get('id')}", body, token, f"launchJob({_js(job.get('id'))});")
+
+
+def cluster_page(cluster: str | None, token: str | None) -> str:
+    """Each node's GPUs or slots, free or held by which job of which user since when (`launch queue`), live."""
+    if cluster is None:
+        return page("Cluster", "<p>No cluster file: start the dashboard with <code>--cluster FILE</code> to see who "
+                    "holds each GPU or slot of its nodes.</p>", token)
+    body = """<p id="read">reading every node's leases...</p>
+<table id="cluster"><thead><tr><th>node</th><th>kind</th><th>device</th><th>held by</th></tr></thead><tbody></tbody></table>
+<h2>Waiting, in the order they start</h2><ol id="waiting"></ol>"""
+    return page(f"Cluster {cluster}", body, token, "launchCluster();")
 
 
 def compare_page(table: dict[str, Any] | None, refs: list[str], token: str | None) -> str:

@@ -140,3 +140,81 @@ def test_a_live_stream_cut_anywhere_resumes_with_no_line_lost_or_doubled(home):
     seen = asyncio.run(read_all())
     complete = log.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(complete) == 12 and seen == complete
+
+
+def _report(store: Store, job_id: str = "dash-00000001", ranks: int = 2) -> None:
+    from launcher.metrics.record import MetricRecord
+    from launcher.store.records import Batch
+
+    records = [MetricRecord(node=0, rank=rank, step=step, steps=2, interval_s=0.5, step_time_s=0.25, samples=16,
+                            samples_per_sec=32.0, loss=1.0 / step, mem_peak_bytes=100 * 2**20)
+               for step in (2, 4) for rank in range(ranks)]
+    store.add_batch(job_id, 0, Batch(records=records))
+
+
+def key(metric: str, /, **labels: str) -> str:
+    """``name{a="1",b="2"}``, the labels sorted."""
+    return metric + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """``key(name, **labels)`` -> value of a Prometheus text exposition, as Prometheus' own parser reads it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {key(sample.name, **sample.labels): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_metrics_exports_each_job_with_bounded_labels_and_ranks_only_when_asked(home):
+    store = make_job(home)
+    run(store)
+    _report(store)
+    client = TestClient(create_app(Store(home, read_only=True), user="ana"))
+    scraped = client.get("/metrics")
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain; version=")
+    values = metric_values(scraped.text)
+    job = {"job_id": "dash-00000001", "user": "ana"}
+    assert values[key("launch_job_samples_per_second", **job)] == 64.0  # two ranks at 32 a second
+    assert values[key("launch_job_state", **job, state="RUNNING")] == 1
+    assert values[key("launch_job_state", **job, state="FAILED")] == 0
+    assert values[key("launch_job_step_time_seconds", **job, quantile="0.5")] == 0.25
+    assert values[key("launch_job_peak_memory_bytes", **job)] == 100 * 2**20
+    assert values[key("launch_job_step", **job)] == 4
+    assert values[key("launch_job_info", **job, name="dash", cluster="local", backend="local", strategy="")] == 1
+    assert not any(name.startswith("launch_rank_") for name in values)  # no per-rank series unless asked
+    ranks = metric_values(client.get("/metrics", params={"ranks": "1"}).text)
+    assert ranks[key("launch_rank_samples_per_second", **job, rank="1", node="0")] == 32.0
+
+
+def test_metrics_counts_the_devices_each_job_of_each_user_holds():
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
+
+    from launcher.dashboard.exporter import lease_metrics
+    from launcher.run.queue import NodeQueue
+
+    holder = {"job": "job-a", "user": "ana", "from": "head", "since": 1.0}
+    nodes = [NodeQueue(0, "n1", "gpu", [{"index": 0, "holder": holder}, {"index": 1, "holder": holder},
+                                         {"index": 2, "holder": None}, {"index": 3, "holder": None,
+                                                                        "foreign": [{"pid": 7}]}]),
+             NodeQueue(1, "n2", "gpu", error="ssh: connection refused")]
+
+    class Leases:
+        def collect(self):
+            return lease_metrics(nodes)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Leases())
+    values = metric_values(generate_latest(registry).decode())
+    assert values[key("launch_node_devices_held", node="n1", kind="gpu", job_id="job-a", user="ana")] == 2
+    assert values[key("launch_node_devices", node="n1", kind="gpu")] == 4
+    assert values[key("launch_node_devices_free", node="n1", kind="gpu")] == 1  # one used by a process not launch's
+    assert values[key("launch_node_up", node="n2", kind="gpu")] == 0
+
+
+def test_metrics_only_serves_metrics_alone_and_behind_the_token(home):
+    make_job(home)
+    client = TestClient(create_app(Store(home, read_only=True), token="t0ken", metrics_only=True))
+    assert client.get("/metrics").status_code == 403
+    assert client.get("/metrics", headers={"Authorization": "Bearer t0ken"}).status_code == 200
+    assert client.get("/", params={"token": "t0ken"}).status_code == 404

@@ -36,7 +36,7 @@ function launchJobs() {
   es.onmessage = (e) => { jobs = JSON.parse(e.data); draw(); };
 }
 
-const PLOTS = [["samples_per_sec", "samples/s"], ["step_time_s", "step time (s)"], ["loss", "loss"], ["mem_peak_bytes", "peak memory (bytes)"]];
+const PLOTS = [["samples_per_sec", "samples/s", 1], ["step_time_s", "step time (s)", 1], ["loss", "loss", 1], ["mem_peak_bytes", "peak memory (MiB)", 1 / 1048576]];
 function launchJob(id) {
   const logs = document.getElementById("logs"), form = document.getElementById("logfilter");
   let es = null;
@@ -59,15 +59,39 @@ function launchJob(id) {
     const ranks = JSON.parse(e.data).ranks, names = Object.keys(ranks);
     if (!names.length) return;
     const steps = [...new Set(names.flatMap((r) => ranks[r].step))].sort((a, b) => a - b);
-    for (const [key, label] of PLOTS) {
-      const cols = names.map((r) => { const at = new Map(ranks[r].step.map((s, i) => [s, ranks[r][key][i]])); return steps.map((s) => at.get(s) ?? null); });
+    for (const [key, label, scale] of PLOTS) {
+      const cols = names.map((r) => { const at = new Map(ranks[r].step.map((s, i) => [s, ranks[r][key][i]])); return steps.map((s) => at.has(s) && at.get(s) != null ? at.get(s) * scale : null); });
       const d = [steps, ...cols];
       const p = plots[key];
       if (p && p.series.length === names.length + 1) { p.setData(d); continue; }
       if (p) p.destroy();
       const div = document.createElement("div"); div.dataset.plot = key; box.appendChild(div);
-      plots[key] = new uPlot({ title: label, width: 420, height: 220, series: [{ label: "step" }, ...names.map((r, i) => ({ label: "rank " + r, stroke: `hsl(${(i * 67) % 360},70%,45%)`, spanGaps: true }))] }, d, div);
+      plots[key] = new uPlot({ title: label, width: 420, height: 220, scales: { x: { time: false } }, axes: [{ label: "step" }, { size: 60 }], series: [{ label: "step" }, ...names.map((r, i) => ({ label: "rank " + r, stroke: `hsl(${(i * 67) % 360},70%,45%)`, spanGaps: true }))] }, d, div);
     }
     box.dataset.points = String(steps.length);
+  };
+}
+
+function launchCluster() {
+  const body = document.querySelector("#cluster tbody"), waiting = document.getElementById("waiting"), read = document.getElementById("read");
+  const es = new EventSource(url("/api/cluster/events"));
+  es.onmessage = (e) => {
+    const q = JSON.parse(e.data);
+    read.textContent = q.error ? "cannot read the cluster: " + q.error : "read " + when(q.t);
+    body.replaceChildren();
+    for (const n of q.nodes) {
+      if (n.error) { const tr = body.insertRow(); cell(tr, n.host); cell(tr, n.kind); cell(tr, "-"); cell(tr, n.lines[0], "error"); continue; }
+      n.devices.forEach((d, i) => {
+        const tr = body.insertRow(); tr.className = d.holder ? "held" : "free";
+        cell(tr, n.host); cell(tr, n.kind === "gpu" ? "GPU" : "slot"); cell(tr, d.index); cell(tr, n.lines[i]);
+      });
+    }
+    waiting.replaceChildren();
+    if (!q.waiting.length) { const li = document.createElement("li"); li.textContent = "no job waiting"; waiting.appendChild(li); }
+    for (const w of q.waiting) {
+      const li = document.createElement("li");
+      li.textContent = `job ${w.job} (user ${w.user}, from ${w.from}, since ${when(w.since)}) for ${w.hosts.join(", ")}`;
+      waiting.appendChild(li);
+    }
   };
 }
