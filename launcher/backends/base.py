@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar, Generic, Protocol
+from typing import ClassVar, Generic
 
 from launcher.backends.facts import FactsError, NodeFacts
-from launcher.backends.failures import LOST_NODE_EXIT
+from launcher.backends.failures import LOST_NODE_EXIT, Failure
 from launcher.backends.planning import C, Capabilities, Planning
 from launcher.errors import LaunchError, SupervisorFenced
 from launcher.node.protocol import FenceRequest, RecordRequest, Request, SignalRequest, StacksRequest, SweepRequest
@@ -110,21 +110,38 @@ class StartContext:
     record: dict | None = None
 
 
-class NodeHandle(Protocol):
-    """One running node agent of a job. A scheduler's handle may also carry ``scheduler_failure``: the
-    ``Failure`` the scheduler decided for its node (the time limit, the node declared failed), which the
-    supervisor records as the node's failure."""
+class NodeHandle(ABC):
+    """One running node agent of a job, as its backend hands it to the supervisor. What the supervisor reads
+    from a handle is declared here, with what it means where a backend does not set it."""
 
     index: int
-    pid: int | None
-    lost_reason: str | None  # set by the backend (trusted) when the node was lost
+    pid: int | None = None
+    lost_reason: str | None = None  # set by the backend (trusted) when the node was lost
+    #: why the handle's lines ended without the agent's exit (the watcher follows the journal again)
+    error: str | None = None
+    #: what the agent holds (``slots 0-1``, ``GPUs 0-3``), once it said so; None where the backend leases nothing
+    leased: str | None = None
 
+    @property
+    def fenced(self) -> dict | None:
+        """The newer supervisor generation's record when the node refused this one (a follow handle's)."""
+        return None
+
+    @property
+    def scheduler_failure(self) -> Failure | None:
+        """The ``Failure`` a scheduler decided for the node (Slurm: the time limit, the node declared failed),
+        which the supervisor records as the node's failure; None where no scheduler decided one."""
+        return None
+
+    @abstractmethod
     def lines(self) -> Iterator[str]:
-        """The agent's framed output lines (see ``launcher.node.agent``) until it closes."""
+        """The agent's framed output lines (``launcher.node.protocol``) until it closes."""
 
+    @abstractmethod
     def poll(self) -> int | None:
         """The agent's exit code (negative for a signal, LOST_NODE_EXIT when lost), None while it runs."""
 
+    @abstractmethod
     def terminate(self, grace: float) -> None:
         """End the node's processes of this job: TERM, then KILL after ``grace``."""
 
@@ -187,9 +204,6 @@ class Backend(ABC, Generic[C]):
 
     def __init__(self, cluster: C) -> None:
         self.cluster = cluster
-        #: the generation of the supervisor using this backend (None: `launch cancel` of a job without one): the
-        #: nodes refuse its signals and sweeps once they record a newer one (``fenced_command``)
-        self.generation: int | None = None
 
     @property
     def planning(self) -> Planning[C]:
@@ -284,11 +298,12 @@ class Backend(ABC, Generic[C]):
             return None, f"unreadable answer: {lines[-1][:200]}"
 
     def fenced_command(self, plan: Plan, index: int, command: str, request: SweepRequest | SignalRequest,
-                       timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
-        """``node_command`` for what only the supervisor in charge may do (signal, end): with this backend's
-        ``generation``, which the node checks; SupervisorFenced when it records a newer one."""
-        if self.generation is not None:
-            request = dataclasses.replace(request, job_id=plan.job_id, node=index, generation=self.generation)
+                       generation: int | None, timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
+        """``node_command`` for what only the supervisor in charge may do (signal, end): with the asking
+        supervisor's ``generation``, which the node checks (None: `launch cancel` of a job without a supervisor,
+        never refused); SupervisorFenced when the node records a newer one."""
+        if generation is not None:
+            request = dataclasses.replace(request, job_id=plan.job_id, node=index, generation=generation)
         answer, error = self.node_command(plan, index, command, request, timeout)
         if answer is not None and isinstance(answer.get("fenced"), dict):
             raise SupervisorFenced(plan.job_id, answer["fenced"])
@@ -299,16 +314,18 @@ class Backend(ABC, Generic[C]):
         with ThreadPoolExecutor(max_workers=max(1, min(32, plan.nnodes))) as pool:
             return list(pool.map(step, range(plan.nnodes)))
 
-    def sweep(self, plan: Plan, grace: float, end: bool = True) -> SweepReport:
+    def sweep(self, plan: Plan, grace: float, end: bool = True, generation: int | None = None) -> SweepReport:
         """End (or with ``end=False`` only list) the job's processes on every node: all of the job's on its
-        host, whichever node (or attempt) tagged them, as the safety net behind the agents."""
+        host, whichever node (or attempt) tagged them, as the safety net behind the agents. ``generation``: the
+        sweeping supervisor's (the nodes refuse it once they record a newer one: SupervisorFenced); None for
+        `launch cancel`."""
 
         def one(index: int) -> NodeSweep:
             host = self.host(plan, index)
             cleanup = [list(c) for c in plan.nodes[index].cleanup] if end else []
             answer, error = self.fenced_command(plan, index, "end" if end else "list",
                                                 SweepRequest(plan.job_id, grace, tuple(map(tuple, cleanup))),
-                                                timeout=grace + 30 + 30 * len(cleanup))
+                                                generation, timeout=grace + 30 + 30 * len(cleanup))
             if answer is None:
                 return NodeSweep(index, host, SweepOutcome.UNREACHABLE, detail=error)
             pids = tuple(answer["pids"])

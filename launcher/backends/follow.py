@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from launcher.backends.base import NodeHandle
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.stopping import term_then_kill
 from launcher.node.protocol import FollowRequest, Frame, FrameKind, SignalRequest, parse
@@ -48,20 +49,18 @@ class Followed:
         return LOST_NODE_EXIT if self.lost is not None else None
 
 
-class FollowHandle:
+class FollowHandle(NodeHandle):
     """A node followed through its journal (``Backend.follow``): ``lines`` the journal's lines after those the
     reader had, until its agent's ``@exit`` (or ``@lost``); ``poll`` answers from them; ``terminate`` signals
     the agent by PID and start time (when recorded) through the backend's ``signal`` node command.
     ``error``: why the stream ended when it ended without an answer (the reader then tries again)."""
 
     def __init__(self, backend: Backend, plan: Plan, index: int, lines: Iterator[str], close: Callable[[], None],
-                 agent: tuple[int, int | None] | None) -> None:
+                 agent: tuple[int, int | None] | None, generation: int) -> None:
         self.index = index
-        self.pid: int | None = agent[0] if agent else None
+        self.pid = agent[0] if agent else None
         self.start_ticks: int | None = agent[1] if agent else None
-        self.lost_reason: str | None = None
-        self.error: str | None = None
-        self._backend, self._plan = backend, plan
+        self._backend, self._plan, self._generation = backend, plan, generation
         self._followed = Followed(backend.host(plan, index))
         self._source, self._close = lines, close
         self._ended = threading.Event()
@@ -91,7 +90,8 @@ class FollowHandle:
     def _signal(self, sig: int) -> None:
         assert self.pid is not None
         self._backend.fenced_command(self._plan, self.index, "signal",
-                                     SignalRequest(pid=self.pid, signal=int(sig), start_ticks=self.start_ticks), timeout=30)
+                                     SignalRequest(pid=self.pid, signal=int(sig), start_ticks=self.start_ticks),
+                                     self._generation, timeout=30)
 
 
 def whole_lines(chunks: Iterator[bytes]) -> Iterator[str]:

@@ -311,7 +311,6 @@ def submitted_at(context: StartContext) -> float:
 def _said(context: StartContext, plan: Plan, started: tuple[Plan, Sequence[H]]) -> tuple[Plan, Sequence[H]]:
     """Tell the supervisor what each started node holds (its handle's ``leased``, where it leases)."""
     for handle in started[1]:
-        held = getattr(handle, "leased", None)
-        if held:
-            context.leased(handle.index, plan.nodes[handle.index].host, held)
+        if handle.leased:
+            context.leased(handle.index, plan.nodes[handle.index].host, handle.leased)
     return started

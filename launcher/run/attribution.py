@@ -36,7 +36,7 @@ def node_failure(plan: Plan, backend: Backend, live: Liveness, watcher: NodeWatc
     seen = watcher.seen()
     code, tail = ended.code, seen.tail
     observed = seen.reported if seen.reported is not None else ended.observed
-    decided = getattr(watcher.handle, "scheduler_failure", None)  # a scheduler's verdict (Slurm), trusted
+    decided = watcher.handle.scheduler_failure  # a scheduler's verdict (Slurm), trusted
     if decided is not None:
         return decided.model_copy(update={
             "node": node.index, "host": node.host, "exit_code": code, "signal": failures.signal_name(code),

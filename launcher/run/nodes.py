@@ -27,13 +27,12 @@ from launcher.store.states import NodeState
 DRAIN_S = 5.0  # how long the node watchers may take to read their nodes' last lines, all together
 
 
-class _Unreached:
+class _Unreached(NodeHandle):
     """A node `launch attach` could not reach at first: no lines, no exit yet; its watcher tries again."""
 
     def __init__(self, index: int, agent: tuple[int, int | None] | None, error: str) -> None:
         self.index = index
-        self.pid: int | None = agent[0] if agent else None
-        self.lost_reason: str | None = None
+        self.pid = agent[0] if agent else None
         self.error = error
 
     def lines(self):

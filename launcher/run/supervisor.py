@@ -87,7 +87,6 @@ class Supervisor:
         self.store = store
         self.plan = plan
         self.backend = backend
-        backend.generation = generation  # the nodes refuse this supervisor's signals and sweeps once taken over
         self.echo = echo
         self._warn = warn
         self.stage = stage
@@ -293,7 +292,7 @@ class Supervisor:
 
     def _sweep(self) -> None:
         self._heartbeat()
-        report = self.backend.sweep(self.plan, self.grace)
+        report = self.backend.sweep(self.plan, self.grace, generation=self.generation)
         for problem in report.problems():
             self.store.add_event(self.plan.job_id, "sweep", problem,
                                  {"nodes": [n.__dict__ for n in report.nodes if n.outcome != "clean"]})
@@ -322,7 +321,6 @@ class Supervisor:
             return moved
         self._guarded(closing, self.backend.close)
         self.plan, self.backend, self.place = moved.plan, moved.backend, moved.place or self.place
-        moved.backend.generation = self.generation
         self.store.add_event(self.plan.job_id, moved.kind, moved.text, moved.data)
         return None
 

@@ -149,13 +149,13 @@ class NodeWatcher:
             while True:
                 got = self._read(handle, log)
                 self._mark()
-                self.fenced = self.fenced or getattr(handle, "fenced", None)
+                self.fenced = self.fenced or handle.fenced
                 if self.fenced is not None:  # a newer supervisor took the job: its loop stops this one
                     return
                 if self._follow is None or self._stop.is_set() or handle.poll() is not None:
                     return
                 prior = self._after_try
-                error = getattr(handle, "error", None) or "the stream ended without the agent's exit"
+                error = handle.error or "the stream ended without the agent's exit"
                 with self._lock:  # a try that connected but brought nothing counts as a failed one
                     self._contact = (replace(prior, tries=prior.tries + 1, error=error, trying_since=None)
                                      if prior is not None and not got else

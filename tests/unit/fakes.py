@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from launcher.backends.base import Backend, CommandResult, Preflight, StartContext
+from launcher.backends.base import Backend, CommandResult, NodeHandle, Preflight, StartContext
+from launcher.backends.failures import Failure
 from launcher.backends.leasing import LeasesBusy
 from launcher.errors import NodeStartError
 from launcher.node.protocol import FrameKind, encode_frame, encode_output
@@ -50,12 +51,11 @@ def record(rank: int, step: int) -> str:
                                             "step_time_s": 0.1, "mem_peak_bytes": 1}))
 
 
-class FakeNode:
+class FakeNode(NodeHandle):
     def __init__(self, index: int, script: NodeScript) -> None:
         self.index = index
-        self.pid: int | None = 1000 + index
-        self.lost_reason: str | None = None
-        self.error: str | None = None
+        self.pid = 1000 + index
+        self.decided: Failure | None = None  # a scheduler's verdict on the node (``scheduler_failure``)
         self._script = script
         self._code: int | None = None
         self._done = threading.Event()
@@ -80,6 +80,10 @@ class FakeNode:
             self._code = -15 if self._stopped.is_set() else self._script.code
             yield encode_frame(FrameKind.EXIT, {"code": self._code}).decode()
         self._done.set()
+
+    @property
+    def scheduler_failure(self) -> Failure | None:
+        return self.decided
 
     def poll(self) -> int | None:
         if self.lost_reason is not None:

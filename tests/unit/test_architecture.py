@@ -154,6 +154,44 @@ def test_no_backend_branches_outside_the_backends_and_the_spec_models() -> None:
     assert outside == {}
 
 
+def _untyped_handle_uses(source: str) -> list[str]:
+    """What bypasses the declared ``NodeHandle``: a ``getattr`` on a handle, a node handle class (one with
+    ``lines``, ``poll`` and ``terminate``) that is not a ``NodeHandle``, a ``generation`` set on a backend."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and node.args \
+                and "handle" in ast.unparse(node.args[0]).lower():
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ClassDef) and node.name != "NodeHandle" and {"lines", "poll", "terminate"} <= {
+                f.name for f in node.body if isinstance(f, ast.FunctionDef)} \
+                and "NodeHandle" not in {ast.unparse(b).rpartition(".")[2] for b in node.bases}:
+            found.append(f"{node.lineno}: class {node.name}")
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [f"{node.lineno}: {ast.unparse(t)}" for t in targets if isinstance(t, ast.Attribute)
+                      and t.attr == "generation" and ast.unparse(t.value).rpartition(".")[2] == "backend"]
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+def test_the_untyped_handle_finder_sees_each_form() -> None:
+    source = ('x = getattr(handle, "fenced", None)\ny = getattr(self.handle, "error")\nz = getattr(exc, "reason")\n'
+              'class Node:\n    def lines(self): pass\n    def poll(self): pass\n    def terminate(self, g): pass\n'
+              'class Typed(base.NodeHandle):\n    def lines(self): pass\n    def poll(self): pass\n'
+              '    def terminate(self, g): pass\nbackend.generation = 2\nmoved.backend.generation = 1\nself.generation = 3\n')
+    assert [line.split(":")[0] for line in _untyped_handle_uses(source)] == ["1", "2", "4", "12", "13"]
+
+
+def test_node_handles_are_typed_and_the_generation_is_passed() -> None:
+    """The supervisor reads a node handle's declared attributes (``NodeHandle``) and passes its generation to the
+    backend's fenced commands; nothing reads an undeclared one or sets one on a backend."""
+    found = {
+        str(path.relative_to(ROOT)): uses
+        for path in [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+        if path.name != "test_architecture.py" and (uses := _untyped_handle_uses(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}
+
+
 def test_the_node_side_imports_nothing_outside_itself() -> None:
     outside = {
         path.name: sorted(m for m in _imports(path, typing_too=True) if not m.startswith("launcher.node"))

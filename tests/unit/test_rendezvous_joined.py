@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+from launcher.backends.base import NodeHandle
 from launcher.backends.follow import Followed
 from launcher.node import rendezvous, rundir
 from launcher.run.liveness import Joined
@@ -51,10 +52,10 @@ def test_node_0s_agent_reports_the_count_while_no_rank_exists() -> None:
     assert all(sample["ranks"] == [] and sample["joined"] == 2 for sample in samples), samples
 
 
-class _Node0:
+class _Node0(NodeHandle):
     """Node 0's stream: ``lines``, then its exit."""
 
-    index, pid, lost_reason, error = 0, 4242, None, None
+    index, pid = 0, 4242
 
     def __init__(self, lines: list[str]) -> None:
         self.followed, self.source = Followed("h1"), lines

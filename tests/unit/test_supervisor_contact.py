@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import cluster_spec, plan_job
+from launcher.backends.base import NodeHandle
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.follow import Followed
 from launcher.node.protocol import FrameKind, encode_frame, encode_output
@@ -113,8 +114,8 @@ class Journal:
     def handle(self, after: int, upto: int | None = None):
         journal = self
 
-        class Handle:
-            index, pid, lost_reason, error = 1, 4242, None, None
+        class Handle(NodeHandle):
+            index, pid = 1, 4242
 
             def __init__(self) -> None:
                 self.followed = Followed("h2")

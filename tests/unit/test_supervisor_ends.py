@@ -51,7 +51,7 @@ def _supervisor(tmp_path: Path, backend: FakeBackend) -> tuple[Supervisor, Store
 class BrokenCleanup(FakeBackend):
     """A backend whose sweep and close raise (a node unreachable, a connection already broken)."""
 
-    def sweep(self, plan, grace):
+    def sweep(self, plan, grace, end=True, generation=None):
         raise ConnectionError("sweep: connection reset")
 
     def close(self) -> None:

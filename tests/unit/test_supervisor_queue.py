@@ -58,7 +58,7 @@ class QueueingBackend(FakeBackend):
         self._row(plan.job_id)
         plan, nodes = super().start(plan, context)
         if self.decided is not None:
-            nodes[0].scheduler_failure = self.decided
+            nodes[0].decided = self.decided
         return plan, nodes
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import cluster_spec, plan_job
+from launcher.backends.base import NodeHandle
 from launcher.backends.follow import Followed
 from launcher.errors import FENCED_EXIT, LaunchError, SupervisorFenced
 from launcher.node import follow, journal, rundir
@@ -208,11 +209,11 @@ def _fenced_backend(scripts, answer_fence: bool):
     from launcher.backends.follow import Followed as Read
     from tests.unit.fakes import FakeBackend
 
-    class Handle:
+    class Handle(NodeHandle):
         """A follow the node refused: no line, no exit, the newer generation's record."""
 
         def __init__(self, index: int) -> None:
-            self.index, self.pid, self.lost_reason, self.error = index, None, None, None
+            self.index = index
             self._read = Read(f"h{index + 1}")
 
         def lines(self):
@@ -369,8 +370,7 @@ def test_a_supervisors_sweep_carries_its_generation_and_stops_it_when_refused() 
         return {"fenced": {"generation": 2, "pid": 7, "host": "login-3"}}, None
 
     backend.node_command = node_command  # type: ignore[method-assign]
-    backend.generation = 1
     with pytest.raises(SupervisorFenced, match="generation 2, process 7 on login-3"):
-        backend.sweep(plan, 0.1)
+        backend.sweep(plan, 0.1, generation=1)
     assert {(r.job_id, r.node, r.generation) for r in asked} <= {(JOB_ID, 0, 1), (JOB_ID, 1, 1)}
     backend.close()

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from launcher.backends import leasing
 from launcher.backends.agents import agent_exit_code, agent_start
-from launcher.backends.base import Backend, CommandResult, Preflight, Stage, StageState, StartContext
+from launcher.backends.base import Backend, CommandResult, NodeHandle, Preflight, Stage, StageState, StartContext
 from launcher.backends.follow import FollowHandle, follow_request, whole_lines
 from launcher.backends.local.planning import LocalPlanning
 from launcher.backends.local.spec import LocalCluster
@@ -31,17 +31,14 @@ STDOUT_CLOSED_WAIT_S = 1.0  # an agent whose stdout closed exits within this, un
 START_TIMEOUT_S = 60.0  # an agent that has not taken its leases, or not started its command, this long is ended
 
 
-class LocalNode:
+class LocalNode(NodeHandle):
     """A node agent in its own session on this machine."""
 
     def __init__(self, index: int, proc: subprocess.Popen) -> None:
         self.index = index
-        self.pid: int | None = proc.pid
-        self.lost_reason: str | None = None
+        self.pid = proc.pid
         self._proc = proc
         self._first: list[str] = []
-        self.leased: str | None = None  # what the agent holds (``slots 0-1``)
-        self.error: str | None = None
 
     def _within(self, read: Callable[[], object], timeout: float, what: str, seen: list[str]) -> None:
         """``read()`` (of the agent's first lines, kept in ``seen``) if it returns within ``timeout``; else
@@ -314,7 +311,8 @@ class LocalBackend(Backend[LocalCluster]):
                                             or f"`follow` exited {proc.wait()}")
             stderr.close()
 
-        handle = FollowHandle(self, plan, index, whole_lines(iter(lambda: os.read(stdout.fileno(), 65536), b"")), close, agent)
+        handle = FollowHandle(self, plan, index, whole_lines(iter(lambda: os.read(stdout.fileno(), 65536), b"")), close, agent,
+                              generation)
         return handle
 
     def run_on_node(self, plan: Plan | None, index: int, argv: list[str], timeout: float) -> CommandResult:

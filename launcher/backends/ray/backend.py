@@ -283,14 +283,14 @@ class RayBackend(Backend[RayCluster]):
             return unreachable(f"node {index}: its Ray actor did not answer: {first_line(exc)}")
         return CommandResult(code, out, err)
 
-    def sweep(self, plan: Plan, grace: float, end: bool = True):
+    def sweep(self, plan: Plan, grace: float, end: bool = True, generation: int | None = None) -> SweepReport:
         """End the job's processes on every node through the actors (they stay for a restart; ``close``
         removes them and the group)."""
         self._runs[plan.job_id] = plan
         if self._released(plan):
             said = "its placement group was removed and its actors are gone: Ray ended the job's workers there"
             return SweepReport(tuple(NodeSweep(n.index, n.host, SweepOutcome.CLEAN, detail=said) for n in plan.nodes))
-        return super().sweep(plan, grace, end)
+        return super().sweep(plan, grace, end, generation)
 
     def _released(self, plan: Plan) -> bool:
         """Ray's own word that nothing of the job is left: its group removed (by its actors once unattended, or by a

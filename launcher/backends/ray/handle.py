@@ -8,19 +8,19 @@ from collections.abc import Iterator
 
 from launcher.backends import stopping
 from launcher.backends.agents import agent_exit_code
+from launcher.backends.base import NodeHandle
 from launcher.backends.failures import LOST_NODE_EXIT
 
 PULL_WAIT_S = 0.5
 SILENCE_S = 10.0
 
 
-class RayNode:
+class RayNode(NodeHandle):
     """A node agent's run, seen from the driver: output pulled in batches, exit code, terminate."""
 
     def __init__(self, index: int, actor, pid: int | None, ray) -> None:
         self.index = index
-        self.pid: int | None = pid
-        self.lost_reason: str | None = None
+        self.pid = pid
         self._actor = actor
         self._ray = ray
         self._code: int | None = None

@@ -315,7 +315,7 @@ class SlurmBackend(Backend[SlurmCluster]):
             time.sleep(POLL_S / 2)
         return False
 
-    def sweep(self, plan: Plan, grace: float, end: bool = True) -> SweepReport:
+    def sweep(self, plan: Plan, grace: float, end: bool = True, generation: int | None = None) -> SweepReport:
         """End (``scancel``) every Slurm job of this launch job and confirm from squeue that each ended with no
         step left; a node Slurm marks down cannot be checked (its processes outlive a dead slurmd), nor can any
         node while Slurm does not answer (unknown is not clean)."""

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.backends import failures
+from launcher.backends.base import NodeHandle
 from launcher.backends.failures import LOST_NODE_EXIT, Failure, FailureKind
 from launcher.backends.slurm import commands as cli
 from launcher.node.protocol import Frame, FrameKind, parse
@@ -135,15 +136,14 @@ class SlurmJob:
         return None
 
 
-class SlurmNode:
+class SlurmNode(NodeHandle):
     """One node agent of a Slurm job, followed through its framed output file in the job directory."""
 
     def __init__(self, index: int, host: str, job: SlurmJob, pid: int | None, skip: int = 0) -> None:
         """``skip``: the whole lines a reader already had (`launch attach`): read past, never given again."""
         self.index = index
         self._skip = skip
-        self.pid: int | None = pid
-        self.lost_reason: str | None = None
+        self.pid = pid
         #: the failure Slurm decided (time limit, node failure), with Slurm's words; trusted
         self._scheduler_failure: Failure | None = None  # Slurm's verdict on this node's end (``scheduler_failure``)
         self._host = host

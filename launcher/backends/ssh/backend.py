@@ -22,7 +22,7 @@ import paramiko
 
 from launcher.backends import leasing
 from launcher.backends.agents import agent_exit_code, agent_start
-from launcher.backends.base import Backend, CommandResult, Preflight, Stage, StageState, StartContext, unreachable
+from launcher.backends.base import Backend, CommandResult, NodeHandle, Preflight, Stage, StageState, StartContext, unreachable
 from launcher.backends.facts import NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.follow import FollowHandle, follow_request, whole_lines
@@ -46,22 +46,19 @@ CLEANUP_CONNECT_S = 1.0
 EXIT_STATUS_WAIT_S = 2.0
 
 
-class SSHNode:
-    """One node agent, followed over its SSH channel."""
+class SSHNode(NodeHandle):
+    """One node agent, followed over its SSH channel; ``generation``: its supervisor's (for its signals)."""
 
-    def __init__(self, index: int, backend: SSHBackend, plan: Plan, channel: paramiko.Channel) -> None:
+    def __init__(self, index: int, backend: SSHBackend, plan: Plan, channel: paramiko.Channel, generation: int) -> None:
         self.index = index
-        self.pid: int | None = None
-        self.lost_reason: str | None = None
         self._backend = backend
         self._plan = plan
+        self._generation = generation
         self._channel = channel
         self._host = backend.targets[index].alias
         self._stream = _channel_lines(channel)
         self._early: list[str] = []
         self.start_ticks: int | None = None
-        self.error: str | None = None
-        self.leased: str | None = None  # what the agent holds (``GPUs 0-3``)
 
     def wait_leased(self, timeout: float) -> None:
         """Read up to the agent's ``@leased`` line (LeasesBusy on ``@busy``); those lines are not the journal's."""
@@ -133,7 +130,8 @@ class SSHNode:
         """Send ``sig`` to the agent, by PID and start time (a PID reused since is left alone)."""
         assert self.pid is not None
         self._backend.fenced_command(self._plan, self.index, "signal",
-                                     SignalRequest(pid=self.pid, signal=int(sig), start_ticks=self.start_ticks), timeout=30)
+                                     SignalRequest(pid=self.pid, signal=int(sig), start_ticks=self.start_ticks),
+                                     self._generation, timeout=30)
 
 
 def _channel_lines(channel: paramiko.Channel) -> Iterator[str]:
@@ -259,7 +257,7 @@ class SSHBackend(Backend[SSHCluster]):
                                 context.generation, context.record)
             channel = conn.exec(render_command(start.argv, tag, node.cwd, replace_shell=False), combine=True)
             channel.sendall(start.stdin)
-            handle = SSHNode(node.index, self, plan, channel)
+            handle = SSHNode(node.index, self, plan, channel, context.generation)
             handle.wait_leased(START_TIMEOUT_S)
             return handle
 
@@ -340,7 +338,7 @@ class SSHBackend(Backend[SSHCluster]):
             handle.error = handle.error or f"{host}: `follow` ended (exit {channel.exit_status})"
             channel.close()
 
-        handle = FollowHandle(self, plan, index, whole_lines(chunks()), close, agent)
+        handle = FollowHandle(self, plan, index, whole_lines(chunks()), close, agent, generation)
         with self._guard:
             self._unreachable.discard(index)
         return handle
