@@ -74,6 +74,7 @@ from .linecut import READ_CHUNK, bounded_lines
 from .protocol import AgentRequest, FrameKind, RequestError, output_prefix
 from .rankstreams import on_devices, with_rank_streams
 from .rundir import RunDirError, job_run_dir, private_dir
+from .safepath import isolated
 from .sampler import Sampler
 from .subreaper import OWN, PR_SET_PDEATHSIG, SPAWN, harden, libc_prctl, reap_orphans, run_cleanup
 from .timelimit import forward_warning
@@ -179,7 +180,7 @@ class Agent:
         tag = {key: given[key] for key in TAG_NAMES if key in given}
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
         argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in req.argv]
-        argv = with_rank_streams(on_devices(argv, self.lease.devices) if self.lease and self.lease.kind == "gpu" else argv)
+        argv = isolated(with_rank_streams(on_devices(argv, self.lease.devices) if self.lease and self.lease.kind == "gpu" else argv))
         prctl = libc_prctl()
         self.subreaper = harden(prctl)
         with SPAWN:

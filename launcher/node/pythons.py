@@ -16,6 +16,8 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+from .safepath import SAFE_PATH
+
 ASK_TIMEOUT_S = 20.0
 IMPORT_TIMEOUT_S = 60.0
 PARALLEL = 4
@@ -23,8 +25,9 @@ CONDA_ROOTS = ("/opt/conda", "~/miniconda3", "~/anaconda3", "~/miniforge3")
 VENVS = ("~/.venv", "~/venv")
 
 # Runs under each candidate, however old: Python 2 and 3.6 answer with their version and no packages.
-ASK = """\
-import json, sys
+# Both start by taking the current directory ('' under -c) off sys.path: a json.py or torch.py there is not theirs.
+ASK = SAFE_PATH + """
+import json
 try:
     from importlib.metadata import version
 except ImportError:
@@ -38,7 +41,7 @@ print(json.dumps({"executable": sys.executable, "prefix": sys.prefix,
                   "version": "%d.%d.%d" % tuple(sys.version_info[:3]),
                   "torch": installed("torch"), "deepspeed": installed("deepspeed")}))
 """
-IMPORT_TORCH = "import torch; print(torch.__version__)"
+IMPORT_TORCH = SAFE_PATH + "; import torch; print(torch.__version__)"
 
 
 def candidates(extra: list[str], search: bool) -> list[str]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import base64
 import json
 
+from .safepath import SAFE_PATH
+
 DEEPSPEED_LAUNCH = ("-m", "deepspeed.launcher.launch")  # launcher.plan.commands.DEEPSPEED_MODULE, as the plan writes it
 
 # ``--enable_each_rank_log`` (files a rank) is left as DeepSpeed does it. Runs in the launcher's interpreter:
 # ``python -u -c RANK_STREAMS ...``.
-RANK_STREAMS = r"""
-import os, subprocess, sys, threading, time, types
+RANK_STREAMS = SAFE_PATH + r"""
+import os, subprocess, threading, time, types
 from deepspeed.launcher import launch
 
 LIMIT, DRAIN_S = 64 * 1024, 5.0

@@ -8,7 +8,9 @@ of Python, makes them importable as the package ``launch_node`` in that one proc
 import each other relatively) and runs COMMAND. A module is compiled when it is first imported, so
 a command pays for the modules it uses (``facts`` compiles 3 of the 21; compiling all of them took
 about 35 ms of every node command). No file is written and nothing needs installing on the node but
-a Python 3.10+; a ``launcher`` the node may have installed is left alone. Every command but ``facts`` and ``slurm``
+a Python 3.10+; a ``launcher`` the node may have installed is left alone. BOOT first takes the current directory
+(``''``, first on ``sys.path`` under ``-c``) off the path (``safepath``): the agent starts in the job's workdir, where
+a co-tenant's ``json.py`` would otherwise run as the job's user (the ranks' own program still sees its directory). Every command but ``facts`` and ``slurm``
 (which read the job interpreter's installed packages) uses the standard library alone and starts without ``site``
 (``-S``): in a virtualenv, site's processing of its .pth files was about 25 ms of CPU a start, and every node of
 every job starts two such commands (agent, follow) beside its facts probe.
@@ -24,14 +26,15 @@ from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
 from launcher.node.protocol import Request
+from launcher.node.safepath import SAFE_PATH
 
 NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
                 "rendezvous", "rundir", "subreaper", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode", "main",
-                "protocol", "linecut")
+                "protocol", "linecut", "safepath")
 
 PACKAGE = "launch_node"
-BOOT = """\
-import base64, json, sys, types, zlib
+BOOT = SAFE_PATH + """
+import base64, json, types, zlib
 from importlib.machinery import ModuleSpec
 SOURCES = dict(json.loads(zlib.decompress(base64.b64decode(sys.argv[1]))))
 class NodeSide:

@@ -379,6 +379,8 @@ def _node_env(
         "PYTHONUNBUFFERED": ("1", "launch: logs stream as they are written"),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": (LOG_PREFIX_TEMPLATE, "launch: rank prefix on every line"),
     }
+    if job.entrypoint is None:  # a recipe: launch's own code, never a module in the workdir (a planted launcher/)
+        env["PYTHONSAFEPATH"] = ("1", "launch: the recipe's interpreters do not put the workdir first on sys.path")
     if batch is not None and job.entrypoint is not None:
         env["LAUNCH_GLOBAL_BATCH"] = (str(batch.global_batch), "launch: batch.global_batch (micro x accumulation x world)")
         env["LAUNCH_MICRO_BATCH"] = (str(batch.micro_batch), "launch: batch.micro_batch")

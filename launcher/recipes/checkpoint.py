@@ -134,7 +134,7 @@ def _at_this_world_size(trainer: DeepSpeedTrainer, path: Path) -> str:
         partial = path.with_name(f".{universal.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         done = subprocess.run(
-            [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
+            [sys.executable, "-P", "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
              "--output_folder", str(partial), "--inject_missing_state"], capture_output=True, text=True)
         if done.returncode:
             raise CheckpointError(f"{path}: saved at a data-parallel world size of {saved}, and DeepSpeed's "

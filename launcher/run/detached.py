@@ -125,7 +125,7 @@ def _fenced(exc: SupervisorFenced) -> int:
 
 def _child(job_id: str, mode: str) -> subprocess.Popen:
     """A supervisor process for the job, writing where the keeper writes (supervisor.log)."""
-    return subprocess.Popen([sys.executable, "-m", "launcher.run.detached", job_id, mode], stdin=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-P", "-m", "launcher.run.detached", job_id, mode], stdin=subprocess.DEVNULL)
 
 
 def _how(code: int) -> str:

@@ -372,7 +372,7 @@ def _start_ds_validation(ds_config: dict | None) -> subprocess.Popen | None:
     if ds_config is None or importlib.util.find_spec("deepspeed") is None:
         return None
     return subprocess.Popen(
-        [sys.executable, "-m", "launcher.plan.dsconfig", json.dumps(ds_config)], stdout=subprocess.PIPE,
+        [sys.executable, "-P", "-m", "launcher.plan.dsconfig", json.dumps(ds_config)], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env={**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")},
     )
 
@@ -394,7 +394,7 @@ def _ds_problems(proc: subprocess.Popen) -> list[str]:
 def _spawn_supervisor(store: Store, job_id: str) -> None:
     log = open(store.run_dir(job_id) / "supervisor.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.run.detached", job_id],
+        [sys.executable, "-P", "-m", "launcher.run.detached", job_id],  # -P: not the caller's cwd first on sys.path
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
