@@ -4,8 +4,11 @@
 line k has sequence number k. Each line is journaled, then sent to stdout by a thread of its own,
 so the lines on stdout are the journal's in the same order and a slow, stalled or vanished reader
 never slows the ranks. The journal is bounded (``limit`` bytes): past it, output (``|``) and
-``@sample`` lines are dropped (not sent either) and one line says so; the agent's other lines are
-always written. One ``os.write`` for the lines of each read of the command's output (so at most one
+``@sample`` lines are no longer journaled, and one ``@journal`` frame says so; the agent's other lines
+are always journaled. A journal that cannot be written (the disk is full) takes nothing more, and one
+``@journal`` frame (sent, not journaled) says why. Either way every line still goes to stdout: those not
+journaled marked live (``~``), which readers do not count as journal lines, so the supervisor sees every
+line and sample while only a later ``follow`` misses them. One ``os.write`` for the lines of each read of the command's output (so at most one
 a line), no fsync: the file is in the page cache, and it is the agent's death (or its reader's), not
 the node's, that the journal outlives.
 
@@ -20,7 +23,7 @@ import os
 import threading
 import time
 
-from .protocol import DROPPABLE, FrameKind, encode_frame, encode_output, kind_of
+from .protocol import DROPPABLE, FrameKind, encode_frame, encode_output, kind_of, live
 
 DEFAULT_LIMIT = 256 * 2**20
 BEHIND_LIMIT = 64 * 2**20  # stdout this far behind the journal (its reader stalled) is given up
@@ -109,40 +112,65 @@ class Journal:
 
     def append(self, lines: list[bytes]) -> bytes:
         """Journal ``lines`` (framed lines, no newlines) in one write, those the bound leaves; what to send in their
-        place (newline-ended): the lines kept, and the one that says the journal is full where it filled. A line
-        the agent must report (not output, not a sample) is sent even if it could not be journaled."""
+        place (newline-ended): every line, in order, those not journaled marked live (``protocol.live``), so the
+        supervisor takes in every line and sample whatever the journal does. Where the journal stops keeping lines,
+        one ``@journal`` frame says why: journaled where it filled, sent live where it cannot be written."""
+        if self.failed is not None:
+            return b"".join(live(line) + b"\n" for line in lines)
         block = b"\n".join(lines) + b"\n"
-        if self.full or self.size + len(block) > self.limit:  # else all of them fit: kept as they are
-            block = b"".join(self._bounded(lines))
-        if block and not self._write(block):
-            return b"".join(line + b"\n" for line in lines if kind_of(line) not in DROPPABLE)
-        self.size += len(block)
-        self.lines += block.count(b"\n")
-        return block
+        if not self.full and self.size + len(block) <= self.limit:  # the hot path: all of them fit
+            written = self._write(block)
+            if written == len(block):
+                self.size += written
+                self.lines += len(lines)
+                return block
+            return self._sent(list(zip(lines, [True] * len(lines), strict=True)), written)
+        entries = list(self._bounded(lines))
+        block = b"".join(line + b"\n" for line, keep in entries if keep)
+        return self._sent(entries, self._write(block) if block else 0)
+
+    def _sent(self, entries: list[tuple[bytes, bool]], written: int) -> bytes:
+        """What to send for ``entries`` (line, meant for the journal) once ``written`` bytes of theirs were journaled:
+        the lines written whole as they are, the others live, and the frame that says why a write failed."""
+        whole = 0
+        sent = []
+        for line, keep in entries:
+            if keep and whole + len(line) + 1 <= written:
+                whole += len(line) + 1
+                self.lines += 1
+                sent.append(line + b"\n")
+            else:
+                sent.append(live(line) + b"\n")
+        self.size += written
+        if self.failed is not None:
+            sent.append(live(encode_frame(FrameKind.JOURNAL, {"state": "unwritable", "error": self.failed[:300],
+                                                               "lines": self.lines})) + b"\n")
+        return b"".join(sent)
 
     def _bounded(self, lines: list[bytes]):
+        """(line, journal it) for ``lines``: past the bound, output and samples are sent but not journaled; the
+        first that would pass it is preceded by the ``@journal`` frame that says the journal is full."""
         size = self.size
         for line in lines:
             droppable = kind_of(line) in DROPPABLE
-            if droppable and self.full:
-                continue
-            if droppable and size + len(line) + 1 > self.limit:
+            if droppable and not self.full and size + len(line) + 1 > self.limit:
                 self.full = True
-                line = encode_output(f"launch: node {self.node}: journal full at {self.limit} bytes; later output is not kept")
-            size += len(line) + 1
-            yield line + b"\n"
+                note = encode_frame(FrameKind.JOURNAL, {"state": "full", "limit": self.limit})
+                size += len(note) + 1
+                yield note, True
+            keep = not (droppable and self.full)
+            size += (len(line) + 1) if keep else 0
+            yield line, keep
 
-    def _write(self, block: bytes) -> bool:
-        if self.failed is not None:
-            return False
+    def _write(self, block: bytes) -> int:
+        """Append ``block``; the bytes written (all of them unless the disk is full: then nothing more is written)."""
+        written = 0
         try:
-            written = os.write(self._fd, block)
             while written < len(block):  # a regular file takes it whole unless the disk is full
                 written += os.write(self._fd, block[written:])
         except OSError as exc:
-            self.failed, self.full = str(exc), True
-            return False
-        return True
+            self.failed, self.full = f"{exc.strerror or exc} ({self.path})", True
+        return written
 
     def close(self) -> None:
         os.close(self._fd)

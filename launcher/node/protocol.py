@@ -7,8 +7,10 @@ monotonic clock, for durations: comparable between the processes of one boot of 
 
     |MONO WALL TEXT      a line of output: a rank's (untrusted) or the agent's own (``launch: ...``)
     @KIND MONO WALL JSON  a frame: KIND one of ``FrameKind``, JSON an object
+    ~LINE                 either of them sent live only: not in the node's journal (full, or unwritable)
 
-Ranks cannot forge a frame: everything they print is relayed as output, behind ``|``. ``parse`` reads
+Ranks cannot forge a frame: everything they print is relayed as output, behind ``|``. A reader counts the
+lines it received that the journal has (``journaled``): a live line is not one. ``parse`` reads
 any line (a rank's output is untrusted and a stream may be cut): it never raises, and bounds what it
 reads; a line that is neither (an interpreter's traceback before the agent ran) is output without
 node times. ``encode_frame`` and ``encode_output`` are the only writers of the grammar.
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
 
-OUTPUT_MARK, FRAME_MARK = "|", "@"
+OUTPUT_MARK, FRAME_MARK, LIVE_MARK = "|", "@", "~"
 FRAME_LIMIT = 4 * 2**20  # a frame's JSON past this is not one an agent wrote: unparsable
 TEXT_LIMIT = 1 * 2**20  # output text past this is cut (the agent cuts rank lines at 64 KiB already)
 _TIME_CHARS = 24  # a clock reading longer than this is not one
@@ -50,6 +52,7 @@ class FrameKind(str, Enum):
     EXIT = "exit"  # the command's exit, its output drained: {"code", "error"?}; the last line of a journal
     FENCED = "fenced"  # a newer supervisor generation took the job: its record (to this reader only, not journaled)
     LOST = "lost"  # ``follow``: the agent is gone without an exit, or no journal: {"reason"}
+    JOURNAL = "journal"  # the journal stopped keeping lines: {"state": "full", "limit"} or {"state": "unwritable", "error"}
 
 
 _KINDS = {kind.value: kind for kind in FrameKind if kind is not FrameKind.OUTPUT}
@@ -97,6 +100,7 @@ class OutputLine:
     text: str
     at: NodeTime | None = None
     kind: FrameKind = FrameKind.OUTPUT
+    journaled: bool = True  # False: sent live only (``~``), not a line of the node's journal
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ class Frame:
     kind: FrameKind
     data: dict
     at: NodeTime | None = None
+    journaled: bool = True  # False: sent live only (``~``), not a line of the node's journal
 
     def get_int(self, key: str) -> int | None:
         """``data[key]`` when it is an int (not a bool), else None: frames are read, never trusted."""
@@ -127,6 +132,7 @@ class Unparsable:
 
     line: str
     why: str
+    journaled: bool = True
 
 
 Parsed = OutputLine | Frame | Unparsable
@@ -152,10 +158,17 @@ def _stamped(rest: str) -> tuple[NodeTime | None, str]:
     return NodeTime(first, second), tail
 
 
+def live(line: bytes) -> bytes:
+    """A framed line (no newline) marked as sent live only: not in the journal, so not counted by readers."""
+    return LIVE_MARK.encode() + line
+
+
 def parse(line: str | bytes) -> Parsed:
     """A framed line (no newline) read: output, a frame, or unparsable. Never raises; bounded work."""
     if isinstance(line, bytes):
         line = line.decode("utf-8", "replace")
+    if line.startswith(LIVE_MARK) and line[1:2] in (OUTPUT_MARK, FRAME_MARK):
+        return dataclasses.replace(parse(line[1:]), journaled=False)
     if line.startswith(OUTPUT_MARK):
         at, text = _stamped(line[1:])
         return OutputLine(text[:TEXT_LIMIT], at)

@@ -43,6 +43,7 @@ from launcher.views.terminal import safe_text
 _RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
 TAIL_LINES = 200
 MAX_JOINED = 1_000_000  # node 0's count of rendezvous connections is rank output's kin: bounded
+JOURNAL_STOPPED = "journal_stopped"  # the event filed when a node's journal keeps no more lines
 MARK_S = 1.0  # how often the count of lines received is stored when only output lines come
 Follow = Callable[[int, int, "tuple[int, int | None] | None"], NodeHandle]  # (node, after, agent) -> a handle
 
@@ -55,6 +56,16 @@ class Resume:
     seen: int
     log_bytes: int | None
     agent: tuple[int, int | None] | None = None
+
+
+def journal_stopped(node: int, frame: Frame) -> str:
+    """The line (and event) that says node ``node``'s journal keeps no more lines, from its ``@journal`` frame."""
+    after = "later output and samples still reach this supervisor, but a later `launch attach` will not see them"
+    if frame.get_text("state", 40) == "full":
+        limit = frame.get_int("limit")
+        return f"launch: node {node}: journal full at {limit if limit is not None else '?'} bytes: {after}"
+    return (f"launch: node {node}: its journal cannot be written ({frame.get_text('error', 300) or 'no reason given'}): "
+            f"{after}")
 
 
 def logged_after(path: Path, offset: int | None) -> list[str]:
@@ -237,7 +248,8 @@ class NodeWatcher:
 
     def _line(self, parsed: OutputLine | Frame | Unparsable, log: CappedLog | None) -> None:
         node, now = self.handle.index, time.time()
-        self.count += 1
+        if parsed.journaled:  # a live line (the journal full or unwritable) is not one of the journal's
+            self.count += 1
         if isinstance(parsed, Unparsable):
             raise ValueError(f"an unparsable line from the node: {parsed.why}")
         if isinstance(parsed, Frame):
@@ -315,6 +327,10 @@ class NodeWatcher:
             why = frame.get_text("reason")
             self._show(f"[{node}] launch: node {node}: its agent is gone without an exit "
                        f"({why if why is not None else 'no reason given'})", "", log, now)
+        elif frame.kind is FrameKind.JOURNAL:
+            text = journal_stopped(node, frame)
+            self._relay.handed.put(Noted(JOURNAL_STOPPED, text, {"node": node, "state": frame.get_text("state", 40)}))
+            self._show(f"[{node}] {text}", "", log, now)
 
     def _sample(self, data: dict, now: float, log: CappedLog | None, node_time: NodeTime | None) -> None:
         relay, node = self._relay, self.handle.index

@@ -42,13 +42,16 @@ def _eventually(condition, timeout: float = 30.0) -> bool:
     return True
 
 
-def _start(argv: list[str], **extra) -> tuple[str, subprocess.Popen]:
+def _start(argv: list[str], env_extra: dict[str, str] | None = None, ranked: bool = False,
+           **extra) -> tuple[str, subprocess.Popen]:
     """The agent of node NODE of a new job, started as backends start it (request and secrets on stdin); its stdout
-    a pipe the test reads (bytes)."""
+    a pipe the test reads (bytes). ``env_extra``: the agent's environment beside LAUNCH_JOB_ID (its run root);
+    ``ranked``: the command is rank 0 (RANK=0), which the agent samples."""
     job_id = JOB_PREFIX + uuid.uuid4().hex[:8]
-    request = {"job_id": job_id, "node": NODE, "argv": argv, "env": {"LAUNCH_JOB_ID": job_id}, "cwd": "/",
+    env = {"LAUNCH_JOB_ID": job_id, **({"RANK": "0"} if ranked else {})}
+    request = {"job_id": job_id, "node": NODE, "argv": argv, "env": env, "cwd": "/",
                "secrets_on_stdin": True, "grace": 1.0, "sample_s": 0.3, **extra}
-    command = render_command(stdin_argv(sys.executable, "agent"), {"LAUNCH_JOB_ID": job_id}, "/")
+    command = render_command(stdin_argv(sys.executable, "agent"), {"LAUNCH_JOB_ID": job_id, **(env_extra or {})}, "/")
     proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(request).encode() + b"\n{}\n")
@@ -143,23 +146,58 @@ def test_a_follower_keeps_an_unattended_job_in_contact() -> None:
     assert "done" in output_texts(journal) and frames(journal[-1:], "exit") == [{"code": 0}]
 
 
-def test_past_its_bound_the_journal_keeps_no_more_output_but_still_the_exit() -> None:
-    program = "import sys\nfor i in range(1000):\n    print(f'output line {i:04d} ' + 'x' * 30)\nsys.exit(3)"
-    job_id, proc = _start([sys.executable, "-c", program], journal_limit=2000)
+def test_past_its_bound_the_journal_keeps_no_more_output_but_the_reader_still_gets_every_line() -> None:
+    """Issue 39, item 1: a full journal once blinded the supervisor (output and samples no longer sent either)."""
+    program = "import sys, time\nfor i in range(1000):\n    print(f'output line {i:04d} ' + 'x' * 30)\ntime.sleep(1)\nsys.exit(3)"
+    job_id, proc = _start([sys.executable, "-c", program], journal_limit=2000, ranked=True)
     assert proc.stdout is not None
     sent = proc.stdout.read().split(b"\n")[:-1]
     assert proc.wait(60) == 3
     journal = _journal(job_id)
-    assert sent == journal, "stdout carries exactly the journal"
-    full = f"launch: node {NODE}: journal full at 2000 bytes; later output is not kept"
-    texts = [output_texts([line]) for line in journal]
-    assert texts.count([full]) == 1 and frames(journal[-1:], "exit") == [{"code": 3}]
-    at = texts.index([full])
-    assert frames(journal[at + 1:], "exit") == [{"code": 3}] and len(journal) == at + 2, \
-        "no output nor sample after the line that says the journal is full"
+    assert [line for line in sent if not line.startswith(b"~")] == journal, "the lines sent plain are the journal's"
+    assert output_texts(sent) == [f"output line {i:04d} " + "x" * 30 for i in range(1000)], "every line is sent"
+    assert frames([line for line in sent if line.startswith(b"~")], "sample"), "samples go on past the bound"
+    assert frames(journal, "journal") == [{"state": "full", "limit": 2000}]
+    at = next(k for k, line in enumerate(journal) if kind_of_line(line) == "journal")
+    assert len(journal) == at + 2 and frames(journal[-1:], "exit") == [{"code": 3}], \
+        "no output nor sample journaled after the frame that says the journal is full"
     kept = output_texts(journal[:at])
     assert kept == [f"output line {i:04d} " + "x" * 30 for i in range(len(kept))] and 10 < len(kept) < 40
     assert len(b"\n".join(journal[:at])) <= 2000
+    code, followed = _follow(job_id, 0)
+    assert code == 0 and followed == journal, "follow reads back the journal, which holds no live line"
+
+
+def test_a_journal_on_a_full_disk_is_one_frame_and_the_reader_still_gets_every_line(tmp_path: Path) -> None:
+    """Issue 39, item 2: the run root on a 1 MiB tmpfs that the job fills; lines after ENOSPC were lost."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(runtime)], check=True)
+    try:
+        program = ("import sys, time\nfor i in range(40):\n    print(f'before {i}', flush=True)\n"
+                   "try:\n    with open(sys.argv[1], 'wb') as f:\n        while True:\n            f.write(b'x' * 65536)\n"
+                   "except OSError as exc:\n    print('filled:', exc.strerror, flush=True)\n"
+                   "for i in range(40):\n    print(f'after {i}', flush=True)\ntime.sleep(1.5)\n")
+        job_id, proc = _start([sys.executable, "-c", program, str(runtime / "filler")],
+                              env_extra={"XDG_RUNTIME_DIR": str(runtime)}, ranked=True)
+        assert proc.stdout is not None
+        sent = proc.stdout.read().split(b"\n")[:-1]
+        assert proc.wait(60) == 0
+        texts = output_texts(sent)
+        assert [t for t in texts if t.startswith(("before", "after"))] == \
+            [f"before {i}" for i in range(40)] + [f"after {i}" for i in range(40)]
+        assert "filled: No space left on device" in texts
+        stopped = frames(sent, "journal")
+        assert len(stopped) == 1 and stopped[0]["state"] == "unwritable" and "No space left" in stopped[0]["error"]
+        live = [line for line in sent if line.startswith(b"~")]
+        assert frames(live, "sample") and frames(live, "exit") == [{"code": 0}], "samples and the exit are sent live"
+        journal = (runtime / "launch" / job_id / f"node{NODE}.journal").read_bytes()
+        plain = [line for line in sent if not line.startswith(b"~")]
+        assert journal.startswith(b"\n".join(plain) + b"\n"), "the lines sent plain are the journal's whole lines"
+    finally:
+        subprocess.run(["umount", "-l", str(runtime)], check=False)
 
 
 def test_follow_says_lost_when_the_agent_died_without_its_exit_and_when_there_is_no_journal() -> None:

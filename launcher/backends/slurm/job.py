@@ -163,11 +163,11 @@ class SlurmNode(NodeHandle):
                     *complete, pending = pending.split(b"\n")
                     for raw in complete:
                         line = raw.decode("utf-8", "replace")
-                        if self._skip:
-                            self._skip -= 1
+                        parsed = parse(line)
+                        if self._skip:  # counted in journal lines: a live line before the last one had is skipped too
+                            self._skip -= parsed.journaled
                         else:
                             yield line
-                        parsed = parse(line)
                         if isinstance(parsed, Frame) and parsed.kind is FrameKind.EXIT:
                             self._exited(parsed)
                             return
