@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -304,3 +306,16 @@ def test_a_modules_main_block_is_its_last_statement() -> None:
             if any("__main__" in ast.unparse(node.test) for node in ast.parse(path.read_text(encoding="utf-8")).body[:-1]
                    if isinstance(node, ast.If))]
     assert late == []
+
+
+def test_mypy_reports_an_import_of_a_launcher_module_that_does_not_exist(tmp_path: Path) -> None:
+    """Missing imports are forgiven only for untyped third-party modules: a launcher module moved or misspelt
+    is an error of `make test`'s type check, not a silent ``Any``."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("from launcher.backends.nosuch import thing\nimport pynvml\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+                             "--cache-dir", str(tmp_path / "cache"), str(wrong)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [line.split(": error: ")[1] for line in result.stdout.splitlines() if ": error: " in line] == [
+        'Cannot find implementation or library stub for module named "launcher.backends.nosuch"  [import-not-found]']
