@@ -148,9 +148,11 @@ def _each_step_once(home: Path, job_id: str, steps: int) -> None:
 
 def test_takeover_fences_a_live_supervisor_and_another_store_reads_the_job_back_from_its_nodes(tmp_path, home):
     """`launch attach --takeover` while the detached supervisor lives: the old one stops, saying why, its keeper
-    restarts nothing, the job ends once. A fresh LAUNCH_HOME with --cluster is refused while the new supervisor
-    follows, and once the job ended reads it back from the nodes with its whole history."""
-    gate, other = tmp_path / "gate", tmp_path / "other-home"
+    restarts nothing. A fresh LAUNCH_HOME with --cluster is refused while the new supervisor follows; with
+    --takeover it takes the job (issue 34): store 1's supervisor stops, store 1's plain attach is refused naming store
+    2's supervisor, and store 1's status says "taken over", never "unattended". Store 2 follows the job to its end,
+    with its whole history; store 1's plain attach then reads the end back; a third store reads it all back."""
+    gate, other, third = tmp_path / "gate", tmp_path / "other-home", tmp_path / "third-home"
     spec = write_yaml(tmp_path / "job.yaml", {
         "name": "takeover", "entrypoint": ["python", str(STEP_LINES)], "batch": {"micro_batch": 8},
         "resources": {"nodes": 2, "nproc_per_node": 1}, "max_steps": TAKEN_STEPS,
@@ -182,11 +184,28 @@ def test_takeover_fences_a_live_supervisor_and_another_store_reads_the_job_back_
         unknown = run_cli(other, "attach", "takeover-00000000", "--cluster", "cluster.yaml")
         assert unknown.returncode == 1 and "its nodes do not know it either" in unknown.stderr, unknown.stderr
         assert Store(other).job_ids() == []
+        print(f"takeover: the new supervisor in charge {took:.1f} s after `launch attach --takeover` started")
+
+        taker = subprocess.Popen(launch_argv("attach", job_id, "--cluster", "cluster.yaml", "--takeover"),
+                                 env=cli_env(other), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        assert proc.wait(timeout=120) == 5, "store 1's supervisor stops once store 2 takes the job"
+        assert f"taken over by a newer supervisor (generation 2, process {taker.pid} on " in proc.stderr.read()
+        refused = run_cli(home, "attach", job_id)
+        assert refused.returncode == 1 and (f"is followed by another supervisor (generation 2, process {taker.pid} on "
+                                            in refused.stderr and "was in contact" in refused.stderr), refused.stderr
+        shown = status_json(home, job_id)["supervisor"]
+        assert shown["state"] == "taken_over" and shown["taken_over_by"]["generation"] == 2, shown
+        assert shown["taken_over_by"]["pid"] == taker.pid, shown
+        listed = run_cli(home, "status", env=cli_env(home, COLUMNS="300")).stdout
+        assert f"RUNNING, taken over by generation 2 (process {taker.pid} on " in listed and "unattended" not in listed, \
+            listed
 
         gate.touch()
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0 and f"job {job_id}: SUCCEEDED" in err, err + out[-2000:]
-        print(f"takeover: the new supervisor in charge {took:.1f} s after `launch attach --takeover` started")
+        out, err = taker.communicate(timeout=180)
+        assert taker.returncode == 0 and f"job {job_id}: SUCCEEDED" in err, err + out[-2000:]
+        back = wait_for(lambda: (lambda done: done if done.returncode == 0 or "followed by" not in done.stderr else None)(
+            run_cli(home, "attach", job_id)), timeout=30)  # the nodes' contact with store 2 ages past 3 s
+        assert back is not None and back.returncode == 0 and f"job {job_id}: SUCCEEDED" in back.stderr, back
     finally:
         gate.touch()
         run_cli(home, "cancel", job_id)
@@ -197,14 +216,15 @@ def test_takeover_fences_a_live_supervisor_and_another_store_reads_the_job_back_
     assert kinds.count("takeover") == 1 and kinds.count("succeeded") == 1, kinds
     assert not {"supervisor_restarted", "supervisor_lost", "cancelled", "failed", "restarting"} & set(kinds), kinds
     _each_step_once(home, job_id, TAKEN_STEPS)
-
-    began = time.monotonic()
-    fetched = run_cli(other, "attach", job_id, "--cluster", "cluster.yaml")
-    fetched_s = time.monotonic() - began
-    assert fetched.returncode == 0 and f"job {job_id}: SUCCEEDED" in fetched.stderr, fetched.stderr
     again = status_json(other, job_id)
     assert again["state"] == "SUCCEEDED" and "imported" in [event["kind"] for event in again["events"]]
     _each_step_once(other, job_id, TAKEN_STEPS)
+
+    began = time.monotonic()
+    fetched = run_cli(third, "attach", job_id, "--cluster", "cluster.yaml")
+    fetched_s = time.monotonic() - began
+    assert fetched.returncode == 0 and f"job {job_id}: SUCCEEDED" in fetched.stderr, fetched.stderr
+    _each_step_once(third, job_id, TAKEN_STEPS)
     print(f"--cluster: {TAKEN_STEPS} steps of 2 nodes read back into a fresh store in {fetched_s:.1f} s")
     assert proctree.job_pids(job_id) == []
 
