@@ -23,8 +23,8 @@ from launcher.views.terminal import safe_text
 @click.option("--last", is_flag=True, help="The newest job, in detail.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Jobs listed, newest first (0: all).")
 @click.option("--watch", "-w", is_flag=True,
-              help="Follow JOB live until it ends (or its supervisor is found gone: `launch attach`): stages, log "
-                   "lines, a progress bar; exit code as submit's.")
+              help="Follow JOB live until it ends (through a keeper's restart of its supervisor; or until no supervisor "
+                   "can come back: `launch attach`): stages, log lines, a progress bar; exit code as submit's.")
 def status(job, as_json, last, limit, watch):
     """Show jobs, or one JOB in detail (nodes, exit codes, metrics, first failure).
 
@@ -71,7 +71,7 @@ def status(job, as_json, last, limit, watch):
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
     """`status --watch`: the live view until the job ends, then exit as submit does."""
-    from launcher.run.cancel import supervisor_gone
+    from launcher.run.cancel import SupervisorWatch
     from launcher.views.watch import watch
 
     if as_json or not (job or last):
@@ -81,7 +81,7 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
 
         job = newest(store)
     try:
-        row = watch(store, str(job), stream=sys.stdout, supervisor_gone=lambda job_id: supervisor_gone(store, job_id))
+        row = watch(store, str(job), stream=sys.stdout, supervisor_gone=SupervisorWatch(store, _say))
     except KeyboardInterrupt:
         click.echo("stopped watching; the job goes on (`launch cancel` ends it)", err=True)
         sys.exit(EXIT_CANCELLED)
@@ -89,6 +89,11 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
     if row.state != JobState.SUCCEEDED:
         echo_reason(row.reason)
     exit_for(row.state)
+
+
+def _say(text: str) -> None:
+    """A note of launch's own beside the job's lines (on stderr): the supervisor restarting, or gone."""
+    click.echo(safe_text(text, colour=False), err=True)
 
 
 @click.command()
@@ -101,7 +106,8 @@ def _watch(store, job: str | None, last: bool, as_json: bool) -> None:
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax), across all nodes.")
 @click.option("--timestamps", "-t", is_flag=True, help="Show when each line was written (local time).")
 @click.option("--follow", "-f", is_flag=True,
-              help="Keep printing new lines until the job ends (or its supervisor is found gone: exit 1, `launch attach` resumes it).")
+              help="Keep printing new lines until the job ends, through a keeper's restart of its supervisor (or until "
+                   "no supervisor can come back: exit 1, `launch attach` resumes it).")
 @click.option("--raw", is_flag=True,
               help="Lines as the ranks wrote them: no colour, control sequences not made visible (for files and tools).")
 def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw):
@@ -137,12 +143,11 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw
     query = LogQuery(node=node, rank=rank, attempt=attempt, since=since_t, pattern=compiled, tail=tail)
     fmt = LogFormat(colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR") and not raw, timestamps=timestamps,
                     raw=raw)
-    from launcher.run.cancel import supervisor_gone
+    from launcher.run.cancel import SupervisorWatch
 
     store = Store()
-    print_logs(store, job, query, follow=follow, fmt=fmt, out=echo_line,
-               supervisor_gone=lambda job_id: supervisor_gone(store, job_id),
-               say=lambda text: click.echo(safe_text(text, colour=False), err=True))
+    print_logs(store, job, query, follow=follow, fmt=fmt, out=echo_line, supervisor_gone=SupervisorWatch(store, _say),
+               say=_say)
     if follow and not store.job(job).terminal:
         sys.exit(1)
 

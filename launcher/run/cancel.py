@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 
 from launcher.backends import get_backend
 from launcher.errors import LaunchError
@@ -15,6 +16,7 @@ from launcher.store.db import Store
 from launcher.store.rows import JobRow
 from launcher.store.states import JobState
 
+MAX_REATTACH = 3  # as many times as the keeper (``run.detached``) starts a new supervisor
 RECORDS_ITSELF_S = 5.0  # how long `cancel` waits for a starting supervisor to record itself
 
 
@@ -65,6 +67,33 @@ def supervisor_presence(store: Store, job_id: str) -> identity.Presence:
 def supervisor_gone(store: Store, job_id: str) -> str | None:
     """Why the supervisor of ``job_id`` is proven gone (for `status --watch`); None while it is, or may be, alive."""
     return supervisor_presence(store, job_id).gone
+
+
+class SupervisorWatch:
+    """For `logs --follow` and `status --watch`: called with a job id each poll, why no supervisor can come back to
+    the job (its supervisor proven gone and no keeper left to start another, or the keeper gave up), else None.
+    While a detached supervisor's keeper starts a new one, it says once a restart ``supervisor restarting, N of 3``
+    through ``say`` and waits."""
+
+    def __init__(self, store: Store, say: Callable[[str], None]) -> None:
+        self.store, self.say = store, say
+        self._said: set[int] = set()
+
+    def __call__(self, job_id: str) -> str | None:
+        gone = supervisor_gone(self.store, job_id)
+        if gone is None:
+            return None
+        if identity.keeper_alive(self.store.run_dir(job_id), job_id) is None:
+            return gone
+        kinds = [event["kind"] for event in self.store.events(job_id)]
+        if "supervisor_lost" in kinds:  # the keeper gave up: it ends in a moment
+            return gone
+        restart = kinds.count("supervisor_restarted") or 1  # (killed a moment ago: the keeper files it next)
+        if restart not in self._said:
+            self._said.add(restart)
+            self.say(f"launch: job {job_id}: supervisor restarting, {restart} of {MAX_REATTACH} ({gone}; its keeper "
+                     "starts a new one that re-attaches to the nodes' journals)")
+        return None
 
 
 def _cancel_orphaned(store: Store, job: RecordedJob, why: str) -> None:

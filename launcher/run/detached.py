@@ -25,7 +25,9 @@ from collections.abc import Callable
 
 from launcher.backends import Backend, get_backend
 from launcher.errors import FENCED_EXIT, SupervisorFenced
+from launcher.run import identity
 from launcher.run.attach import attach
+from launcher.run.cancel import MAX_REATTACH
 from launcher.run.orchestrate import end_unsupervised, make_supervisor
 from launcher.run.recorded import RecordedJob
 from launcher.run.secrets import read_secrets
@@ -33,7 +35,6 @@ from launcher.store.db import Store
 from launcher.store.states import JobState
 from launcher.views.watch import STAGE_EVENT
 
-MAX_REATTACH = 3
 SUPERVISE, ATTACH = "--supervise", "--attach"
 
 
@@ -53,6 +54,7 @@ def main(argv: list[str]) -> int:
 
 def keep(store: Store, job_id: str) -> int:
     """Run the job's supervisor as a child; start one that re-attaches when it dies before the job ends."""
+    identity.record_keeper(store.run_dir(job_id), job_id)  # `logs --follow` and `status --watch` wait while it lives
     child = _child(job_id, SUPERVISE)
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     for restart in range(1, MAX_REATTACH + 2):

@@ -25,6 +25,7 @@ from launcher.node.proctree import start_ticks
 from launcher.store.states import Successor, Supervision, SupervisorState
 
 IDENTITY_FILE = "supervisor.json"
+KEEPER_FILE = "keeper.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 FOREGROUND_COMMANDS = (b"submit", b"attach", b"bench")  # the commands that supervise a job in their own process
 def _boot_id() -> str | None:
@@ -91,6 +92,28 @@ def _argv(pid: int) -> list[bytes] | None:
             return handle.read().split(b"\0")
     except OSError:
         return None
+
+
+def record_keeper(run_dir: Path, job_id: str) -> None:
+    """Record this process as the keeper of ``job_id``'s detached supervisor (``launcher.run.detached``)."""
+    keeper = {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()), "boot_id": _boot_id(), "job_id": job_id}
+    write_atomically(str(run_dir / KEEPER_FILE), json.dumps(keeper))
+
+
+def keeper_alive(run_dir: Path, job_id: str) -> int | None:
+    """The PID of the keeper of ``job_id``'s detached supervisor while it runs (proven as a supervisor is: same
+    start tick, same boot, a keeper's command line), else None: it may start another supervisor while it lives."""
+    try:
+        keeper = json.loads((run_dir / KEEPER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    pid = keeper.get("pid") if isinstance(keeper, dict) else None
+    if not isinstance(pid, int) or keeper.get("job_id") != job_id or keeper.get("boot_id") != _boot_id():
+        return None
+    argv = _argv(pid)
+    if argv is None or start_ticks(pid) != keeper.get("start_ticks"):
+        return None
+    return pid if b"launcher.run.detached" in argv and job_id.encode() in argv else None
 
 
 def _is_supervisor(argv: list[bytes], job_id: str) -> bool:

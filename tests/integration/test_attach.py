@@ -283,3 +283,46 @@ def test_a_closed_terminal_never_ends_a_foreground_job_and_attach_takes_it_back(
     assert kinds.count("terminal_closed") == 1 and kinds.count("takeover") == 1, kinds
     assert not {"cancelled", "cancel_requested", "restarting", "supervisor_lost"} & set(kinds), kinds
     _each_step_once(home, job_id, HUNG_STEPS)
+
+
+KEPT_STEPS, KEPT_GATE = 40, 20
+
+
+def test_logs_follow_and_status_watch_wait_through_a_keepers_restart(tmp_path, home):
+    """Issue 34: a detached job's supervisor SIGKILLed; its keeper starts another. `launch logs --follow` and
+    `launch status --watch` (both on pipes) say `supervisor restarting, 1 of 3` and go on to the job's end: every
+    rank-0 line once, exit 0."""
+    gate = tmp_path / "gate"
+    spec = write_yaml(tmp_path / "job.yaml", {
+        "name": "kept", "entrypoint": ["python", str(STEP_LINES)], "batch": {"micro_batch": 8},
+        "resources": {"nodes": 1, "nproc_per_node": 2}, "max_steps": KEPT_STEPS,
+        "env": {"STEPS": str(KEPT_STEPS), "STEP_S": "0.1", "GATE_FILE": str(gate), "GATE_STEP": str(KEPT_GATE)},
+    })
+    job_id = run_cli(home, "submit", str(spec), "--detach").stdout.strip()
+    watchers = []
+    try:
+        assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 3, timeout=180)
+        for args in (("logs", job_id, "--follow", "--rank", "0"), ("status", job_id, "--watch")):
+            watchers.append(subprocess.Popen(launch_argv(*args), env=cli_env(home), stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=ROOT))
+        firsts = [proc.stdout.readline() for proc in watchers]  # both follow the job now
+        supervisor = status_json(home, job_id)["supervisor"]
+        os.kill(supervisor["pid"], signal.SIGKILL)
+        assert wait_for(lambda: _new_supervisor(home, job_id, supervisor["pid"]), timeout=60)
+        assert all(proc.poll() is None for proc in watchers), "a watcher gave up while the keeper restarted"
+        gate.touch()
+        (out, err), (wout, werr) = ((first + proc.stdout.read(), proc.stderr.read()) for first, proc in zip(firsts, watchers))
+        assert [proc.wait(timeout=60) for proc in watchers] == [0, 0], err + werr
+    finally:
+        gate.touch()
+        run_cli(home, "cancel", job_id)
+        for proc in watchers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    follow, watch = watchers
+    assert follow.returncode == 0 and f"job {job_id}: supervisor restarting, 1 of 3" in err, err
+    assert [int(m) for m in re.findall(r"step (\d+) of rank 0", out)] == list(range(KEPT_STEPS)), out[-2000:]
+    assert watch.returncode == 0 and f"job {job_id}: supervisor restarting, 1 of 3" in werr, werr
+    assert f"job {job_id}: SUCCEEDED" in werr, werr
+    assert status_json(home, job_id)["state"] == "SUCCEEDED"
