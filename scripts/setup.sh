@@ -27,6 +27,8 @@ if [[ $want_test == 1 && $(id -u) == 0 ]]; then
   command -v fish >/dev/null || missing+=(fish)
   command -v podman >/dev/null || missing+=(podman)
   command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || missing+=(runc)
+  # A real Docker daemon for the Docker tests: tests/docker_fixture.py starts one per test host and stops them.
+  [[ -x /usr/sbin/dockerd ]] || missing+=(docker.io)
   # A real Slurm for the Slurm tests (tools/slurm.py starts and stops the daemons itself).
   [[ -x /usr/sbin/slurmctld && -x /usr/sbin/slurmd && -x /usr/bin/sbatch ]] || missing+=(slurm-wlm)
   [[ -x /usr/sbin/munged && -f /etc/munge/munge.key ]] || missing+=(munge)

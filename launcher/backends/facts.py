@@ -47,6 +47,7 @@ Text = Annotated[StrictStr, AfterValidator(_text)]
 Line = Annotated[StrictStr, AfterValidator(_line)]
 Count = Annotated[int, Field(strict=True, ge=0, le=COUNT_LIMIT)]
 Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+Limit = Annotated[int, Field(strict=True, ge=-1, le=2**64)]  # an rlimit in bytes, -1 for unlimited
 
 
 class _Facts(BaseModel):
@@ -75,6 +76,10 @@ class ContainerFacts(_Facts):
     runtime_error: Text | None = None
     image_error: Text | None = None
     inside_error: Text | None = None
+    #: the image was checked with InfiniBand's options (the node has HCAs): what its container got
+    ib_checked: StrictBool = False
+    memlock: Limit | None = None  # bytes, -1 unlimited
+    ib_devices: tuple[Name, ...] | None = Field(None, max_length=NAMES_LIMIT)
 
 
 class PythonFacts(_Facts):
@@ -109,6 +114,9 @@ class NodeFacts(_Facts):
     disk_free_gb: Amount | None = None
     missing_ifaces: tuple[Name, ...] = Field((), max_length=NAMES_LIMIT)
     hcas: tuple[Name, ...] = Field((), max_length=NAMES_LIMIT)
+    memlock: Limit | None = None  # this node's memlock limit in bytes, -1 unlimited
+    memlock_max: Limit | None = None  # the largest a process there may set (-1: unlimited)
+    ib_devices: tuple[Name, ...] | None = Field(None, max_length=NAMES_LIMIT)  # /dev/infiniband's entries
     hostname_resolves: StrictBool | Text | None = None  # True, or why not
     gpus: tuple[GPUFacts, ...] = Field((), max_length=NAMES_LIMIT)
     gpu_error: Text | None = None
@@ -126,6 +134,11 @@ class NodeFacts(_Facts):
     time: Annotated[float, Field(strict=True, allow_inf_nan=False)] | None = None
     slurm_node: Name | None = None  # a Slurm node's name, and node 0's address it probed (slurmnode)
     master: Name | None = None
+
+    @property
+    def settable_memlock(self) -> int:
+        """The largest memlock limit a process on the node may set, in bytes (-1: unlimited, or not reported)."""
+        return -1 if self.memlock_max is None else self.memlock_max
 
     @classmethod
     def parse(cls, raw: object) -> NodeFacts:

@@ -37,12 +37,18 @@ def container_request(plan: Plan, spec: ContainerSpec, index: int) -> dict:
     node = plan.nodes[index]
     probe_name = containers.ContainerName(f"{plan.job_id}-probe", index)
     inside = node_argv(spec.python, "facts", {"modules": required_modules(plan), "workdir": node.cwd})
+    # a node that has (or may have) HCAs checks the image with what InfiniBand needs, memlock lowered by the node
+    ib = any(containers.IB_DEVICES in option.args for option in node.run_options)
     return {
         "probe": containers.probe_argv(spec.runtime),
         "present": containers.image_present_argv(spec),
         "pull": spec.pull.value if spec.runtime.value != "apptainer" else "never",
         "pull_argv": containers.pull_argv(spec) if spec.runtime.value != "apptainer" else None,
         "inside": containers.run_argv(spec, probe_name, inside, [], node.cwd, 0),
+        # put right after `docker run` / `podman run` by the node (not a second copy of the whole argv: the
+        # shipped node code in it is most of what a command line may hold)
+        "ib_options": [arg for option in containers.ib_options(containers.InfiniBand(("?",))) for arg in option.args]
+        if ib else None,
     }
 
 

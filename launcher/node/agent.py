@@ -288,7 +288,8 @@ class Agent:
     def run(self) -> int:
         """Relay and sample until the command exits and its output is drained; the agent's exit status."""
         assert self.proc is not None and self.proc.stdout is not None
-        sampler = Sampler(self.job_id, self.node, self.out, self.req.gpus, self.req.sample_s, self.req.rendezvous_port)
+        sampler = Sampler(self.job_id, self.node, self.out, self.req.gpus, self.req.sample_s, self.req.rendezvous_port,
+                          self.run_dir)
         relayed = threading.Event()
         targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed),
                    lambda: self.watch_contact(relayed)]

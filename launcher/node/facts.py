@@ -16,6 +16,7 @@ import importlib.metadata as metadata
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,9 @@ import time
 from . import pythons
 
 IB_CLASS_DIR = "/sys/class/infiniband"
+IB_DEVICES = "/dev/infiniband"
+CAP_SYS_RESOURCE = 24
+MEMLOCK_OPTION = "memlock=-1"  # as the plan writes it in a container's --ulimit; lowered here to what the node allows
 NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 KERNEL_LOG_LINES = 500
 BUILD_LOCKS_LIMIT = 16
@@ -167,7 +171,38 @@ def kernel_log(since: float | None = None) -> list[str]:
     return (text or "").splitlines()[-KERNEL_LOG_LINES:]
 
 
-def container_facts(req: dict) -> dict:
+def _limit(value: int) -> int:
+    return -1 if value == resource.RLIM_INFINITY else value
+
+
+def memlock() -> tuple[int, int]:
+    """(this process's memlock limit, the largest it may set), in bytes, -1 for unlimited: the hard limit unless
+    the process has CAP_SYS_RESOURCE (then unlimited)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    try:
+        with open("/proc/self/status") as handle:
+            caps = next((int(line.split()[1], 16) for line in handle if line.startswith("CapEff:")), 0)
+    except (OSError, ValueError, IndexError):
+        caps = 0
+    return _limit(soft), -1 if caps >> CAP_SYS_RESOURCE & 1 else _limit(hard)
+
+
+def ib_devices() -> list[str] | None:
+    """The entries of /dev/infiniband (uverbs*, rdma_cm), None where there is none."""
+    try:
+        return sorted(os.listdir(IB_DEVICES))
+    except OSError:
+        return None
+
+
+def _lowered(argv: list[str], memlock_max: int) -> list[str]:
+    """``argv`` with the plan's unlimited memlock lowered to ``memlock_max`` where the node cannot raise it."""
+    if memlock_max == -1:
+        return argv
+    return [f"memlock={memlock_max}:{memlock_max}" if arg == MEMLOCK_OPTION else arg for arg in argv]
+
+
+def container_facts(req: dict, hcas: list[str], memlock_max: int) -> dict:
     """The container runtime's state on this node, the image (pulled as the request says), and the facts
     of the interpreter inside the image (``inside``: a facts command run in a container of it)."""
     out: dict = {}
@@ -181,11 +216,18 @@ def container_facts(req: dict) -> dict:
             return {"image_error": f"pulling the image failed: {error}"}
     elif not present:
         return {"image_error": "the image is not on this node (pull: never)"}
-    text, error = run(req["inside"], timeout=INSIDE_TIMEOUT_S)
+    ib = bool(hcas and req.get("ib_options"))  # run as the job's container will be: with what IB needs
+    inside = req["inside"]
+    if ib:  # right after `docker run` / `podman run`
+        inside = [*inside[:2], *_lowered(req["ib_options"], memlock_max), *inside[2:]]
+    text, error = run(inside, timeout=INSIDE_TIMEOUT_S)
     lines = [line for line in (text or "").splitlines() if line.startswith("{")]
     if error or not lines:
         return {"inside_error": f"the interpreter inside the image could not run: {error or 'no answer'}"}
     out["inside"] = json.loads(lines[-1])
+    if ib:
+        out["ib_checked"] = True
+        out["memlock"], out["ib_devices"] = out["inside"].get("memlock"), out["inside"].get("ib_devices")
     return out
 
 
@@ -223,6 +265,8 @@ def collect(req: dict) -> dict:
     out["disk_free_gb"] = shutil.disk_usage(workdir if workdir and out["workdir_ok"] else os.path.expanduser("~")).free / 1e9
     out["missing_ifaces"] = [n for n in req.get("ifaces", []) if not os.path.exists("/sys/class/net/" + n)]
     out["hcas"] = sorted(os.listdir(IB_CLASS_DIR)) if os.path.isdir(IB_CLASS_DIR) else []
+    out["memlock"], out["memlock_max"] = memlock()
+    out["ib_devices"] = ib_devices()
     if req.get("resolve_self"):
         try:
             socket.getaddrinfo(socket.gethostname(), None)
@@ -247,7 +291,7 @@ def collect(req: dict) -> dict:
     if "build_locks" in req:
         out["build_locks"] = build_locks(req["build_locks"])
     if req.get("container"):
-        out["container"] = container_facts(req["container"])
+        out["container"] = container_facts(req["container"], out["hcas"], out["memlock_max"])
         inside = out["container"].get("inside")
         if inside:  # what the job will run with is the image's, not this host's
             out.update({key: inside.get(key) for key in ("python", "executable", "torch", "deepspeed", "nccl", "missing")})

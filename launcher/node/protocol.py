@@ -48,6 +48,7 @@ class FrameKind(str, Enum):
     BUSY = "busy"  # the leases are held by others: the survey of the host (not journaled); the agent exits
     STARTED = "started"  # the command started: {"pid", "child", "host", "run_dir", "start_ticks", "devices"?}
     SAMPLE = "sample"  # each rank's process tree: {"t", "ranks": [...], "joined"?}
+    NCCL = "nccl"  # the transport NCCL chose on the node: {"kind", "devices", "gdr", "version", "channels"}
     UNATTENDED = "unattended"  # no reader in contact for unattended_s: {"after_s"}; the agent ends the job
     EXIT = "exit"  # the command's exit, its output drained: {"code", "error"?}; the last line of a journal
     FENCED = "fenced"  # a newer supervisor generation took the job: its record (to this reader only, not journaled)

@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 
-from . import proctree, rendezvous
+from . import nccl, proctree, rendezvous
 from .journal import Output
 from .protocol import FrameKind
 from .subreaper import run_helper
@@ -22,9 +22,11 @@ class Sampler:
     """Measures the job's ranks from outside every SAMPLE_S seconds and reports them as ``@sample``."""
 
     def __init__(self, job_id: str, node: int | None, out: Output, gpus: int, every: float = SAMPLE_S,
-                 rendezvous_port: int | None = None) -> None:
+                 rendezvous_port: int | None = None, run_dir: str | None = None) -> None:
         self.job_id, self.node, self.out, self.gpus, self.every = job_id, node, out, gpus, every
         self.rendezvous_port = rendezvous_port  # node 0's: count the agents that joined while no rank exists
+        self.run_dir = run_dir  # where the ranks' NCCL debug files are (GPU nodes)
+        self.transport: nccl.Transport | None = None
         self.peaks: dict[int, int] = {}
         self.stop = threading.Event()
 
@@ -53,6 +55,15 @@ class Sampler:
                 "gpu_util": gpu_util.get(device) if self.gpus and device is not None else None,
             })
         self.out.event(FrameKind.SAMPLE, {"t": time.time(), "ranks": ranks})
+        if self.gpus and self.run_dir:
+            self.report_transport(self.run_dir)
+
+    def report_transport(self, run_dir: str) -> None:
+        """``@nccl`` with the transport NCCL chose here, once its init lines name one and again if it changes."""
+        found = nccl.read_dir(run_dir)
+        if found is not None and found != self.transport:
+            self.transport = found
+            self.out.event(FrameKind.NCCL, found.as_json())
 
 
 def _device(tree: proctree.RankTree) -> int | None:

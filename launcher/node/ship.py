@@ -29,8 +29,8 @@ from launcher.node.protocol import Request
 from launcher.node.safepath import SAFE_PATH
 
 NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
-                "rendezvous", "rundir", "subreaper", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode", "main",
-                "protocol", "linecut", "safepath")
+                "rendezvous", "rundir", "subreaper", "nccl", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode",
+                "main", "protocol", "linecut", "safepath")
 
 PACKAGE = "launch_node"
 BOOT = SAFE_PATH + """

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from launcher.spec.container import ContainerSpec, Mount, Runtime
 
+MEMLOCK_UNLIMITED = -1
+IB_DEVICES = "/dev/infiniband"
 NAME_PREFIX = "launch-"
 JOB_LABEL = "launch.job"
 NODE_LABEL = "launch.node"
@@ -47,6 +49,69 @@ class ContainerName:
     @property
     def labels(self) -> dict[str, str]:
         return {JOB_LABEL: self.job_id, NODE_LABEL: str(self.node)}
+
+
+@dataclass(frozen=True)
+class InfiniBand:
+    """A node's InfiniBand HCAs as its probe found them (or the cluster pins them), and the largest memlock limit
+    a process there may set (``MEMLOCK_UNLIMITED``, or bytes: the hard limit where it cannot be raised)."""
+
+    hcas: tuple[str, ...]
+    memlock_max: int = MEMLOCK_UNLIMITED
+
+
+@dataclass(frozen=True)
+class RunOption:
+    """Options of ``run`` that launch adds for what a node has, and why (the dry run shows both). A ``pending``
+    option waits for the node's probe at launch: it is shown, not yet on the command line."""
+
+    args: tuple[str, ...]
+    why: str
+    pending: bool = False
+
+
+def node_options(runtime: Runtime, gpus: int, ib: InfiniBand | None, ib_pending: bool = False) -> list[RunOption]:
+    """What a node's container gets besides the job's own options: the host's network and IPC, its GPUs, and for a
+    node with InfiniBand HCAs what NCCL's verbs need inside (without them NCCL silently falls back to TCP sockets).
+    ``ib_pending``: the HCAs are probed at launch (shown as pending options)."""
+    if runtime is Runtime.APPTAINER:  # shares the host's network, IPC, /dev and limits unless told otherwise
+        return [RunOption(("--nv",), f"the node's {gpus} GPU(s): binds the driver's libraries and /dev/nvidia*")] \
+            if gpus > 0 else []
+    options = [
+        RunOption(("--network", "host"), "the node's interfaces: the rendezvous address and NCCL_SOCKET_IFNAME "
+                  "mean the same inside"),
+        RunOption(("--ipc", "host"), "the host's /dev/shm and System V IPC for NCCL's shared memory between the "
+                  "node's ranks and the DataLoader workers (a container's own /dev/shm is 64 MB)"),
+    ]
+    if gpus > 0 and runtime is Runtime.DOCKER:
+        options.append(RunOption(("--gpus", "all"), f"the node's {gpus} GPU(s) (the NVIDIA Container Toolkit)"))
+    elif gpus > 0:
+        options.append(RunOption(("--device", "nvidia.com/gpu=all"),
+                                 f"the node's {gpus} GPU(s) through CDI (nvidia-ctk cdi generate)"))
+    if ib is not None:
+        options += ib_options(ib)
+    elif ib_pending:
+        options += ib_options(InfiniBand(("probed at launch",)), pending=True)
+    return options
+
+
+def ib_options(ib: InfiniBand, pending: bool = False) -> list[RunOption]:
+    """What NCCL's verbs need in a Docker or Podman container on a node with HCAs: the device files, the right to
+    lock memory, and a memlock limit that lets it register its buffers (the largest the node allows)."""
+    found = "if the node's probe finds InfiniBand HCAs" if pending else f"InfiniBand HCAs {','.join(ib.hcas)}"
+    if ib.memlock_max == MEMLOCK_UNLIMITED:
+        memlock = RunOption(("--ulimit", "memlock=-1"), f"{found}: NCCL registers (pins) its buffers with the HCA; "
+                            "unlimited locked memory", pending)
+    else:
+        memlock = RunOption(("--ulimit", f"memlock={ib.memlock_max}:{ib.memlock_max}"),
+                            f"{found}: the node's hard memlock limit ({ib.memlock_max // 1024} KiB) cannot be raised "
+                            "here, so the container gets that much; NCCL may fail to register large buffers (raise "
+                            "memlock in /etc/security/limits.conf, or run the runtime with CAP_SYS_RESOURCE)", pending)
+    return [
+        RunOption(("--device", IB_DEVICES), f"{found}: NCCL's verbs open {IB_DEVICES}/uverbs*", pending),
+        RunOption(("--cap-add", "IPC_LOCK"), f"{found}: NCCL locks the memory it registers with the HCA", pending),
+        memlock,
+    ]
 
 
 def _image(spec: ContainerSpec) -> str:
@@ -76,12 +141,13 @@ def _checked_names(env_names: Iterable[str]) -> list[str]:
 
 
 def run_argv(spec: ContainerSpec, name: ContainerName, argv: Sequence[str], env_names: Iterable[str],
-             workdir: str, gpus: int) -> list[str]:
+             workdir: str, gpus: int, ib: InfiniBand | None = None) -> list[str]:
     """The runtime command that runs ``argv`` for one node, in the foreground, inside ``spec.image``.
 
-    Host network and IPC, the node's GPUs when ``gpus`` > 0, the workdir mounted at its own path and
-    used as the working directory, the user's mounts, ``env_names`` passed by name only, the user's
-    options last before the image. Docker and Podman delete the container when it exits (``--rm``).
+    ``node_options`` (host network and IPC, the node's GPUs when ``gpus`` > 0, InfiniBand's device, capability
+    and memlock when ``ib``), the workdir mounted at its own path and used as the working directory, the user's
+    mounts, ``env_names`` passed by name only, the user's options last before the image. Docker and Podman
+    delete the container when it exits (``--rm``).
     """
     if not argv:
         raise ValueError("argv is empty: nothing to run in the container")
@@ -89,14 +155,12 @@ def run_argv(spec: ContainerSpec, name: ContainerName, argv: Sequence[str], env_
         raise ValueError(f"workdir must be an absolute path, got {workdir!r}")
     names = _checked_names(env_names)
     mounts = [arg for m in _mounts(spec, workdir) for arg in _mount_args(spec.runtime, m)]
+    added = [arg for option in node_options(spec.runtime, gpus, ib) for arg in option.args]
     if spec.runtime is Runtime.APPTAINER:
-        return ["apptainer", "exec", "--cleanenv", *(["--nv"] if gpus > 0 else []), *mounts,
-                "--pwd", workdir, *spec.options, _image(spec), *argv]
-    gpu_flags = {Runtime.DOCKER: ["--gpus", "all"], Runtime.PODMAN: ["--device", "nvidia.com/gpu=all"]}
+        return ["apptainer", "exec", "--cleanenv", *added, *mounts, "--pwd", workdir, *spec.options, _image(spec), *argv]
     labels = [arg for key, value in name.labels.items() for arg in ("--label", f"{key}={value}")]
-    return [spec.runtime.value, "run", "--rm", "--name", str(name), *labels,
-            "--pull", "never", "--network", "host", "--ipc", "host",
-            *(gpu_flags[spec.runtime] if gpus > 0 else []), *mounts, "-w", workdir,
+    return [spec.runtime.value, "run", "--rm", "--name", str(name), *labels, "--pull", "never",
+            *added, *mounts, "-w", workdir,
             *[arg for n in names for arg in ("-e", n)], *spec.options, _image(spec), *argv]
 
 

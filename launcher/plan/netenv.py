@@ -28,11 +28,13 @@ UNPROBED = Unprobed.VALUE
 
 @dataclass(frozen=True)
 class NodeNetwork:
-    """What a node's probe found: its interface and address towards node 0, its HCAs."""
+    """What a node's probe found: its interface and address towards node 0, its HCAs, and the largest memlock
+    limit a process there may set (-1: unlimited; bytes: the hard limit where it cannot be raised)."""
 
     interface: str
     address: str
     ib_hcas: tuple[str, ...] = ()
+    memlock_max: int = -1
 
 
 def network_env(

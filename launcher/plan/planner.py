@@ -30,6 +30,8 @@ DS_CONFIG_FILE = "ds_config.json"
 LEASED_GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # the node agent's, for the GPUs it leased
 FLIGHT_RECORDER_EVENTS = "2000"
 STEP_HOOKS = "LAUNCH_AUTO_METRICS"  # the ranks' step hooks report every N steps (docs: README, metrics.auto)
+NCCL_DEBUG_ENV = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
+NCCL_DEBUG_FILE = "nccl.%h.%p.log"  # NCCL's own placeholders: host, pid (launcher.node.nccl reads them)
 
 
 class Frozen(BaseModel):
@@ -71,6 +73,8 @@ class NodePlan(Frozen):
     env_prefix: str = ""
     #: the node agent writes launch's step hooks for the ranks (``metrics.auto``; ``launcher.node.stephooks``)
     step_hooks: bool = False
+    #: what the node's container gets for what the node has (network, IPC, GPUs, InfiniBand), with the reasons
+    run_options: tuple[containers.RunOption, ...] = ()
 
 
 class Plan(Frozen):
@@ -276,8 +280,9 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
     if shared.container:
         leased = LEASED_GPU_ENV if shared.policy.leases and node.gpus else ()  # set by the agent once it holds them
         names = [*env, *job.secrets, *shared.files, "LAUNCH_RUN_DIR", *leased]
+        ib, pending = infiniband(shared.cluster, shared.policy, shared.probes.get(index))
         in_container = _in_container(shared.container, shared.job_id, index, argv, names, shared.cwd, node.gpus,
-                                     job.watch.grace_period)
+                                     job.watch.grace_period, ib, pending)
     return NodePlan(
         index=index,
         host=node.host,
@@ -294,7 +299,23 @@ def _node_plan(shared: _Shared, index: int, node: NodeSpec) -> NodePlan:
         step_hooks=STEP_HOOKS in env,
         cleanup=in_container.cleanup if in_container else (),
         env_prefix=in_container.env_prefix if in_container else "",
+        run_options=in_container.options if in_container else (),
     )
+
+
+def infiniband(cluster: ClusterSpec, policy: PlanPolicy, probe: NodeNetwork | None
+               ) -> tuple[containers.InfiniBand | None, bool]:
+    """(the node's HCAs for its container, whether they are probed at launch): the HCAs its probe found, or
+    those cluster.yaml pins (network.ib_hca), with the probe's memlock limit; none where ib_hca is null."""
+    pinned = cluster.network.ib_hca
+    if pinned is None or not policy.uses_hcas:
+        return None, False
+    memlock = probe.memlock_max if probe is not None else containers.MEMLOCK_UNLIMITED
+    if pinned != AUTO:
+        return containers.InfiniBand(tuple(pinned.split(",")), memlock), False
+    if probe is None:
+        return None, True
+    return (containers.InfiniBand(probe.ib_hcas, memlock) if probe.ib_hcas else None), False
 
 
 def _launcher_argv(shared: _Shared, index: int, address: str) -> list[str]:
@@ -311,25 +332,28 @@ def _launcher_argv(shared: _Shared, index: int, address: str) -> list[str]:
 
 
 class InContainer(Frozen):
-    """A node's command wrapped in its container runtime, and what removes the container afterwards."""
+    """A node's command wrapped in its container runtime, what launch added to it and why, and what removes the
+    container afterwards."""
 
     argv: tuple[str, ...]
     cleanup: tuple[tuple[str, ...], ...]
     env_prefix: str
+    options: tuple[containers.RunOption, ...]
 
 
 def _in_container(spec: ContainerSpec, job_id: str, index: int, argv: list[str], env_names: list[str], cwd: str,
-                  gpus: int, grace: float) -> InContainer:
+                  gpus: int, grace: float, ib: containers.InfiniBand | None, ib_pending: bool) -> InContainer:
     """The node's launcher command run in the job's image: the node's run directory mounted at its own path
     (the agent fills it in), every variable passed by name, the container named after the job and node."""
     name = containers.ContainerName(job_id, index)
     run_dir = ["--bind", RUN_DIR_TOKEN] if spec.runtime == Runtime.APPTAINER else ["-v", f"{RUN_DIR_TOKEN}:{RUN_DIR_TOKEN}"]
     with_run_dir = spec.model_copy(update={"options": [*run_dir, *spec.options]})
-    wrapped = containers.run_argv(with_run_dir, name, argv, env_names, cwd, gpus)
+    wrapped = containers.run_argv(with_run_dir, name, argv, env_names, cwd, gpus, ib)
     cleanup = [command for command in (containers.stop_argv(spec.runtime, name, grace),
                                        containers.remove_argv(spec.runtime, name)) if command]
     return InContainer(argv=tuple(wrapped), cleanup=tuple(tuple(c) for c in cleanup),
-                       env_prefix=containers.env_prefix(spec.runtime))
+                       env_prefix=containers.env_prefix(spec.runtime),
+                       options=tuple(containers.node_options(spec.runtime, gpus, ib, ib_pending)))
 
 
 def _json(data: dict) -> str:
@@ -394,6 +418,11 @@ def _node_env(
         env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = ("1", "launch: dump the flight recorder on a collective timeout")
         env["TORCH_FR_DUMP_TEMP_FILE"] = trace
         env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = trace
+        if not NCCL_DEBUG_ENV & job.env.keys():  # the user's own NCCL_DEBUG settings are theirs, untouched
+            why = "launch: NCCL says which transport it chose (read by the node's agent), in the run directory only"
+            env["NCCL_DEBUG"] = ("INFO", why)
+            env["NCCL_DEBUG_SUBSYS"] = ("INIT,NET", why)
+            env["NCCL_DEBUG_FILE"] = (f"{RUN_DIR_TOKEN}/{NCCL_DEBUG_FILE}", why)
     if job.uses_deepspeed and node.gpus == 0:
         env["DS_ACCELERATOR"] = ("cpu", "launch: DeepSpeed on CPU ranks (gloo)")
     if job.entrypoint is not None and job.metrics.auto and job.container is None and cluster.container is None:

@@ -16,6 +16,7 @@ from launcher.backends import get_backend
 from launcher.run.checks import CheckReport, assess, gather
 from launcher.spec.cluster import ClusterSpec
 from launcher.store.states import JobState
+from launcher.views.nccl import fallback_warnings
 
 
 def run_check(cluster: ClusterSpec, port: int, bandwidth: bool = True) -> CheckReport:
@@ -31,7 +32,16 @@ def run_check(cluster: ClusterSpec, port: int, bandwidth: bool = True) -> CheckR
         report.bandwidth_job, report.bandwidth_gbps, failure = allreduce_bandwidth(cluster, backend.planning.bandwidth_nodes())
         if failure:
             report.problems.append(f"all-reduce test failed: {failure}")
+        report.warnings += transport_warnings(report.bandwidth_job)
     return report
+
+
+def transport_warnings(job_id: str) -> list[str]:
+    """The all-reduce job's nodes planned for InfiniBand whose NCCL chose sockets (``launcher.views.nccl``)."""
+    from launcher.store.db import Store
+
+    store = Store()
+    return [f"all-reduce test: {text}" for text in fallback_warnings(store.job(job_id).plan, store.events(job_id))]
 
 
 def allreduce_bandwidth(cluster: ClusterSpec, nodes: int) -> tuple[str, float | None, str | None]:

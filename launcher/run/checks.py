@@ -121,6 +121,23 @@ def node_warnings(nodes: list[CheckedNode]) -> list[str]:
             warnings.append(f"{n.host}: only {f.disk_free_gb:.1f} GB free in the workdir")
         if f.gpu_processes:
             warnings.append(f"{n.host}: {f.gpu_processes} process(es) already on the GPUs")
+        warnings += infiniband_warnings(n.host, f)
+    return warnings
+
+
+def infiniband_warnings(host: str, facts: NodeFacts) -> list[str]:
+    """What a node with InfiniBand HCAs got in the job's container (checked in preflight), where NCCL would not
+    have what its verbs need: the device files, an unlimited memlock."""
+    inside = facts.container
+    if not facts.hcas or inside is None or not inside.ib_checked:
+        return []
+    warnings = []
+    if not inside.ib_devices:
+        warnings.append(f"{host}: InfiniBand HCAs {', '.join(facts.hcas)} on the node, but no /dev/infiniband in "
+                        "the container: NCCL will use TCP sockets")
+    if inside.memlock is not None and inside.memlock != -1:
+        warnings.append(f"{host}: the container got memlock {inside.memlock // 1024} KiB, not unlimited (the node's "
+                        "hard limit): NCCL may fail to register large buffers with the HCA")
     return warnings
 
 

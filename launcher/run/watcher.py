@@ -31,6 +31,7 @@ from launcher.backends import failures
 from launcher.backends.base import NodeHandle
 from launcher.backends.follow import fenced_record
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
+from launcher.node import nccl
 from launcher.node.protocol import Frame, FrameKind, NodeTime, OutputLine, Unparsable, parse
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
@@ -38,6 +39,7 @@ from launcher.run.filing import AgentStarted, Handed, Losses, Noted, RejectedLin
 from launcher.run.liveness import Joined, Output, Progress, Sample
 from launcher.store.logcap import CappedLog
 from launcher.store.records import Seen
+from launcher.views.nccl import NCCL_EVENT
 from launcher.views.terminal import safe_text
 
 _RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
@@ -318,6 +320,11 @@ class NodeWatcher:
                 raise ValueError("an exit frame without a code")
             with self._lock:
                 self._agent_exit = code
+        elif frame.kind is FrameKind.NCCL:
+            transport = nccl.Transport.from_json(frame.data)
+            if transport is not None:  # read from files the ranks wrote: kept only when well formed
+                self._relay.handed.put(Noted(NCCL_EVENT, f"node {node} ({self.host}): NCCL uses {transport.describe()}",
+                                           {"node": node, "host": self.host, **transport.as_json()}))
         elif frame.kind is FrameKind.UNATTENDED:
             after = frame.get_number("after_s")
             self._show(f"[{node}] launch: node {node}: no supervisor in contact for "

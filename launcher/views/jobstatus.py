@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from launcher.node.nccl import Transport
 from launcher.store.states import JobState, Supervision, SupervisorState
+from launcher.views.nccl import node_transports
 from launcher.views.render import batch_text, shown_env, steps_text
 from launcher.views.terminal import safe_lines, safe_text
 
@@ -174,6 +176,8 @@ def job_object(status: JobStatus) -> dict[str, Any]:
     if job.plan:
         obj["network"] = node_network(job.plan)
         obj["procs"] = _procs(job.plan)
+        if status.events:
+            obj["nccl"] = [t.as_json() for t in node_transports(job.plan, status.events)]
     return obj
 
 
@@ -364,6 +368,11 @@ def job_detail(status: JobStatus) -> list[Any]:
     for net in obj.get("network", []):
         values = ", ".join(f"{k}={v} ({net['sources'][k]})" for k, v in net["env"].items())
         out.append(Text(f"  node {net['node']} {net['host']} {net['address']} -> MASTER_ADDR {net['master_addr']}: {values}"))
+    for t in obj.get("nccl", []):
+        shown = Transport.from_json(t)
+        out.append(Text(f"  nccl: node {t['node']} {t['host']}: {shown.describe() if shown else '?'}"))
+        if t.get("warning"):
+            out.append(Text(f"  warning: {t['warning']}", style="yellow"))
     if m.per_rank:
         ranks = _PlainTable("ranks", ("RANK", "NODE", "HOST", "SAMPLES/S", "STEP P50", "PEAK MEM", "STEPS"))
         for r in m.per_rank:

@@ -108,6 +108,9 @@ def plan_text(plan: Any) -> str:
         for name, (filename, _) in node["files"].items():
             lines.append(f"    file  {filename} in the node's run directory  # {name} holds its path")
         lines.append(f"    argv  {shlex.join(node['argv'])}")
+        for option in node.get("run_options") or ():
+            when = " (probed at launch)" if option["pending"] else ""
+            lines.append(f"    adds  {shlex.join(option['args'])}{when}  # {option['why']}")
         width = max((len(k) + len(v) for k, v in node["env"].items()), default=0) + 1
         for key, value in node["env"].items():
             lines.append(f"    env   {f'{key}={value}':<{width}}  # {node['env_sources'][key]}")

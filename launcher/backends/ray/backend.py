@@ -215,6 +215,7 @@ class RayBackend(Backend[RayCluster]):
                 interface=answer.dev or self.cluster.network.interface,
                 address=answer.source or facts[index]["ip"],
                 ib_hcas=answer.hcas,
+                memlock_max=answer.settable_memlock,
             )
             for index, answer in found.items()
         }

@@ -251,7 +251,7 @@ class SlurmBackend(Backend[SlurmCluster]):
             address = found.source or found.master or host
             nodes.append(NodeSpec(host=host, address=address, gpus=self.spec.gpus_per_node, slots=plan.nproc_per_node))
             probes[index] = NodeNetwork(interface=found.dev or self.cluster.network.interface, address=address,
-                                        ib_hcas=found.hcas)
+                                        ib_hcas=found.hcas, memlock_max=found.settable_memlock)
             facts[index] = found
         return Preflight(problems=problems, nodes=nodes, probes=probes, facts=facts)
 

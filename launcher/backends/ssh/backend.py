@@ -229,7 +229,7 @@ class SSHBackend(Backend[SSHCluster]):
         facts, problem = parse_facts(host, answer)
         if facts is None:
             return address, NodeNetwork("", address), [problem or f"{host}: no facts"], NodeFacts()
-        network = NodeNetwork(facts.dev or "", address, facts.hcas)
+        network = NodeNetwork(facts.dev or "", address, facts.hcas, facts.settable_memlock)
         problems = node_problems(host, plan, facts, node, spec.gpus)
         if not problems and wanted:
             problems = leasing.preflight_problems(host, plan, answer)
