@@ -120,9 +120,11 @@ def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tu
 
     cluster = SSHCluster(name=name, backend="ssh", ssh=ssh, nodes=[NodeSpec(host=h) for h in hosts])
     backend = SSHBackend(cluster)
+    recorded: list[str] = []
     try:
         problems = survey.trust_keys(
-            backend, confirm=lambda question: yes or click.confirm(question, default=False), echo=click.echo)
+            backend, confirm=lambda question: yes or click.confirm(question, default=False), echo=click.echo,
+            recorded_to=recorded)
         started = time.monotonic()
         reports, more = survey.probe(backend, python, skip=problems)
         problems |= more
@@ -130,7 +132,7 @@ def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tu
         backend.close()
     elapsed = time.monotonic() - started
     if not reports:
-        raise PreflightError(survey.unusable(list(problems.values())))
+        raise PreflightError(survey.unusable(list(problems.values()), keys_recorded=recorded))
     choice = survey.choose_python(reports)
     found = survey.differences(reports, choice)
     out = console()
@@ -140,7 +142,7 @@ def _write_ssh(command: str, target: Path, overwrite: bool, name: str, hosts: tu
     for warning in _warnings(reports, choice):
         out.print(f"[yellow]warning:[/] {_escape(warning)}")
     if problems:
-        raise PreflightError(survey.unusable(list(problems.values()), probed=len(reports)))
+        raise PreflightError(survey.unusable(list(problems.values()), probed=len(reports), keys_recorded=recorded))
     draft = SSHDraft(name, command, ssh, reports, choice, found)
     write(ssh_cluster_text(draft), target, overwrite)
     click.echo(f"probed {len(reports)} host(s) in {elapsed:.1f} s; wrote {target}: set workdir in it, then "

@@ -19,6 +19,7 @@ from launcher.errors import LaunchError
 # `launch status` loads launcher.cli.jobs alone.
 COMMANDS = {
     "submit": "launcher.cli.submit:submit",
+    "resubmit": "launcher.cli.submit:resubmit",
     "plan": "launcher.cli.submit:plan_command",
     "status": "launcher.cli.jobs:status",
     "logs": "launcher.cli.jobs:logs",
@@ -51,6 +52,7 @@ Examples:
   launch submit jobs/cifar10_convnet.yaml --set resources.nproc_per_node=4 --detach
   launch status                                        all jobs; `launch status JOB` for one
   launch status JOB --watch                            live progress of a detached job
+  launch resubmit JOB --set max_steps=200              the same job again, one value changed
   launch logs JOB --node 1 --rank 3 --follow
   launch attach JOB                                    supervise a job whose supervisor is gone
   launch cancel JOB""",

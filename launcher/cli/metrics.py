@@ -11,6 +11,7 @@ import sys
 import click
 
 from launcher.catalog.strategies import BENCH_DEFAULT, REGISTRY
+from launcher.cli.output import CLUSTER_HELP
 from launcher.store.states import JobState
 from launcher.views.render import console, json_text
 
@@ -115,7 +116,7 @@ def _strategy_list() -> str:
               help="Comma-separated strategies to run, in order; the first is the baseline of the ratios.")
 @click.option("--steps", type=click.IntRange(min=1), help="max_steps of every run (default: the job's).")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
-              help="Cluster spec (default: ./cluster.yaml, else this machine).")
+              help=CLUSTER_HELP)
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a job spec value for every run; repeatable.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False),

@@ -15,6 +15,7 @@ from launcher.store.states import JobState
 from launcher.views.terminal import safe_lines, safe_text
 
 EXIT_CANCELLED = 130
+CLUSTER_HELP = "Cluster spec (default: $LAUNCH_CLUSTER, else $LAUNCH_HOME/cluster.yaml, else ./cluster.yaml, else this machine)."
 
 
 def echo_line(line: str) -> None:

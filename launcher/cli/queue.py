@@ -6,9 +6,11 @@ import json
 
 import click
 
+from launcher.cli.output import CLUSTER_HELP
+
 
 @click.command("queue")
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help=CLUSTER_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def queue_command(cluster_file, as_json):
     """Who holds each GPU (or CPU slot) of every node, since when, and which jobs wait, in order.

@@ -10,12 +10,13 @@ import sys
 
 import click
 
+from launcher.cli.output import CLUSTER_HELP
 from launcher.errors import LaunchError
 from launcher.views.render import console
 
 
 @click.command()
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help=CLUSTER_HELP)
 @click.option("--port", type=int, help="Rendezvous port to check (default: the cluster's, else a free one).")
 @click.option("--no-bandwidth", is_flag=True, help="Skip the all-reduce bandwidth job.")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")

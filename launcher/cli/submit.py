@@ -6,11 +6,12 @@ Only click is imported at module level; the orchestration, the store and rich in
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
 import click
 
-from launcher.cli.output import cancel_question, echo_reason, echo_safe_line, exit_for
+from launcher.cli.output import CLUSTER_HELP, cancel_question, echo_reason, echo_safe_line, exit_for
 from launcher.errors import LaunchError, PreflightError
 from launcher.store.states import FailureKind, JobState
 from launcher.views.render import console
@@ -18,7 +19,7 @@ from launcher.views.render import console
 
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help=CLUSTER_HELP)
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job spec value; repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop; contacts nothing.")
 @click.option("--detach", is_flag=True, help="Print the job id and return; a supervisor runs the job to its end.")
@@ -51,11 +52,48 @@ def submit(job_file, cluster_file, overrides, dry_run, detach, wait, as_json, sk
       launch submit jobs/bert_large_zero3.yaml --cluster examples/clusters/a800.yaml --dry-run --json
     """
     from launcher.run import orchestrate
-    from launcher.store.db import Store
 
     prepared = orchestrate.prepare(job_file, cluster_file, (*overrides, *(["queue=wait"] if wait else [])))
+    _run(prepared, dry_run=dry_run, detach=detach, as_json=as_json, skip_check=skip_check)
+
+
+@click.command()
+@click.argument("job")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a value of the job's spec; repeatable.")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
+              help="Cluster spec to run it on (default: the cluster the job ran on, as stored).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and stop; contacts nothing.")
+@click.option("--detach", is_flag=True, help="Print the new job's id and return; a supervisor runs it to its end.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the plan with --dry-run).")
+@click.option("--skip-check", is_flag=True, help="Skip the checks beyond preflight (as submit's --skip-check).")
+def resubmit(job, overrides, cluster_file, dry_run, detach, as_json, skip_check):
+    """Run JOB again as a new job: the spec it was submitted with (its --set overrides applied), new --set on top.
+
+    The store keeps every job's effective spec and its overrides (`launch status JOB --json`: `spec`,
+    `overrides`; secrets are kept as names, their values read from your environment again). The new
+    job is submitted as `launch submit` does and records which job it runs again (`resubmit_of`).
+
+    \b
+    Examples:
+      launch resubmit cifar10-convnet-3f2a1c9e
+      launch resubmit cifar10 --set batch.micro_batch=16 --set max_steps=200
+      launch resubmit bert-large --cluster examples/clusters/a800.yaml --detach
+    """
+    from launcher.run.resubmit import prepare_again
+    from launcher.store.db import Store
+
+    prepared = prepare_again(Store(), job, tuple(overrides), cluster_file)
+    _run(prepared, dry_run=dry_run, detach=detach, as_json=as_json, skip_check=skip_check)
+
+
+def _run(prepared, *, dry_run: bool, detach: bool, as_json: bool, skip_check: bool) -> None:
+    """A prepared job printed (dry run) or submitted, in the foreground or detached; exit as its end says."""
+    from launcher.run import orchestrate
+    from launcher.store.db import Store
+
     if dry_run:
-        _print_plan(prepared.plan, as_json)
+        _print_plan(prepared, as_json)
         return
     for text in prepared.plan.warnings:
         click.echo(f"warning: {text}", err=True)
@@ -88,11 +126,30 @@ def _lost_the_leases(row) -> bool:
     return row.failure_kind == FailureKind.LEASES
 
 
-def _print_plan(plan, as_json: bool) -> None:
-    """`--dry-run`: the plan as text, or as JSON."""
+def _print_plan(prepared, as_json: bool) -> None:
+    """`--dry-run`: the plan as text (with where its cluster came from and who is notified), or as JSON."""
     from launcher.views import render
 
-    click.echo(json.dumps(render.plan_json(plan), indent=2) if as_json else render.plan_text(plan))
+    if as_json:
+        click.echo(json.dumps(render.plan_json(prepared.plan), indent=2))
+        return
+    notes = [f"  {label:<11} {text}" for label, text in _plan_notes(prepared)]
+    click.echo(render.plan_text(prepared.plan, notes))
+
+
+def _plan_notes(prepared) -> list[tuple[str, str]]:
+    """(label, text) about a prepared job beyond its plan: a cluster that is this machine because no file was
+    found, and its notifiers (webhooks as written: a token is a ``${NAME}`` reference, never its value)."""
+    from launcher.run.orchestrate import CLUSTER_LOOKUP
+
+    notes = []
+    if prepared.cluster_file is None:
+        notes.append(("cluster", f"this machine: no --cluster, and none of {CLUSTER_LOOKUP} exists"))
+    notify = prepared.job.notify
+    if notify is not None:
+        told = [f"webhook {url}" for url in notify.webhooks] + [f"command {shlex.join(argv)}" for argv in notify.commands]
+        notes.append(("notify", f"on {', '.join(notify.on)}: {'; '.join(told) or 'nobody (no webhooks or commands)'}"))
+    return notes
 
 
 def _open_view(plan):
@@ -112,7 +169,10 @@ def _on_recorded(prepared, store, view, quiet: bool):
             plan = prepared.plan
             from launcher.views.render import world_text
 
-            click.echo(f"job {job_id}: {world_text(plan)} on {prepared.cluster.name}", err=True)
+            local = ("" if prepared.cluster_file is not None
+                     else " (this machine: no --cluster, and no cluster file in $LAUNCH_CLUSTER, $LAUNCH_HOME or here)")
+            again = f", again as {prepared.origin.resubmit_of} was" if prepared.origin.resubmit_of else ""
+            click.echo(f"job {job_id}: {world_text(plan)} on {prepared.cluster.name}{local}{again}", err=True)
         if view is not None:
             view.attach(store, job_id)
 
@@ -129,6 +189,8 @@ def _tell_outcome(row, state: JobState, *, as_json: bool, detach: bool) -> None:
     if detach:
         click.echo(job_id)
         if state not in (JobState.FAILED, JobState.CANCELLED):
+            click.echo(f"watch it: launch status {job_id} --watch  (its logs: launch logs {job_id} --follow; "
+                       f"stop it: launch cancel {job_id})", err=True)
             return
     else:
         click.echo(f"job {job_id}: {state}  (launch status {job_id})", err=True)
@@ -139,7 +201,7 @@ def _tell_outcome(row, state: JobState, *, as_json: bool, detach: bool) -> None:
 
 @click.command("plan")
 @click.argument("job_file", type=click.Path(dir_okay=False))
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster spec (default: ./cluster.yaml, else this machine).")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help=CLUSTER_HELP)
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job spec value; repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="The estimates as JSON.")
 def plan_command(job_file, cluster_file, overrides, as_json):

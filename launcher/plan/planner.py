@@ -171,12 +171,22 @@ def make_plan(
         ds_config=ds_config,
         memory=memory,
         elastic=elastic,
-        warnings=tuple(uneven_warnings(job, procs, ds_config)),
+        warnings=(*restart_warnings(job), *uneven_warnings(job, procs, ds_config)),
         unattended_s=job.watch.unattended_timeout,
         queue=job.queue,
         allow_shared_gpus=job.resources.allow_shared_gpus,
         leases=policy.leases,
     )
+
+
+def restart_warnings(job: JobSpec) -> list[str]:
+    """What a restart of a recipe job redoes when it has no checkpoint to resume from (an entrypoint keeps its own)."""
+    if not job.restarts or job.recipe is None or job.checkpoint.every_steps:
+        return []
+    where = ("checkpoint.dir is not set" if job.checkpoint.dir is None
+             else "checkpoint.every_steps is 0 (one checkpoint, at the end)")
+    return [f"restarts: {job.restarts}, but {where}: a restart begins again at step 0 and redoes every step done "
+            "before the failure; checkpoint: {dir: DIR, every_steps: N} makes it redo at most N steps"]
 
 
 def _choose_nodes(job: JobSpec, policy: PlanPolicy, placed: list[NodeSpec] | None) -> list[NodeSpec]:

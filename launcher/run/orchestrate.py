@@ -20,9 +20,10 @@ from launcher.backends.failures import Failure, FailureKind
 from launcher.errors import PreflightError, SpecError
 from launcher.plan.planner import Plan, make_plan
 from launcher.plan.policy import node_procs
+from launcher.plan.shell import mask
 from launcher.run import identity
 from launcher.run.checks import version_differences
-from launcher.run.recorded import stored_spec
+from launcher.run.recorded import Origin, replanned_spec, stored_spec
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.files import expand_user, read_regular
 from launcher.spec.job import JobSpec
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from launcher.run.supervisor import Supervisor
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
+CLUSTER_ENV = "LAUNCH_CLUSTER"
+#: where a cluster file is looked for when ``--cluster`` is not given, in this order (said in the submit banner)
+CLUSTER_LOOKUP = f"${CLUSTER_ENV}, $LAUNCH_HOME/{DEFAULT_CLUSTER_FILE}, ./{DEFAULT_CLUSTER_FILE}"
 SUBMITTED_WAIT_S = 30.0  # --detach on a scheduler: how long to wait for the scheduler to have the job
 DS_CHECK_WAIT_S = 120.0  # DeepSpeed's config check, once preflight is done: importing deepspeed takes 5-30 s
 
@@ -45,6 +49,10 @@ class Prepared:
     job: JobSpec
     cluster: ClusterSpec
     plan: Plan
+    #: the cluster file used, or the job whose cluster it is (None: none was given or found: this machine)
+    cluster_file: str | None = None
+    #: the overrides it was made with, the job it runs again
+    origin: Origin = Origin()
 
 
 def new_job_id(name: str) -> str:
@@ -52,13 +60,32 @@ def new_job_id(name: str) -> str:
     return f"{name}-{token.token_hex(4)}"
 
 
+def find_cluster_file(path: str | None) -> str | None:
+    """The cluster file to use: ``--cluster``, else ``$LAUNCH_CLUSTER``, else ``$LAUNCH_HOME/cluster.yaml``, else
+    ``./cluster.yaml``; None when none of them exists (the job runs on this machine). A ``$LAUNCH_CLUSTER`` that
+    names no file is an error, not a silent fall back to this machine."""
+    from launcher.store.base import launch_home
+
+    if path is not None:
+        return path
+    named = os.environ.get(CLUSTER_ENV)
+    if named:
+        if not os.path.exists(expand_user(named, CLUSTER_ENV)):
+            raise SpecError(f"{CLUSTER_ENV}={named}: no such file (unset {CLUSTER_ENV} to use {DEFAULT_CLUSTER_FILE} "
+                            "from $LAUNCH_HOME or the current directory)")
+        return named
+    for candidate in (launch_home() / DEFAULT_CLUSTER_FILE, DEFAULT_CLUSTER_FILE):
+        if os.path.exists(candidate):
+            return str(candidate)
+    return None
+
+
 def load_cluster_spec(path: str | None) -> ClusterSpec:
-    """The cluster from ``--cluster``, else ./cluster.yaml, else the embedded local default,
+    """The cluster from the file ``find_cluster_file`` finds, else the embedded local default (this machine),
     with what its backend fills in (the local cluster: this machine's CPUs, GPUs, directory)."""
     from launcher.backends import load_cluster
 
-    if path is None and os.path.exists(DEFAULT_CLUSTER_FILE):
-        path = DEFAULT_CLUSTER_FILE
+    path = find_cluster_file(path)
     cluster = load_cluster(path) if path else cluster_spec(name="local", backend="local")
     return planning(cluster).resolve_defaults()
 
@@ -68,7 +95,9 @@ def prepare(job_path: str, cluster_path: str | None, overrides: tuple[str, ...] 
     recipe job even when its strategy does not fit the GPUs (for `launch plan`)."""
     from launcher.spec.load import load_job
 
-    return prepare_job(load_job(job_path, overrides), load_cluster_spec(cluster_path), check_fit)
+    cluster_file = find_cluster_file(cluster_path)
+    prepared = prepare_job(load_job(job_path, overrides), load_cluster_spec(cluster_file), check_fit)
+    return dataclasses.replace(prepared, cluster_file=cluster_file, origin=Origin(tuple(overrides)))
 
 
 def prepare_job(job: JobSpec, cluster: ClusterSpec, check_fit: bool = True) -> Prepared:
@@ -164,7 +193,9 @@ def submit(
         raise
     store, created = store or Store(), False
     try:  # until a supervisor owns the job: a failure here closes the backend and ends a recorded job FAILED
-        store.create_job(plan, stored_spec(job, cluster, run_check))
+        origin = dataclasses.replace(prepared.origin, overrides=tuple(mask(item, secret_values)
+                                                                      for item in prepared.origin.overrides))
+        store.create_job(plan, stored_spec(job, cluster, run_check, origin))
         created = True
         if not detach:  # this process supervises it: provable at once (`launch cancel` finds it)
             identity.record(store.run_dir(plan.job_id), plan.job_id)
@@ -248,7 +279,8 @@ def replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_check: bool)
             store.add_event(plan.job_id, "warning", text)
 
         smaller, new_plan, backend = plan_without(job, cluster, plan, hosts, run_check, warn)
-        store.update_job(plan.job_id, plan=new_plan.model_dump(mode="json"), spec=stored_spec(job, smaller, run_check))
+        store.update_job(plan.job_id, plan=new_plan.model_dump(mode="json"),
+                         spec=replanned_spec(store.job(plan.job_id).spec, job, smaller, run_check))
         return new_plan, backend
 
     return replan
@@ -271,7 +303,8 @@ def elastic_replanner(job: JobSpec, cluster: ClusterSpec, store: Store, run_chec
         except BaseException:
             backend.close()
             raise
-        store.update_job(job_id, plan=checked.model_dump(mode="json"), spec=stored_spec(smaller_job, smaller, run_check),
+        store.update_job(job_id, plan=checked.model_dump(mode="json"),
+                         spec=replanned_spec(store.job(job_id).spec, smaller_job, smaller, run_check),
                          nnodes=checked.nnodes, world_size=checked.world_size,
                          grad_accum=checked.batch.grad_accum if checked.batch else None)
         return checked, backend

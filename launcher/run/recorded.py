@@ -15,10 +15,32 @@ from launcher.spec.job import JobSpec
 from launcher.store.db import Store
 from launcher.store.states import JobState
 
+ORIGIN_KEYS = ("submitted", "overrides", "resubmit_of")  # what a job was submitted as: kept through its re-plans
 
-def stored_spec(job: JobSpec, cluster: ClusterSpec, run_check: bool) -> dict[str, Any]:
-    """What the store keeps of a job's specs: enough for a detached supervisor, `cancel` and a re-plan."""
-    return {"job": job.model_dump(mode="json"), "cluster": cluster.model_dump(mode="json"), "check": run_check}
+
+@dataclass(frozen=True)
+class Origin:
+    """How a job came to be: the ``--set`` overrides it was submitted with (secret values masked) and the job it runs
+    again (`launch resubmit`)."""
+
+    overrides: tuple[str, ...] = ()
+    resubmit_of: str | None = None
+
+
+def stored_spec(job: JobSpec, cluster: ClusterSpec, run_check: bool, origin: Origin = Origin()) -> dict[str, Any]:
+    """What the store keeps of a job's specs: enough for a detached supervisor, `cancel` and a re-plan (``job``, what
+    runs now), and what it was submitted as (``submitted``: the effective spec, its overrides applied; the
+    ``overrides``; ``resubmit_of``), for `status --json` and `launch resubmit`. Secrets are names here, never values."""
+    dumped = job.model_dump(mode="json")
+    return {"job": dumped, "cluster": cluster.model_dump(mode="json"), "check": run_check, "submitted": dumped,
+            "overrides": list(origin.overrides), "resubmit_of": origin.resubmit_of}
+
+
+def replanned_spec(previous: dict[str, Any] | None, job: JobSpec, cluster: ClusterSpec, run_check: bool) -> dict[str, Any]:
+    """The stored spec of a job re-planned on other nodes (``job`` and ``cluster`` what it runs on now), what it was
+    submitted as kept from ``previous``."""
+    kept = {key: value for key, value in (previous or {}).items() if key in ORIGIN_KEYS}
+    return {**stored_spec(job, cluster, run_check), **kept}
 
 
 @dataclass(frozen=True)

@@ -118,8 +118,18 @@ class DataSpec(Strict):
 
 
 class CheckpointSpec(Strict):
-    dir: PathArg | None = None
-    every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="0: only at the end.")
+    dir: PathArg | None = Field(None, description="Where a recipe saves and resumes its checkpoints; none: no checkpoints.")
+    every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Save every N optimizer steps (needs dir); 0: only at "
+                             "the end.")
+
+    @field_validator("every_steps")
+    @classmethod
+    def _needs_dir(cls, v: int, info: ValidationInfo) -> int:
+        """A checkpoint interval with nowhere to write is refused here, not by every rank after the start."""
+        if v and "dir" in info.data and info.data["dir"] is None:  # a dir that failed its own check is not in data
+            raise ValueError(f"every_steps: {v} saves checkpoints, but checkpoint.dir is not set: give dir (a "
+                             "directory every node can write), or every_steps: 0")
+        return v
 
 
 class DeepSpeedSpec(Strict):

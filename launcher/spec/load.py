@@ -70,15 +70,33 @@ def load_spec(model: type[M], path: str | Path, overrides: list[str] | tuple[str
 def _load(kind: Kind, path: str | Path, overrides: list[str] | tuple[str, ...]) -> BaseModel:
     document = read_document(path)
     data = document.data
+    set_locs = apply_overrides(data, overrides)
+    spec = validate_as(kind, data, str(path), document.lines, set_locs)
+    check_named_files(spec, str(path), document.lines, set_locs)
+    return spec
+
+
+def job_from_data(data: dict[str, Any], source: str, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
+    """A job spec from plain data (a stored job's, `launch resubmit`), ``--set`` overrides applied to a copy;
+    problems are reported as a file's are, ``source`` in place of its name."""
+    import copy
+
+    data = copy.deepcopy(data)
+    set_locs = apply_overrides(data, overrides)
+    spec = validate(JobSpec, data, source, {}, set_locs)
+    check_named_files(spec, source, {}, set_locs)
+    return spec
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[Loc, str]:
+    """Apply ``--set`` overrides in place; each key path's override, by path (the same path twice is an error)."""
     set_locs: dict[Loc, str] = {}
     for item in overrides:
         loc = apply_override(data, item)
         if loc in set_locs:
             raise SpecError(f"--set {item!r}: '{'.'.join(loc)}' is already set by --set {set_locs[loc]!r}; give it once")
         set_locs[loc] = item
-    spec = validate_as(kind, data, str(path), document.lines, set_locs)
-    check_named_files(spec, str(path), document.lines, set_locs)
-    return spec
+    return set_locs
 
 
 MAX_NAMED_FILE_BYTES = 1 << 20  # a DeepSpeed config, an ssh key, known_hosts or ssh config: far less than this

@@ -189,6 +189,7 @@ def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
     from rich.text import Text
 
     m = metrics
+    on_gpus = runs_on_gpus(job)
     out: list[Any] = [
         f"[bold]{escape(str(job.id))}[/]  {escape(str(job.state or '?'))}  "
         + escape(f"{job.strategy or '(entrypoint)'}, {job.precision}, "
@@ -198,9 +199,9 @@ def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
         f"  throughput  {fmt(m['samples_per_sec'])} samples/s, {fmt(m['tokens_per_sec'], '.0f')} tokens/s, "
         f"{fmt(m['steps_per_sec'], '.2f')} steps/s",
         f"  step time   p50 {fmt(m['step_time_ms_p50'], '.1f', ' ms')}, p95 {fmt(m['step_time_ms_p95'], '.1f', ' ms')}",
-        f"  memory      peak {fmt_mem(m['peak_mem_mb'])} per GPU (max over ranks)",
+        f"  memory      peak {fmt_mem(m['peak_mem_mb'])} {'per GPU' if on_gpus else 'per rank'} (max over ranks)",
         f"  GPU util    {fmt(m['gpu_util'], '.0%')}",
-        f"  MFU         {escape(_mfu_line(m))}",
+        f"  MFU         {escape(_mfu_line(m, on_gpus))}",
         f"  loss        {fmt(m['loss'], '.4g')}",
     ]
     out += [Text(f"  {column.name:<11} {column.cell(m.get(column.name))}") for column in registry.columns()
@@ -231,11 +232,18 @@ def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
     return out
 
 
-def _mfu_line(m: Mapping[str, Any]) -> str:
+def runs_on_gpus(job: JobRow) -> bool:
+    """Whether the job's ranks ran on GPUs (its plan's process group is NCCL); a job planned on CPU slots is not."""
+    return (job.plan or {}).get("dist_backend") == "nccl"
+
+
+def _mfu_line(m: Mapping[str, Any], on_gpus: bool) -> str:
     if m["mfu"] is not None:
         return f"{fmt_pct(m['mfu'])} of {m['peak_tflops']:.0f} TFLOP/s per GPU ({m['gpu_name'] or 'gpu.peak_tflops'})"
     if not m["flops_per_sample"]:
         return "- (the program does not report FLOPs per sample)"
+    if not on_gpus:
+        return "- (CPU ranks: MFU is measured against a GPU's peak)"
     if m["peak_tflops"] is None:
         return "- (GPU peak unknown: set gpu.name or gpu.peak_tflops in the cluster spec)"
     return "-"

@@ -217,8 +217,19 @@ def detail_json(status: JobStatus) -> dict[str, Any]:
     from launcher.views.verdict import verdict_json
 
     kept, events = status.stacks, list(status.events)
-    return {**job_object(status), "events": events, "stacks": json_entries(kept) if kept else [],
-            "verdict": verdict_json(kept, status.job, events) if kept else None}
+    return {**job_object(status), **submitted_as(status.job), "events": events,
+            "stacks": json_entries(kept) if kept else [], "verdict": verdict_json(kept, status.job, events) if kept else None}
+
+
+def submitted_as(job: JobRow) -> dict[str, Any]:
+    """What a job was submitted as: ``spec``, its effective job spec (the file with its overrides applied; secrets are
+    names), ``overrides`` (its ``--set`` items, secret values masked) and ``resubmit_of`` (the job it runs again)."""
+    stored = job.spec or {}
+    spec = stored.get("submitted") or stored.get("job")
+    overrides = stored.get("overrides")
+    return {"spec": spec if isinstance(spec, dict) else None,
+            "overrides": [item for item in overrides if isinstance(item, str)] if isinstance(overrides, list) else [],
+            "resubmit_of": stored.get("resubmit_of") if isinstance(stored.get("resubmit_of"), str) else None}
 
 
 def jobs_table(statuses: list[JobStatus]):
@@ -336,6 +347,17 @@ def _failure(failure: dict[str, Any]):
         return Failure(kind="internal", reason=f"first failure: {reason if isinstance(reason, str) else 'a stored record this launch cannot read'}")
 
 
+def _submitted_lines(job: JobRow) -> list[Any]:
+    """``  submitted: again as JOB was, --set a=1 --set b=2`` when it was resubmitted or given overrides."""
+    import shlex
+
+    Text = _safe_text_class()
+    said = submitted_as(job)
+    parts = ([f"again as {said['resubmit_of']} was (launch resubmit)"] if said["resubmit_of"] else []) + \
+        [" ".join(f"--set {shlex.quote(item)}" for item in said["overrides"])] * bool(said["overrides"])
+    return [Text(f"  submitted: {', '.join(parts)}")] if parts else []
+
+
 def job_detail(status: JobStatus) -> list[Any]:
     """Renderables for one job: header, nodes, metrics per rank, first failure, events, the verdict of its kept stacks.
 
@@ -354,6 +376,7 @@ def job_detail(status: JobStatus) -> list[Any]:
              f"{obj['precision']}, {obj['nnodes']} node(s) x {_each(obj)} = {obj['world_size']} ranks, "
              f"attempt {obj['attempt']}"),
         Text(f"  batch: {batch_text(obj['global_batch'], obj['micro_batch'], obj['grad_accum'], obj['world_size'])}"),
+        *_submitted_lines(status.job),
         *(Text(f"  elastic: {e['message']}") for e in events if e["kind"] == "elastic_restart"),
         Text(f"  metrics: {steps_text(m.steps, obj['max_steps'])} steps, {_fmt(m.steps_per_sec, '.2f')} steps/s, "
              f"{_fmt(m.samples_per_sec)} samples/s{'' if m.samples_per_sec is not None or not m.steps else ' (batch not seen)'}, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,8 +80,9 @@ def steps_text(steps: object, total: object) -> str:
     return f"{steps}/{total}" if total is not None else f"{steps}"
 
 
-def plan_text(plan: Any) -> str:
-    """A readable dry-run of the plan."""
+def plan_text(plan: Any, notes: Sequence[str] = ()) -> str:
+    """A readable dry-run of the plan; ``notes`` are lines about the job beyond its plan (where the cluster came
+    from, its notifiers), shown under its warnings."""
     b = plan.batch
     batch = batch_text(b.global_batch, b.micro_batch, b.grad_accum, b.world_size) if b is not None else batch_text(None)
     lines = [
@@ -93,6 +95,7 @@ def plan_text(plan: Any) -> str:
         f"  steps       {plan.max_steps if plan.max_steps is not None else '(the program decides: no max_steps)'}",
         *([f"  elastic     min_nodes {plan.elastic.min_nodes}: {plan.elastic.describe()}"] if plan.elastic else []),
         *(f"  warning     {text}" for text in plan.warnings),
+        *notes,
         f"  rendezvous  {plan.rendezvous.backend} id={plan.rendezvous.id} endpoint={plan.rendezvous.endpoint}",
     ]
     if plan.memory:

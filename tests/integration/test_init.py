@@ -110,13 +110,17 @@ def test_a_changed_key_is_refused(testbed: tb.Testbed, tmp_path: Path, home: Pat
 
 def test_a_host_that_is_down_is_reported_in_one_line_and_the_others_are_still_probed(
         testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
-    out = tmp_path / "cluster.yaml"
+    out, known = tmp_path / "cluster.yaml", tmp_path / "known_hosts"
+    known.write_text("")  # lt-h1's key is accepted (--yes) and recorded: the message must not say nothing was written
     with sshd_stopped(testbed.host("lt-h3")):
-        done = _init(home, testbed, "lt-h3", "lt-h1", "--out", str(out), "--yes")
+        done = _init(home, testbed, "lt-h3", "lt-h1", "--out", str(out), "--yes", known_hosts=known)
     assert done.returncode == 3, done.stderr
     about = [line for line in done.stderr.splitlines() if "lt-h3" in line]
     assert len(about) == 1 and "cannot connect" in about[0] and "Traceback" not in done.stderr
-    assert "lt-h1" not in done.stderr and not out.exists()
+    assert not [line for line in done.stderr.splitlines() if line.startswith("  ") and "lt-h1" in line]
+    assert not out.exists() and known.read_text().startswith("10.77.0.11 ssh-ed25519 ")
+    assert "nothing was written" not in done.stderr
+    assert f"no cluster file was written (the host keys accepted stay recorded: lt-h1 in {known})" in done.stderr
     assert "1 other host(s) probed" in done.stderr
-    [row] = [line for line in done.stdout.splitlines() if "lt-h1" in line]
+    [row] = [line for line in done.stdout.splitlines() if "lt-h1" in line and "ssh-ed25519" not in line]  # not the key
     assert "eth0" in row, "lt-h1's facts are shown although lt-h3 (first, node 0) is down"

@@ -92,13 +92,33 @@ def test_a_failing_rank_fails_the_job_and_names_it(tmp_path, home):
     assert "first failure: node" in text and "rank 3" in text and "exit code 1" in text
     assert proctree.job_pids(job_id) == []
 
+    # the fix, one command away: the same job again with one value changed, as a new job
+    again = run_cli(home, "resubmit", job_id[:-2], "--set", "env.PROBE_FAIL_RANK=none", "--set", "env.PROBE_STEPS='4'")
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert f"on local4, again as {job_id} was" in again.stderr
+    new_id = again.stderr.split()[1].rstrip(":")
+    fixed = status_json(home, new_id)
+    assert new_id != job_id and fixed["state"] == "SUCCEEDED" and fixed["resubmit_of"] == job_id
+    assert fixed["spec"]["env"] == {"PROBE_FAIL_RANK": "none", "PROBE_STEPS": "4"}
+    assert fixed["overrides"] == ["env.PROBE_FAIL_RANK=none", "env.PROBE_STEPS='4'"]
+    assert fixed["world_size"] == 4 and fixed["cluster"] == "local4" and fixed["metrics"]["steps"] == 4
+    assert obj["spec"]["env"] == {"PROBE_FAIL_RANK": "3", "PROBE_STEPS": "200"} and obj["overrides"] == []
+    assert obj["spec"]["entrypoint"] == fixed["spec"]["entrypoint"] and obj["resubmit_of"] is None
+    assert f"submitted: again as {job_id} was (launch resubmit), --set env.PROBE_FAIL_RANK=none" in \
+        run_cli(home, "status", new_id).stdout
+    refused = run_cli(home, "resubmit", job_id, "--set", "resources.nodes=zero")
+    assert refused.returncode == 2 and "--set resources.nodes=zero: resources.nodes" in refused.stderr
+
 
 def test_cancel_ends_exactly_that_job(tmp_path, home):
     slow = {"PROBE_STEPS": "2000", "PROBE_STEP_S": "0.05"}
     victim = probe_job(tmp_path / "victim.yaml", name="victim", nodes=2, nproc=1, env=slow)
     bystander = probe_job(tmp_path / "bystander.yaml", name="bystander", nodes=1, nproc=1, env=slow)
     cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "three-slots", "backend": "local", "local": {"slots": 3}}))
-    victim_id = run_cli(home, "submit", str(victim), "--detach", "--cluster", cluster).stdout.strip()
+    detached = run_cli(home, "submit", str(victim), "--detach", "--cluster", cluster)
+    victim_id = detached.stdout.strip()  # the id alone on stdout (scripts take it), how to watch it on stderr
+    assert f"watch it: launch status {victim_id} --watch" in detached.stderr
+    assert f"launch logs {victim_id} --follow" in detached.stderr and f"launch cancel {victim_id}" in detached.stderr
     bystander_id = run_cli(home, "submit", str(bystander), "--detach", "--cluster", cluster).stdout.strip()
     try:
         assert wait_for_state(home, victim_id, ("RUNNING",))["state"] == "RUNNING"

@@ -31,11 +31,11 @@ def _records(rank: int, step_time_s: float, samples: int = 32, mem_mb: float = 1
 
 
 def _job(job_id: str, strategy: str = "ddp", world: int = 4, gpu: dict | None = None,
-         state: JobState = JobState.SUCCEEDED) -> JobRow:
+         state: JobState = JobState.SUCCEEDED, dist_backend: str = "nccl") -> JobRow:
     return JobRow(
         id=job_id, name=job_id, state=state, reason=None, strategy=strategy, precision="bf16", world_size=world,
         grad_accum=1, nnodes=1, nproc_per_node=world, global_batch=32 * world, micro_batch=32, max_steps=40,
-        spec={"cluster": {"gpu": gpu or {}}},
+        spec={"cluster": {"gpu": gpu or {}}}, plan={"dist_backend": dist_backend},
     )
 
 
@@ -142,7 +142,15 @@ def test_metrics_renderables_name_the_straggler() -> None:
     text = "".join(_text(p) for p in parts)
     assert "STRAGGLER" in text
     assert "straggler: rank 0 on h0 (node 0) is 50% slower than the median rank" in text
-    assert "set gpu.name or gpu.peak_tflops" in text
+    assert "set gpu.name or gpu.peak_tflops" in text and "per GPU (max over ranks)" in text
+
+
+def test_metrics_of_a_job_on_cpu_slots_say_per_rank_and_ask_for_no_gpu_name() -> None:
+    cpu = _job("j", world=2, dist_backend="gloo")
+    records = [r for rank in range(2) for r in _records(rank, 0.2)]
+    text = "".join(_text(p) for p in compare.metrics_renderables(cpu, compare.job_metrics(cpu, records)))
+    assert "peak 100 MB per rank (max over ranks)" in text and "per GPU" not in text
+    assert "gpu.name" not in text and "CPU ranks: MFU is measured against a GPU's peak" in text
 
 
 @pytest.mark.parametrize(("value", "text"), [(None, "-"), (0.4512, "45.1%"), (2.49e-6, "0.000249%")])

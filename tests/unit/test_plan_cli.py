@@ -72,3 +72,53 @@ def test_deepspeed_rejects_a_bad_user_config_before_launch(tmp_path):
     assert "nothing was started" in result.stderr
     assert json.loads(subprocess.run(launch_argv("status", "--json"), capture_output=True, text=True,
                                      env=cli_env(tmp_path)).stdout) == []
+
+
+def test_the_dry_run_says_where_the_cluster_came_from_who_is_told_and_what_a_restart_redoes(
+        tmp_path, home, monkeypatch, capsys):
+    """The cluster is $LAUNCH_CLUSTER, else $LAUNCH_HOME/cluster.yaml, else ./cluster.yaml; with none of them the job
+    runs on this machine and the dry run says so. Notifiers are shown as written (a token stays ``${NAME}``)."""
+    from tests.helpers import write_yaml
+
+    job = write_yaml(tmp_path / "job.yaml", {
+        "name": "told", "recipe": "convnet", "batch": {"micro_batch": 2}, "max_steps": 4, "restarts": 2,
+        "resources": {"nodes": 1, "nproc_per_node": 1}, "secrets": ["TOKEN"],
+        "notify": {"on": ["failed", "restarted"], "webhooks": ["http://127.0.0.1:9/${TOKEN}"]},
+    })
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("LAUNCH_CLUSTER", raising=False)
+
+    def dry_run() -> str:
+        main(["submit", str(job), "--dry-run"])
+        return capsys.readouterr().out
+
+    out = dry_run()
+    assert "cluster     this machine: no --cluster, and none of $LAUNCH_CLUSTER, $LAUNCH_HOME/cluster.yaml, " \
+           "./cluster.yaml exists" in out
+    assert "notify      on failed, restarted: webhook http://127.0.0.1:9/${TOKEN}" in out
+    assert "warning     restarts: 2, but checkpoint.dir is not set: a restart begins again at step 0" in out
+
+    write_yaml(here / "cluster.yaml", {"name": "cwd", "backend": "local"})
+    home.mkdir()
+    write_yaml(home / "cluster.yaml", {"name": "home", "backend": "local"})
+    write_yaml(tmp_path / "env.yaml", {"name": "env", "backend": "local"})
+    assert "cluster     home (backend local)" in dry_run()
+    monkeypatch.setenv("LAUNCH_CLUSTER", str(tmp_path / "env.yaml"))
+    out = dry_run()
+    assert "cluster     env (backend local)" in out and "this machine: no --cluster" not in out
+    monkeypatch.delenv("LAUNCH_CLUSTER")
+    (home / "cluster.yaml").unlink()
+    assert "cluster     cwd (backend local)" in dry_run()
+
+    monkeypatch.setenv("LAUNCH_CLUSTER", str(tmp_path / "gone.yaml"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["submit", str(job), "--dry-run"])
+    assert exit_info.value.code == 2
+    assert f"LAUNCH_CLUSTER={tmp_path / 'gone.yaml'}: no such file" in capsys.readouterr().err
+
+    monkeypatch.delenv("LAUNCH_CLUSTER")
+    main(["submit", str(job), "--dry-run", "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
+          "--set", "checkpoint.every_steps=2"])
+    assert "restarts: 2" not in capsys.readouterr().out

@@ -54,6 +54,9 @@ CASES = [
     ("an interpreter option the launchers cannot take", "name: x\nentrypoint: [python, -X, faulthandler, t.py]\n",
      ["entrypoint: '-X' is an option of the interpreter", "-X faulthandler: PYTHONFAULTHANDLER=1"]),
     ("not yaml", "name: x\nbatch: {micro_batch: 8\n", ["not valid YAML"]),
+    ("checkpoints every N steps with nowhere to write", "name: x\nrecipe: convnet\nbatch: {micro_batch: 8}\n"
+     "checkpoint: {dir: null, every_steps: 50}\n",
+     ["job.yaml:4: checkpoint.every_steps: every_steps: 50 saves checkpoints, but checkpoint.dir is not set"]),
 ]
 
 

@@ -175,9 +175,11 @@ def differences(reports: list[HostReport], choice: PythonChoice) -> list[Differe
     return [Difference(what, tuple(values)) for what, values in columns.items() if len(set(values)) > 1]
 
 
-def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callable[[str], None]) -> dict[str, str]:
-    """Show every host's key; record new ones the user accepts (as `launch trust` does). The problems, by
-    host: unreachable, declined or a recorded key that differs (refused, never replaced here)."""
+def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callable[[str], None],
+               recorded_to: list[str] | None = None) -> dict[str, str]:
+    """Show every host's key; record new ones the user accepts (as `launch trust` does), each host recorded appended
+    to ``recorded_to``. The problems, by host: unreachable, declined or a recorded key that differs (refused,
+    never replaced here)."""
     from launcher.backends.ssh.connection import error_text, fan_out
     from launcher.backends.ssh.hostkeys import fingerprint, key_status
     from launcher.backends.ssh.trust import fetch_host_key, record_key
@@ -203,6 +205,8 @@ def trust_keys(backend: SSHBackend, confirm: Callable[[str], bool], echo: Callab
         elif confirm(f"  trust this key for {target.known_hosts_name}?"):
             record_key(settings.known_hosts, target, key)
             echo(f"  recorded in {settings.known_hosts}")
+            if recorded_to is not None:
+                recorded_to.append(f"{target.alias} in {settings.known_hosts}")
         else:
             problems[target.alias] = f"{target.label}: host key not trusted (declined)"
     return problems
@@ -241,8 +245,11 @@ def probe(backend: SSHBackend, python: str | None,
     return reports, problems
 
 
-def unusable(problems: Collection[str], probed: int = 0) -> str:
-    """The message for hosts that cannot be used, one line each (``probed``: how many others were)."""
+def unusable(problems: Collection[str], probed: int = 0, keys_recorded: Collection[str] = ()) -> str:
+    """The message for hosts that cannot be used, one line each (``probed``: how many others were;
+    ``keys_recorded``: the host keys recorded before, which stay)."""
     others = f" ({probed} other host(s) probed: see the table above)" if probed else ""
-    return (f"{len(problems)} host(s) cannot be used; nothing was written{others}:\n"
+    written = (f"no cluster file was written (the host keys accepted stay recorded: {', '.join(keys_recorded)})"
+               if keys_recorded else "nothing was written")
+    return (f"{len(problems)} host(s) cannot be used; {written}{others}:\n"
             + "\n".join(f"  {p}" for p in problems))
