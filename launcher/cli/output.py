@@ -6,6 +6,7 @@ Only click is imported here: `launch --help` stays light.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -57,8 +58,20 @@ def cancel_question(say: Callable[[str], None] | None = None) -> Callable[[], bo
             say(CANCEL_QUESTION)
         else:
             click.echo("\n" + CANCEL_QUESTION, err=True, nl=False)
-        yes = sys.stdin.readline().strip().lower() in ("y", "yes")
+        yes = _answer().strip().lower() in (b"y", b"yes")
         click.echo("cancelling the job" if yes else "the job goes on", err=True)
         return yes
 
     return ask
+
+
+def _answer() -> bytes:
+    """One line from stdin, read from its descriptor: the question's thread may still wait when the job ends, and a
+    daemon thread holding ``sys.stdin``'s lock would abort the interpreter's exit. Empty at end of input."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 1024)
+        if not chunk:
+            break
+        line += chunk
+    return line

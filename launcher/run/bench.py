@@ -121,7 +121,7 @@ def _run_one(store: Store, job_file: str, cluster_file: str | None, strategy: st
     from launcher.run import orchestrate
 
     start = time.monotonic()
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         prepared = orchestrate.prepare(job_file, cluster_file, sets)
         job_id, state = orchestrate.submit(prepared, detach=False, echo=echo)

@@ -226,3 +226,27 @@ def test_only_the_loop_writes_the_store_and_it_files_many_lines_a_transaction(
     assert len(store.metrics("unit-00000001")) == 400
     assert sum(len(batch.records) for batch in batches) == 400 and len(batches) < 100
     assert [row.seen for row in store.nodes("unit-00000001", 0)] == [len(node0) + 1, len(node1) + 1], "and @exit"
+
+
+@pytest.mark.usefixtures("_signals")
+def test_a_second_ctrl_c_while_the_question_waits_cancels(tmp_path: Path) -> None:
+    import threading
+
+    answered = threading.Event()
+
+    class CtrlCTwice(FakeBackend):
+        def start(self, plan, context):
+            started = super().start(plan, context)
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            return started
+
+    backend = CtrlCTwice(CLUSTER, [[NodeScript(code=None), NodeScript(code=None)]])
+    sup, store = _supervisor(tmp_path, backend)
+    sup.install_signal_handlers(terminal=True, ask=lambda: answered.wait(30))
+    try:
+        assert sup.run() == JobState.CANCELLED
+    finally:
+        answered.set()
+    assert store.job("unit-00000001").reason == "cancelled (Ctrl-C)"
+    assert all(node.terminated for node in backend.started[0])
