@@ -91,7 +91,7 @@ def supervise(store: Store, job_id: str) -> int:
         secrets = read_secrets(job.plan.secrets)
         backend = get_backend(job.cluster)
         supervisor = make_supervisor(store, job.plan, job.job, job.cluster, job.check, backend, secrets,
-                                     stage=stage_recorder(store, job.id))
+                                     warn=_say, stage=stage_recorder(store, job.id))
         supervisor.install_signal_handlers()
     except Exception as exc:  # noqa: BLE001 - the job must end, whatever kept its supervisor from starting
         traceback.print_exc()
@@ -110,13 +110,18 @@ def supervise(store: Store, job_id: str) -> int:
 def reattach(store: Store, job_id: str) -> int:
     """Supervise the job again from its nodes' journals, as `launch attach` does (a later child of the keeper)."""
     try:
-        _, state = attach(store, job_id, echo=None, warn=lambda text: print(text, file=sys.stderr, flush=True))
+        _, state = attach(store, job_id, echo=None, warn=_say)
     except SupervisorFenced as exc:
         return _fenced(exc)
     except Exception:  # noqa: BLE001 - the keeper reads the job's state and says what happened
         traceback.print_exc()
         return 1
     return 0 if state == JobState.SUCCEEDED else 1
+
+
+def _say(text: str) -> None:
+    """A line of the supervisor's own (its warnings and ``[launch]`` decisions) in supervisor.log."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def _fenced(exc: SupervisorFenced) -> int:

@@ -3,13 +3,16 @@ its malformed metric records counted, and what could not be stored, kept for the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 from launcher.metrics.record import Rejected, RejectedCount
-from launcher.run.filing import Filer, Lost
+from launcher.run.filing import Filer, Lost, Noted, Waited
 from launcher.run.liveness import Liveness
 from launcher.run.watcher import Relay
 from launcher.store.db import Store
+
+FLUSH_S = 300.0  # at an attempt's end, how long what the store's lock held back may wait for it
 
 
 class Intake:
@@ -34,11 +37,20 @@ class Intake:
         self._filer = Filer(self.store, self.job_id, attempt, self._relay.losses, rejected, self.note)
         return self._relay
 
-    def observe(self, live: Liveness) -> None:
+    def observe(self, live: Liveness) -> Waited | None:
         """Apply what the watchers handed over: observations to the attempt's Liveness, the rest filed in the store
-        in one transaction (only the loop writes either)."""
+        in one transaction (only the loop writes either), or held while another process locks it (``Waited``: once
+        what it held back got in)."""
         if self._relay is not None and self._filer is not None:
-            self._filer.take(self._relay.handed, live)
+            return self._filer.take(self._relay.handed, live, time.time())
+        return None
+
+    def event(self, kind: str, message: str, data: dict) -> None:
+        """An event for the job's history, filed with the round's records (held, in order, while the store is locked)."""
+        if self._relay is not None:
+            self._relay.handed.put(Noted(kind, message, data))
+        else:
+            self.guarded(f"filing the event {kind!r}", lambda: self.store.add_event(self.job_id, kind, message, data))
 
     def file_rejected(self) -> None:
         """One event for the attempt's dropped metric records, then count afresh."""
@@ -53,6 +65,8 @@ class Intake:
         and one event if the store takes it."""
         self.guarded("filing what the watchers handed over", lambda: self.observe(live))
         relay, filer = self._relay, self._filer
+        if filer is not None:
+            self.guarded("filing what the store's lock held back", lambda: filer.flush(FLUSH_S))
         lost = relay.losses.take() if relay is not None else None
         if filer is None or lost is None:
             return

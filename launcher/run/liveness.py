@@ -16,8 +16,10 @@ agents had joined the rendezvous store; never as ranks that hang, since those ra
 
 One writer: the node watchers' threads only describe what they saw (``Output``, ``Sample``,
 ``Progress``); the supervisor's loop applies those to its ``Liveness`` (``apply``) and reads it. Each carries
-the supervisor's time ``t`` of receipt, which the verdicts use, and the node's own time of the line
-(``node_time``: its monotonic and wall clocks, ``launcher.node.protocol``) when the node said.
+``t``, when the node wrote the line, on the supervisor's clock (``launcher.run.nodetime``: placed by the node's
+own monotonic time, whenever the supervisor read it), which the verdicts use, and the node's own time of the
+line (``node_time``: its monotonic and wall clocks, ``launcher.node.protocol``). A supervisor that was away judges
+only once it has caught up with every node (``nodetime.Attention``): never a job hung because it did not read.
 """
 
 from __future__ import annotations

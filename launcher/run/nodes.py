@@ -81,8 +81,10 @@ class Nodes:
     (``sequence``), and the ones out of contact now."""
 
     def __init__(self, store: Store, plan: Plan, backend: Backend, generation: int, attempt: int,
-                 sequence: Callable[[], int]) -> None:
+                 sequence: Callable[[], int], say: Callable[[str, str], None] | None = None) -> None:
+        """``say(kind, text)``: how a finding is told (an event, and a line in the foreground)."""
         self.store = store
+        self._say = say or (lambda kind, text: store.add_event(plan.job_id, kind, text))
         self.plan = plan
         self.backend = backend
         self.generation = generation
@@ -150,8 +152,13 @@ class Nodes:
                              f"{len(self.watchers)} node(s) from the lines the store has",
                              {"pid": os.getpid(), "seen": {w.handle.index: w.count for w in self.watchers}})
 
-    def contact(self, live: Liveness) -> None:
-        """Out-of-contact nodes: file when contact is lost and back; declare a node lost on evidence only."""
+    def heard(self) -> list[float | None]:
+        """When each node still running last wrote a line that was read (its time, on the supervisor's clock)."""
+        return [watcher.heard() for watcher in self.watchers if watcher.handle.index not in self.exits]
+
+    def contact(self, live: Liveness, judging: bool = True) -> None:
+        """Out-of-contact nodes: file when contact is lost and back; declare a node lost on evidence only (and only
+        while ``judging``: not before the supervisor has caught up with every node after an absence)."""
         job_id, now = self.plan.job_id, time.time()
         failed = any(ended.code != 0 for ended in self.exits.values())
         for watcher in self.watchers:
@@ -163,14 +170,14 @@ class Nodes:
             if out is None:
                 if before is not None:
                     del self._out_of_contact[index]
-                    self.store.add_event(job_id, "contact_back", f"node {index} ({watcher.host}): back in contact "
-                                         f"after {now - before.since:.1f} s, followed from line {watcher.count}")
+                    self._say("contact_back", f"node {index} ({watcher.host}): back in contact after "
+                              f"{now - before.since:.1f} s, followed from line {watcher.count}")
                 continue
             if before is None or before.since != out.since:
                 self._out_of_contact[index] = out
-                self.store.add_event(job_id, "contact_lost", f"node {index} ({watcher.host}): out of contact "
-                                     f"({out.error}); following it again")
-            why = contact.verdict(out, contact.pulse(live, index, failed), now, self.plan.unattended_s)
+                self._say("contact_lost", f"node {index} ({watcher.host}): out of contact ({out.error}); "
+                          "following it again")
+            why = contact.verdict(out, contact.pulse(live, index, failed), now, self.plan.unattended_s) if judging else None
             if why is not None:
                 watcher.give_up(why)
                 self.backend.node_unreachable(index)
@@ -178,8 +185,8 @@ class Nodes:
                 self.store.set_node(job_id, self.attempt, index, state=NodeState.EXITED, exit_code=LOST_NODE_EXIT,
                                     ended_at=now)
 
-    def collect_exits(self, live: Liveness) -> None:
-        self.contact(live)
+    def collect_exits(self, live: Liveness, judging: bool = True) -> None:
+        self.contact(live, judging)
         for watcher in self.watchers:
             index = watcher.handle.index
             if index in self.exits:
@@ -190,13 +197,13 @@ class Nodes:
                 self.store.set_node(self.plan.job_id, self.attempt, index, state=NodeState.EXITED, exit_code=code,
                                     ended_at=time.time())
 
-    def ended(self, live: Liveness, fed: set[int]) -> Iterator[Fenced | Exited]:
+    def ended(self, live: Liveness, fed: set[int], judging: bool = True) -> Iterator[Fenced | Exited]:
         """The nodes' events of this round: a node's word that a newer supervisor took the job, then the exits
         ``step`` has not had (``fed``), in the order this supervisor observed them."""
         fenced = next((watcher.fenced for watcher in self.watchers if watcher.fenced is not None), None)
         if fenced is not None:
             yield Fenced(fenced)
-        self.collect_exits(live)
+        self.collect_exits(live, judging)
         for index in sorted(self.exits.keys() - fed, key=lambda node: self.exits[node].observed):
             fed.add(index)
             yield Exited(index, self.exits[index].code)

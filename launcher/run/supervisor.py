@@ -34,10 +34,12 @@ from launcher.plan.planner import Plan
 from launcher.run import errorlog, hangup, identity, stacks
 from launcher.run.attribution import node_failure
 from launcher.run.elastic import Replanner as ElasticReplanner
+from launcher.run.filing import Filer
 from launcher.run.finish import Outcome, finish
 from launcher.run.intake import Intake
 from launcher.run.liveness import HangDetector, Liveness
 from launcher.run.nodes import Nodes, in_charge, kept_record
+from launcher.run.nodetime import Attention
 from launcher.run.notify import Notifier
 from launcher.run.replanning import Moved, Replanner, on_nodes_left, without_twice_failed
 from launcher.run.restarts import why_not_restart
@@ -46,11 +48,13 @@ from launcher.run.step import Attempt, CancelAsked, Do, Event, Fenced, Stalled, 
 from launcher.run.watcher import Relay
 from launcher.spec.notify import NotifyEvent
 from launcher.store.db import Store
+from launcher.store.schema import StoreLocked
 from launcher.store.states import JobState
 
 SETTLE_S = 1.0
 REPORT_WAIT_S = 5.0  # how long failed nodes' output may take to reach us (their failure reports), under load
 POLL_S = 0.1
+CATCH_UP_S = 30.0  # without a stall_timeout: how long a loop back from an absence waits to hear every node
 HEARTBEAT_S = 2.0  # how often the loop records that the job's supervisor is alive (jobs.supervisor_at)
 CANCELLED_BY_TERM = "cancelled (SIGTERM to the supervisor)"
 CANCELLED_BY_CTRL_C = "cancelled (Ctrl-C)"
@@ -123,6 +127,21 @@ class Supervisor:
             try:
                 self.echo(line)
             except OSError:  # EIO or EPIPE: the terminal (or the pipe's reader) is gone, the job is not
+                self.lose_terminal()
+
+    def say(self, kind: str, text: str, data: dict | None = None, *, held: bool = False) -> None:
+        """A decision or a finding of launch's own: an event, and one ``[launch]`` line in the foreground output, with
+        the relayed lines (terminal or pipe, even while a teardown quiets them; supervisor.log when detached).
+        ``held``: filed with the loop's round (held while another process locks the store), not at once."""
+        if held:
+            self._intake.event(kind, text, data or {})
+        else:
+            self.store.add_event(self.plan.job_id, kind, text, data)
+        show = self.echo or self._warn
+        if show is not None and not self._terminal_lost.is_set():
+            try:
+                show(f"[launch] {text}")
+            except OSError:  # the terminal (or the pipe's reader) is gone: the event has it, the job goes on
                 self.lose_terminal()
 
     def warn(self, text: str) -> None:
@@ -266,7 +285,7 @@ class Supervisor:
             why_not = why_not_restart(attempt, failure, self.restarts, self.restart_on, self.replan is not None)
             if why_not:
                 if self.restarts:
-                    self.store.add_event(self.plan.job_id, "no_restart", why_not)
+                    self.say("no_restart", f"no restart: {why_not}")
                 return outcome if not self.restarts else outcome.with_reason(f"{outcome.reason} ({why_not})")
             if self.replan is not None and failure is not None:
                 problem = self._leave_out_twice_failed(failure)
@@ -280,8 +299,8 @@ class Supervisor:
                     return outcome.with_reason(f"{outcome.reason}; {problem}")
             in_charge(self.backend, self.plan, self.generation)  # a supervisor taken over restarts nothing
             attempt += 1
-            self.store.add_event(
-                self.plan.job_id, "restarting",
+            self.say(
+                "restarting",
                 f"attempt {attempt - 1} failed ({outcome.reason}); restart {attempt} of {self.restarts}"
                 + ("" if failure is None or failure.transient else " (restart_on: any)"),
                 failure.model_dump(mode="json") if failure else None,
@@ -321,7 +340,7 @@ class Supervisor:
             return moved
         self._guarded(closing, self.backend.close)
         self.plan, self.backend, self.place = moved.plan, moved.backend, moved.place or self.place
-        self.store.add_event(self.plan.job_id, moved.kind, moved.text, moved.data)
+        self.say(moved.kind, moved.text, moved.data)
         return None
 
     def _next_attempt(self, attempt: int) -> bool:
@@ -339,7 +358,7 @@ class Supervisor:
         job_id = self.plan.job_id
         if self._resume_attempt == attempt:
             self._resume_attempt = None
-            nodes = Nodes(self.store, self.plan, self.backend, self.generation, attempt, self._sequence)
+            nodes = Nodes(self.store, self.plan, self.backend, self.generation, attempt, self._sequence, self.say)
             nodes.follow(self.run_dir, self._new_relay(attempt))
             self.live = Liveness(time.time())
         else:
@@ -355,23 +374,41 @@ class Supervisor:
             self.store.add_event(job_id, "running", "all nodes started")
             self.live = Liveness(time.time())
         state, fed = Attempt(len(self.plan.nodes)), set[int]()
+        attention = Attention(self.hangs.stall_timeout if self.hangs else CATCH_UP_S)
         while True:
-            self._observe()
             self._heartbeat()
-            for event in self._events(nodes, fed):
+            self._take_in(attention, nodes)
+            for event in self._events(nodes, fed, judging=not attention.waiting):
                 state, do = step(state, event)
                 if do is not Do.WATCH:
                     return self._act(do, event, nodes)
             time.sleep(POLL_S)
 
-    def _events(self, nodes: Nodes, fed: set[int]) -> Iterator[Event]:
+    def _take_in(self, attention: Attention, nodes: Nodes) -> None:
+        """Take in what the nodes sent (``Attention``: a loop that was away, paused, asleep or held up, judges
+        only once it has heard every node since it came back), and say so after an absence."""
+        attention.round(time.time(), time.monotonic())
+        heard = nodes.heard()  # before the hand-overs are taken: what was heard by then is among them
+        waited = self._intake.observe(self.live)
+        attention.round(time.time(), time.monotonic())
+        if waited is not None:
+            self.say("store_locked", waited.describe(), {"seconds": round(waited.seconds, 1), "rows": waited.rows},
+                     held=True)
+        back = attention.settle(heard, time.time())
+        if back is not None:
+            self.say("supervisor_away", back.describe(),
+                     {"seconds": round(back.seconds, 1), "caught_up": back.caught_up,
+                      "caught_up_after_s": round(back.settled - back.back, 1)}, held=True)
+
+    def _events(self, nodes: Nodes, fed: set[int], judging: bool = True) -> Iterator[Event]:
         """This round's events in the order ``step`` takes them; each is looked for only once the ones before
         decided nothing (a hang is judged only when no node ended and nobody cancelled). ``fed``: the nodes whose
-        exit ``step`` has had (a job followed again by `launch attach` starts with the exits the store has)."""
-        yield from nodes.ended(self.live, fed)
+        exit ``step`` has had (a job followed again by `launch attach` starts with the exits the store has).
+        ``judging`` False (the loop has not caught up with its nodes): no node is called lost, no job hung."""
+        yield from nodes.ended(self.live, fed, judging)
         if self._cancel.is_set():
             yield CancelAsked(self._cancel_reason)
-        hung = self.hangs.check(self.live, time.time()) if self.hangs else None
+        hung = self.hangs.check(self.live, time.time()) if self.hangs and judging else None
         if hung is not None:
             yield Stalled(hung)
 
@@ -383,7 +420,7 @@ class Supervisor:
             raise SupervisorFenced(job_id, dict(event.by))
         if do is Do.FAIL:
             failure = self._first_failure(nodes)
-            self.store.add_event(job_id, "node_failed", failure.describe(), failure.model_dump(mode="json"))
+            self.say("node_failed", failure.describe(), failure.model_dump(mode="json"))
             self._teardown(nodes)
             nodes.record_exits()
             return Outcome(JobState.FAILED, failure.describe(), failure)
@@ -395,8 +432,7 @@ class Supervisor:
         if do is Do.HANG and isinstance(event, Stalled):
             hung = event.failure
             self._quiet.set()
-            self.store.add_event(job_id, "hung" if hung.kind == FailureKind.HANG else "stalled", hung.reason or "",
-                                 hung.model_dump(mode="json"))
+            self.say("hung" if hung.kind == FailureKind.HANG else "stalled", hung.reason or "", hung.model_dump(mode="json"))
             taken = stacks.collect(self.backend, self.plan, self.store, nodes.attempt, self.live)
             for note in (taken.odd_one_out, taken.on_build_lock):
                 if note:
@@ -419,7 +455,7 @@ class Supervisor:
                                cancelled=self._cancel, place=self.place, leased=scheduler.leased,
                                generation=self.generation,
                                record=kept_record(self.store, self.plan, attempt, self.internal_note))
-        nodes = Nodes(self.store, self.plan, self.backend, self.generation, attempt, self._sequence)
+        nodes = Nodes(self.store, self.plan, self.backend, self.generation, attempt, self._sequence, self.say)
         try:
             started = nodes.start(context)
         finally:
@@ -433,6 +469,8 @@ class Supervisor:
         return self._intake.new_attempt(attempt, self.plan.world_size, self.rejected_record, self.live)
 
     def _heartbeat(self) -> None:
+        """Record that the supervisor is alive, every HEARTBEAT_S; a store locked by another process is not waited
+        for (the next round tries again)."""
         now = time.time()
         if self._terminal_lost.is_set() and not self._terminal_lost_filed:
             self._terminal_lost_filed = True
@@ -441,8 +479,12 @@ class Supervisor:
             self.store.add_event(job_id, "terminal_closed", f"the supervisor's terminal closed; it goes on in the "
                                  f"background (process {os.getpid()}): `launch attach {job_id}` follows the job")
         if now - self._heartbeat_at >= HEARTBEAT_S:
+            try:
+                with self.store.waiting_at_most(Filer.WAIT_S):
+                    self.store.update_job(self.plan.job_id, supervisor_at=now)
+            except StoreLocked:
+                return
             self._heartbeat_at = now
-            self.store.update_job(self.plan.job_id, supervisor_at=now)
 
     def _first_failure(self, nodes: Nodes) -> Failure:
         """The failure that came first: other nodes get a moment to report theirs, then

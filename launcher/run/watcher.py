@@ -1,6 +1,7 @@
 """Node watchers: one thread a node reads its agent's framed lines and relays them.
 
-A watcher writes the node's log file and echoes its lines; everything else it parses and hands to
+A watcher writes the node's log file (each line stamped with the node's wall clock when it wrote it) and
+echoes its lines; everything else it parses and hands to
 the supervisor's loop, which alone writes the store (``launcher.run.filing``: liveness observations,
 metric records, samples), and it keeps a snapshot of the node. It never stops reading on its own
 errors: a line it cannot handle, a log file on a full disk are counted in ``Losses`` and skipped, so
@@ -37,6 +38,7 @@ from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
 from launcher.run.filing import AgentStarted, Handed, Losses, Noted, RejectedLine, ToStore
 from launcher.run.liveness import Joined, Output, Progress, Sample
+from launcher.run.nodetime import NodeClock
 from launcher.store.logcap import CappedLog
 from launcher.store.records import Seen
 from launcher.views.nccl import NCCL_EVENT
@@ -108,6 +110,11 @@ class NodeSeen:
     reported: int | None  # when its agent's "failed" line was seen (Relay.sequence)
 
 
+def _wall(stamp: NodeTime | None, at: float) -> float:
+    """The time a log line shows: the node's wall clock when it wrote the line (``at`` for an unstamped one)."""
+    return stamp.wall if stamp is not None else at
+
+
 class NodeWatcher:
     """Reads one node agent's framed lines: log file, console echo, metric records, samples, last lines."""
 
@@ -133,6 +140,8 @@ class NodeWatcher:
         self._samples: dict[int, ProcessSample] = {}
         self._agent_exit: int | None = None
         self._reported: int | None = None
+        self._clock = NodeClock()
+        self._heard: float | None = None
         self._log_error: OSError = OSError("its log file was not opened")
         self.errors = 0
         self.fenced: dict | None = None  # the newer generation's record once the node refused this reader
@@ -144,6 +153,11 @@ class NodeWatcher:
         with self._lock:
             return NodeSeen(list(self._tail), frozenset(self._pids), dict(self._samples), self._agent_exit,
                             self._reported)
+
+    def heard(self) -> float | None:
+        """When the node wrote the newest line read from it (its time, on the supervisor's clock); None before one."""
+        with self._lock:
+            return self._heard
 
     def contact(self) -> OutOfContact | None:
         """None while the node's stream flows; else since when it is out of contact and how the tries went."""
@@ -249,33 +263,45 @@ class NodeWatcher:
             return None
 
     def _line(self, parsed: OutputLine | Frame | Unparsable, log: CappedLog | None) -> None:
-        node, now = self.handle.index, time.time()
+        """Handle one line: ``at``, when the node wrote it (its clock placed on ours), is the time of everything it
+        says; the log file shows the node's wall clock."""
+        node, received = self.handle.index, time.time()
         if parsed.journaled:  # a live line (the journal full or unwritable) is not one of the journal's
             self.count += 1
         if isinstance(parsed, Unparsable):
             raise ValueError(f"an unparsable line from the node: {parsed.why}")
+        at = self._clock.when(parsed.at, received)
+        try:
+            self._handle(parsed, log, node, at)
+        finally:
+            with self._lock:  # after what the line said was handed over: the loop judges once it has it
+                self._heard = max(self._heard or at, at)
+
+    def _handle(self, parsed: OutputLine | Frame, log: CappedLog | None, node: int, at: float) -> None:
         if isinstance(parsed, Frame):
-            self._event(parsed, now, log)
+            self._event(parsed, at, log)
             return
         relay = self._relay
         text = parsed.text
         if relay.secrets:
             text = mask(text, dict(relay.secrets))
-        relay.handed.put(Output(now, parsed.at))
+        relay.handed.put(Output(at, parsed.at))
         record = parse_line(text, world_size=relay.world_size, node=node, host=self.host)
         if isinstance(record, Rejected):
             relay.handed.put(RejectedLine(node, record))
             return
         if record is not None:
-            relay.handed.put(Progress(node, record.rank, record.step, now, parsed.at))
+            relay.handed.put(Progress(node, record.rank, record.step, at, parsed.at))
             relay.handed.put(ToStore(self._seen(log), records=(record,)))
             self._marked = self.count
             return
         match = _RANK_PREFIX.match(text)
-        self._show(f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}", text, log, now)
+        self._show(f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}", text, log,
+                   _wall(parsed.at, at))
 
-    def _show(self, shown: str, text: str, log: CappedLog | None, now: float) -> None:
-        """A line of the node's output: its tail, its log file (unless the file has it already), the console."""
+    def _show(self, shown: str, text: str, log: CappedLog | None, stamp: float) -> None:
+        """A line of the node's output: its tail, its log file (unless the file has it already) stamped with the
+        node's wall clock ``stamp``, the console."""
         relay = self._relay
         with self._lock:
             self._tail.append(shown)
@@ -285,7 +311,7 @@ class NodeWatcher:
             self._logged.popleft()  # written before the supervisor that wrote it stopped: not again
         else:
             self._logged.clear()
-            self._write(log, f"{now:.3f} {shown}\n")
+            self._write(log, f"{stamp:.3f} {shown}\n")
         try:
             relay.echo(safe_text(shown))
         except OSError:
@@ -303,10 +329,10 @@ class NodeWatcher:
         except Exception as exc:  # noqa: BLE001 - a full disk or a store that refuses the cap's event
             self._relay.losses.add(exc, lines=1)
 
-    def _event(self, frame: Frame, now: float, log: CappedLog | None) -> None:
-        node = self.handle.index
+    def _event(self, frame: Frame, at: float, log: CappedLog | None) -> None:
+        node, stamp = self.handle.index, _wall(frame.at, at)
         if frame.kind is FrameKind.SAMPLE:
-            self._sample(frame.data, now, log, frame.at)
+            self._sample(frame.data, at, log, frame.at)
         elif frame.kind is FrameKind.STARTED:
             pid = frame.get_int("pid")
             if pid is None:
@@ -329,17 +355,17 @@ class NodeWatcher:
             after = frame.get_number("after_s")
             self._show(f"[{node}] launch: node {node}: no supervisor in contact for "
                        f"{format(after, 'g') if after is not None else '?'} s (watch.unattended_timeout): "
-                       "its agent ended the job there", "", log, now)
+                       "its agent ended the job there", "", log, stamp)
         elif frame.kind is FrameKind.LOST:
             why = frame.get_text("reason")
             self._show(f"[{node}] launch: node {node}: its agent is gone without an exit "
-                       f"({why if why is not None else 'no reason given'})", "", log, now)
+                       f"({why if why is not None else 'no reason given'})", "", log, stamp)
         elif frame.kind is FrameKind.JOURNAL:
             text = journal_stopped(node, frame)
             self._relay.handed.put(Noted(JOURNAL_STOPPED, text, {"node": node, "state": frame.get_text("state", 40)}))
-            self._show(f"[{node}] {text}", "", log, now)
+            self._show(f"[{node}] {text}", "", log, stamp)
 
-    def _sample(self, data: dict, now: float, log: CappedLog | None, node_time: NodeTime | None) -> None:
+    def _sample(self, data: dict, at: float, log: CappedLog | None, node_time: NodeTime | None) -> None:
         relay, node = self._relay, self.handle.index
         samples = [s for s in parse_samples(data, world_size=relay.world_size, node=node, host=self.host)
                    if not isinstance(s, Rejected)]
@@ -352,10 +378,10 @@ class NodeWatcher:
                 self._samples[sample.rank] = sample
                 self._pids.add(sample.pid)
         for sample in samples:
-            relay.handed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, now, node_time))
+            relay.handed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, at, node_time))
         joined = data.get("joined")
         if node == 0 and type(joined) is int and 0 <= joined <= MAX_JOINED:
-            relay.handed.put(Joined(joined, now, node_time))
+            relay.handed.put(Joined(joined, at, node_time))
         relay.handed.put(ToStore(self._seen(log), samples=tuple(samples)))
         self._marked = self.count
 

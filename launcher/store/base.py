@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.spec.files import expand_user
-from launcher.store.schema import StoreError, migrate
+from launcher.store.schema import StoreError, StoreLocked, migrate
 
 
 def launch_home() -> Path:
@@ -110,10 +110,23 @@ class StoreBase:
                      f"again: it makes a new, empty store; the jobs' logs stay under {self.runs}",
             )
         if "locked" in text or "busy" in text:
-            return StoreError(f"the job store {self.path} is locked by another process ({text})",
+            return StoreLocked(f"the job store {self.path} is locked by another process ({text})",
                               hint="try again when the other launch command is done")
         return StoreError(f"the job store {self.path} failed: {text}",
                           hint="check the disk and the file's permissions, or set LAUNCH_HOME to another directory")
+
+    @contextlib.contextmanager
+    def waiting_at_most(self, seconds: float) -> Iterator[None]:
+        """Writes in this block wait at most ``seconds`` for another process's write lock (then ``StoreLocked``):
+        the supervisor's loop files its rounds this way, so a store held by a backup or a ``sqlite3`` shell never
+        holds up its verdicts. The connection is shared: another thread's write meanwhile waits as briefly."""
+        with self._lock, self._guard():
+            self._db.execute(f"PRAGMA busy_timeout = {max(0, int(seconds * 1000))}")
+        try:
+            yield
+        finally:
+            with self._lock, self._guard():
+                self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def close(self) -> None:
         with self._guard():

@@ -20,6 +20,10 @@ class StoreError(LaunchError):
     """The job store cannot be read or written: a corrupted, locked, read-only or newer-version file."""
 
 
+class StoreLocked(StoreError):
+    """Another process held the job store's write lock for longer than this one waited."""
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,

@@ -130,6 +130,44 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
     assert proctree.job_pids(job_id) == []
 
 
+LOCK = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(float(sys.argv[2])); db.execute('COMMIT')")
+
+
+def test_a_store_locked_for_35_s_holds_records_back_and_judges_nothing(tmp_path, home):
+    """Issue 39: another process holds the store's write lock for 35 s (`BEGIN EXCLUSIVE`, as a backup or a sqlite3
+    shell does) while a detached job trains, with stall_timeout 10 s: the job SUCCEEDS in attempt 0 with every
+    step's record once (they waited and were filed once the lock was released), and the supervisor says so."""
+    steps, locked_s = 200, 35.0
+    job = write_yaml(tmp_path / "job.yaml", {
+        "name": "locked", "entrypoint": ["python", str(STEP_LINES)], "batch": {"micro_batch": 8},
+        "resources": {"nodes": 1, "nproc_per_node": 2}, "max_steps": steps, "watch": {"stall_timeout": 10},
+        "env": {"STEPS": str(steps), "STEP_S": "0.25"},
+    })
+    job_id = run_cli(home, "submit", str(job), "--detach").stdout.strip()
+    assert wait_for(lambda: status_json(home, job_id)["metrics"]["steps"] >= 3, timeout=180)
+    journal = Path(rundir.run_root()) / job_id / "node0.journal"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK, str(home / "jobs.db"), str(locked_s)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    at_lock = _step_lines(journal)
+    assert holder.wait(timeout=locked_s + 30) == 0
+    trained = _step_lines(journal) - at_lock
+    assert trained >= 2 * 0.5 * locked_s / 0.25, f"{trained} step lines while the store was locked"
+    done = wait_for_state(home, job_id, ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=180)
+    assert (done["state"], done["attempt"]) == ("SUCCEEDED", 0), done["reason"]
+    kinds = {e["kind"]: e["message"] for e in done["events"]}
+    assert "hung" not in kinds and "stalled" not in kinds and "records_lost" not in kinds, kinds
+    assert re.match(r"the job store was locked by another process for 3\d s: \d+ record\(s\) waited and are filed",
+                    kinds["store_locked"]), kinds["store_locked"]
+    by_rank: dict[int, list[int]] = {}
+    for record in Store(home).metrics(job_id):
+        by_rank.setdefault(record.rank, []).append(record.step)
+    assert {rank: sorted(got) for rank, got in by_rank.items()} == {0: list(range(1, steps + 1)),
+                                                                   1: list(range(1, steps + 1))}
+    print(f"store locked {locked_s:.0f} s: {trained} step lines meanwhile; {kinds['store_locked']}")
+
+
 TAKEN_STEPS, GATE_STEP = 50, 30
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -312,6 +313,65 @@ def test_dead_host_fails_the_job_as_lost(testbed: tb.Testbed, tmp_path: Path, ho
     # lost on evidence, not on the silent channel alone: unreachable while the other node's ranks stalled
     assert "lt-h2 unreachable" in failure["reason"] and "no progress on the other nodes" in failure["reason"]
     assert failure["kind"] == "lost"
+    _assert_clean(testbed, job_id)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _stamped_steps(job_id: str) -> dict[int, float]:
+    """Rank 0's step lines in `launch logs --timestamps`: step -> the time the line shows."""
+    logs = _launch("logs", job_id, "--rank", "0", "--timestamps").stdout
+    return {int(m[2]): datetime.fromisoformat(m[1]).timestamp()
+            for m in re.finditer(r"^(\S+) \[0/0\] step (\d+) of rank 0$", logs, re.M)}
+
+
+def test_a_supervisor_stopped_for_60_s_catches_up_and_judges_nothing_hung(testbed: tb.Testbed, tmp_path: Path,
+                                                                           home: Path) -> None:
+    """Issue 34: the detached supervisor and its keeper SIGSTOPped for 60 s (a laptop's lid, a paused VM), four
+    times watch.stall_timeout, while both hosts train: back, the supervisor first catches up with both journals
+    and then judges; the job SUCCEEDS in attempt 0, every step line once, each stamped with its node's clock."""
+    steps, step_s, paused_s = 170, 0.5, 60.0
+    job = _job(tmp_path, steps=steps, step_s=step_s, nproc=1, env={"TEST_STEP_LINES": "1"},
+               watch={"stall_timeout": 15})
+    job_id = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)), "--detach").stdout.strip()
+    store = Store(home)
+    _wait_for(lambda: (_status(job_id)["metrics"]["steps"] or 0) >= 3, 120, "the first steps")
+    supervisor = _status(job_id)["supervisor"]["pid"]
+    keeper = _parent(supervisor)
+    journal = Path(rundir.run_root()) / job_id / "node0.journal"
+    os.kill(keeper, signal.SIGSTOP)
+    os.kill(supervisor, signal.SIGSTOP)
+    stopped_at = time.time()
+    try:
+        at_stop = journal.read_bytes().count(b"]:step ")
+        time.sleep(paused_s)  # the fault itself: a supervisor that does not run for a minute
+        trained = journal.read_bytes().count(b"]:step ") - at_stop
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+        os.kill(keeper, signal.SIGCONT)
+    resumed_at = time.time()
+    assert trained >= 0.5 * paused_s / step_s, f"host 1 wrote {trained} step lines in {paused_s:.0f} s"
+    _wait_for(lambda: store.job(job_id).state in ("SUCCEEDED", "FAILED", "CANCELLED"), 180, "the job to end")
+    done = _status(job_id)
+    assert (done["state"], done["attempt"]) == ("SUCCEEDED", 0), done["reason"]
+    events = store.events(job_id)
+    assert not [e for e in events if e["kind"] in ("hung", "stalled", "restarting", "node_failed")], events
+    away = [e["message"] for e in events if e["kind"] == "supervisor_away"]
+    assert len(away) == 1 and re.fullmatch(r"supervisor was away (\d+) s; caught up", away[0]), away
+    assert paused_s - 5 <= int(re.findall(r"\d+", away[0])[0]) <= paused_s + 15, away
+    said = (home / "runs" / job_id / "supervisor.log").read_text()
+    assert f"[launch] {away[0]}" in said, said[-2000:]
+    stamped = _stamped_steps(job_id)
+    assert sorted(stamped) == list(range(1, steps + 1))  # every step line once
+    assert [int(m) for m in re.findall(r"step (\d+) of rank 0", _launch("logs", job_id, "--rank", "0").stdout)] == \
+        list(range(1, steps + 1))
+    during = sorted(t for t in stamped.values() if stopped_at + 1 < t < resumed_at - 1)
+    # written while nobody read them, the lines show when host 1 wrote them: spread over the pause, not one second
+    assert len(during) >= 0.5 * paused_s / step_s and during[-1] - during[0] >= paused_s - 15, \
+        (len(during), during[:3], during[-3:])
+    print(f"paused {resumed_at - stopped_at:.0f} s: {trained} step lines journaled meanwhile, {away[0]}")
     _assert_clean(testbed, job_id)
 
 
