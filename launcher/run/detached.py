@@ -55,6 +55,7 @@ def main(argv: list[str]) -> int:
 def keep(store: Store, job_id: str) -> int:
     """Run the job's supervisor as a child; start one that re-attaches when it dies before the job ends."""
     identity.record_keeper(store.run_dir(job_id), job_id)  # `logs --follow` and `status --watch` wait while it lives
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal to lose; its children inherit this
     child = _child(job_id, SUPERVISE)
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     for restart in range(1, MAX_REATTACH + 2):

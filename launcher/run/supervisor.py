@@ -127,7 +127,7 @@ class Supervisor:
             try:
                 self.echo(line)
             except OSError:  # EIO or EPIPE: the terminal (or the pipe's reader) is gone, the job is not
-                self.lose_terminal()
+                self.lose_terminal(hangup.STANDARD_FDS)
 
     def say(self, kind: str, text: str, data: dict | None = None, *, held: bool = False) -> None:
         """A decision or a finding of launch's own: an event, and one ``[launch]`` line in the foreground output, with
@@ -150,7 +150,7 @@ class Supervisor:
             try:
                 self._warn(f"warning: {text}")
             except OSError:
-                self.lose_terminal()
+                self.lose_terminal(hangup.STANDARD_FDS)
 
     def rejected_record(self, node: int, rejected: Rejected) -> None:
         """Count a malformed metric record (never stored); warn once an attempt."""
@@ -176,7 +176,8 @@ class Supervisor:
         other ignores it."""
         signal.signal(signal.SIGTERM, lambda *_: self.request_cancel(CANCELLED_BY_TERM))
         signal.signal(signal.SIGINT, lambda *_: self._interrupted(ask))
-        signal.signal(signal.SIGHUP, (lambda *_: self.lose_terminal()) if terminal else signal.SIG_IGN)
+        fds = hangup.on_terminal()
+        signal.signal(signal.SIGHUP, (lambda *_: self.lose_terminal(fds)) if terminal else signal.SIG_IGN)
 
     def _interrupted(self, ask: Callable[[], bool] | None) -> None:
         if ask is None or self._asking.is_set() or self._terminal_lost.is_set():
@@ -195,13 +196,14 @@ class Supervisor:
         if yes:
             self.request_cancel(CANCELLED_BY_CTRL_C)
 
-    def lose_terminal(self) -> None:
-        """The terminal closed (signal-safe): say how to follow the job where it can still be said, write nothing
-        more to it, and go on; the loop files it (``_heartbeat``)."""
+    def lose_terminal(self, fds: tuple[int, ...] = hangup.STANDARD_FDS) -> None:
+        """The terminal closed (signal-safe), or writing to the output failed: say how to follow the job where it can
+        still be said, point ``fds`` away (those on the terminal, or all three), and go on; the loop files it
+        (``_heartbeat``)."""
         if self._terminal_lost.is_set():
             return
         self._terminal_lost.set()
-        hangup.detach_from_terminal(self.plan.job_id, self.run_dir)
+        hangup.detach_from_terminal(self.plan.job_id, self.run_dir, fds)
 
     def run(self) -> JobState:
         """Start every node, watch until the end (restarting as the policy allows), clean up; the final state.

@@ -36,7 +36,8 @@ def detached(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The jobs whose supervisor left its terminal; the test process's own descriptors are left alone (the real
     redirection is tested on a pseudo-terminal: tests/integration/test_attach.py)."""
     calls: list[str] = []
-    monkeypatch.setattr(supervisor_module.hangup, "detach_from_terminal", lambda job_id, run_dir: calls.append(job_id))
+    monkeypatch.setattr(supervisor_module.hangup, "detach_from_terminal",
+                        lambda job_id, run_dir, fds=(): calls.append(job_id))
     return calls
 
 
@@ -250,3 +251,18 @@ def test_a_second_ctrl_c_while_the_question_waits_cancels(tmp_path: Path) -> Non
         answered.set()
     assert store.job("unit-00000001").reason == "cancelled (Ctrl-C)"
     assert all(node.terminated for node in backend.started[0])
+
+
+def test_a_hangup_moves_only_what_was_on_the_terminal(tmp_path: Path) -> None:
+    """`nohup launch submit > run.log` keeps writing its file after SIGHUP; descriptors that failed are all moved."""
+    import subprocess
+    import sys
+
+    program = ("import sys; from pathlib import Path; from launcher.run import hangup; "
+               "hangup.detach_from_terminal('j-1', Path(sys.argv[1]), hangup.on_terminal()); print('after', flush=True)")
+    with open(tmp_path / "run.log", "w") as out:
+        subprocess.run([sys.executable, "-c", program, str(tmp_path)], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                       check=True)
+    kept = (tmp_path / "run.log").read_text()
+    assert "`launch attach j-1` follows it" in kept and kept.endswith("after\n")
+    assert not (tmp_path / "supervisor.log").exists()
