@@ -3,7 +3,9 @@
 Trust: the record's facts come from launch's own observations (a node agent's exit code, a lost
 connection, the kernel log, the process tree the agent sampled). Rank output is untrusted: it
 may only choose one of the fixed explanations in ``KNOWN_ERRORS`` or name a rank within the
-job's world size through torchrun's failure report; its text never becomes a reason.
+job's world size through torchrun's failure report; its text never becomes a reason. torchrun's
+structured error file (``RecordedError``) comes first: the exit code torchrun saw for its first failed
+rank, and that rank's recorded exception (untrusted too: it only chooses among ``KNOWN_ERRORS``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,12 +83,37 @@ _AGENT_FAILED = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d(?:\.\d+)? .*\] failed \(
 
 
 class AgentReport(BaseModel):
-    """What torchrun's failure report (in a node's output) names: the root-cause rank and its exit."""
+    """What torchrun's failure report (in a node's output) names: the root-cause rank and its exit; with its
+    error file, the rank's recorded exception (``message``, untrusted)."""
 
     rank: int | None = None
     local_rank: int | None = None
     exit_code: int | None = None
     pid: int | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordedError:
+    """What a node's torchrun recorded in its structured error file (``launcher.node.torchelastic``): its first
+    failed rank's exception as that rank's ``@record`` wrote it (or torchrun's own), and the exit code torchrun
+    saw for that rank (None for torchrun's own error)."""
+
+    message: str
+    exit_code: int | None
+
+
+def with_recorded(recorded: RecordedError | None, reports: list[AgentReport]) -> list[AgentReport]:
+    """The node's failed ranks, torchrun's error file first: its exit code and message go to the root cause
+    (the same rank torchrun's report names first: both are its first failure); the report's text still names
+    the rank, and the other failures. Without a file, the report as it is."""
+    if recorded is None:
+        return reports
+    root = reports[0] if reports else AgentReport()
+    update: dict[str, object] = {"message": recorded.message}
+    if recorded.exit_code is not None:
+        update["exit_code"] = recorded.exit_code
+    return [root.model_copy(update=update), *reports[1:]]
 
 
 def is_agent_failed_line(line: str) -> bool:

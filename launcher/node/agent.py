@@ -10,6 +10,7 @@ stdout, which the backend carries to the supervisor:
     started     the agent's and the command's PIDs, the host, the run directory
     sample      every sample_s: each rank's process tree (CPU seconds, RSS, GPU memory/util; ``sampler``)
     unattended  no reader was in contact for ``unattended_s`` seconds: the agent ends the job
+    error_file  what torchrun recorded in its structured error file (``torchelastic``), after a failed command
     exit        the command's exit code, once its output is drained
 
 With a ``lease`` in the request (local and SSH clusters), the agent first takes its node's leases
@@ -58,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import leases, proctree
+from . import leases, proctree, torchelastic
 from .journal import (
     DEFAULT_LIMIT,
     RECORD_FILE,
@@ -180,6 +181,7 @@ class Agent:
         tag = {key: given[key] for key in TAG_NAMES if key in given}
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
         argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in req.argv]
+        torchelastic.clear(torchelastic.error_file(run_dir, req.node))  # an earlier attempt's is not this one's
         argv = isolated(with_rank_streams(on_devices(argv, self.lease.devices) if self.lease and self.lease.kind == "gpu" else argv))
         prctl = libc_prctl()
         self.subreaper = harden(prctl)
@@ -305,6 +307,9 @@ class Agent:
         if self._ended:
             self._end_done.wait()  # an end a signal or a lost supervisor began: ranks that outlive TERM get KILL first
         self.sweep()
+        recorded = torchelastic.read(torchelastic.error_file(self.run_dir, self.req.node)) if code and self.run_dir else None
+        if recorded is not None:
+            self.out.event(FrameKind.ERROR_FILE, recorded)
         self.out.event(FrameKind.EXIT, {"code": code})
         return EXIT_SIGNAL_BASE - code if code < 0 else code
 

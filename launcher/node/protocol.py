@@ -50,6 +50,7 @@ class FrameKind(str, Enum):
     SAMPLE = "sample"  # each rank's process tree: {"t", "ranks": [...], "joined"?}
     NCCL = "nccl"  # the transport NCCL chose on the node: {"kind", "devices", "gdr", "version", "channels"}
     UNATTENDED = "unattended"  # no reader in contact for unattended_s: {"after_s"}; the agent ends the job
+    ERROR_FILE = "error_file"  # torchrun's error file at the command's exit (``torchelastic``): {"message", "exit_code"}
     EXIT = "exit"  # the command's exit, its output drained: {"code", "error"?}; the last line of a journal
     FENCED = "fenced"  # a newer supervisor generation took the job: its record (to this reader only, not journaled)
     LOST = "lost"  # ``follow``: the agent is gone without an exit, or no journal: {"reason"}

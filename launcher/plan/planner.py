@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from launcher.catalog.strategies import get_strategy
 from launcher.errors import PlanError
+from launcher.node import torchelastic
 from launcher.plan import commands, containers
 from launcher.plan.batch import BatchPlan, resolve_batch
 from launcher.plan.elastic import Elastic, elastic_env, elastic_plan
@@ -413,6 +414,9 @@ def _node_env(
         "PYTHONUNBUFFERED": ("1", "launch: logs stream as they are written"),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": (LOG_PREFIX_TEMPLATE, "launch: rank prefix on every line"),
     }
+    if job.launcher != "deepspeed":
+        env[torchelastic.ERROR_FILE_ENV] = (torchelastic.error_file(RUN_DIR_TOKEN, index),
+                                            "launch: torchrun records its first failed rank's error here")
     if job.entrypoint is None:  # a recipe: launch's own code, never a module in the workdir (a planted launcher/)
         env["PYTHONSAFEPATH"] = ("1", "launch: the recipe's interpreters do not put the workdir first on sys.path")
     if batch is not None and job.entrypoint is not None:

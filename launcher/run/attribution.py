@@ -42,7 +42,8 @@ def node_failure(plan: Plan, backend: Backend, live: Liveness, watcher: NodeWatc
             "node": node.index, "host": node.host, "exit_code": code, "signal": failures.signal_name(code),
             "detected_at": time.time(), "last_lines": tail[-20:], "observed": observed})
     lost = seen.agent_exit is None and (watcher.handle.lost_reason is not None or failures.agent_lost(code))
-    reports = failures.parse_agent_failure(tail, plan.world_size) or [failures.AgentReport()]
+    reports = failures.with_recorded(seen.recorded, failures.parse_agent_failure(tail, plan.world_size)) or [
+        failures.AgentReport()]
     why_lost = watcher.handle.lost_reason or (
         f"its node agent was killed ({failures.signal_name(code)}) before it could report" if code and code < 0 else None)
     base = Failure(kind=FailureKind.LOST if lost else FailureKind.EXIT, node=node.index, host=node.host,
@@ -63,7 +64,7 @@ def node_failure(plan: Plan, backend: Backend, live: Liveness, watcher: NodeWatc
     progressed = live.reporting or (not observed and time.time() - live.started >= PROGRESS_PROXY_S)
     candidates = []
     for report in reports:
-        failure = base.model_copy(update=report.model_dump(exclude_none=True))
+        failure = base.model_copy(update=report.model_dump(exclude_none=True, exclude={"message"}))
         failure = failure.model_copy(update={"signal": failures.signal_name(failure.exit_code)})
         rank_prefix = f"[{node.index}/{failure.rank}] "
         rank_lines = [line for line in tail if line.startswith(rank_prefix)]
@@ -71,6 +72,8 @@ def node_failure(plan: Plan, backend: Backend, live: Liveness, watcher: NodeWatc
         own_oom = None if failure.pid is not None and killed in rank_pids - {failure.pid} else oom
         if own_oom is not None and failure.rank is None and killed is not None:
             failure = failure.model_copy(update={"rank": rank_by_pid.get(killed), "pid": killed})
-        failure = failures.classify(failure, rank_lines or tail, own_oom, progressed, live.last_step)
+        # the rank's recorded exception is read first (last, as classify reads the lines from the end)
+        lines = [*(rank_lines or tail), *([report.message] if report.message else [])]
+        failure = failures.classify(failure, lines, own_oom, progressed, live.last_step)
         candidates.append(failure.model_copy(update={"last_lines": (rank_lines[-20:] or tail[-20:])}))
     return min(candidates, key=failures.precedence)

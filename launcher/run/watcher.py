@@ -32,7 +32,7 @@ from launcher.backends import failures
 from launcher.backends.base import NodeHandle
 from launcher.backends.follow import fenced_record
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
-from launcher.node import nccl
+from launcher.node import nccl, torchelastic
 from launcher.node.protocol import Frame, FrameKind, NodeTime, OutputLine, Unparsable, parse
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
@@ -108,6 +108,7 @@ class NodeSeen:
     samples: dict[int, ProcessSample]
     agent_exit: int | None
     reported: int | None  # when its agent's "failed" line was seen (Relay.sequence)
+    recorded: failures.RecordedError | None = None  # what its torchrun's error file said (``@error_file``)
 
 
 def _wall(stamp: NodeTime | None, at: float) -> float:
@@ -139,6 +140,7 @@ class NodeWatcher:
         self._pids: set[int] = set()
         self._samples: dict[int, ProcessSample] = {}
         self._agent_exit: int | None = None
+        self._recorded: failures.RecordedError | None = None
         self._reported: int | None = None
         self._clock = NodeClock()
         self._heard: float | None = None
@@ -152,7 +154,7 @@ class NodeWatcher:
         """A snapshot, safe to read while the watcher goes on."""
         with self._lock:
             return NodeSeen(list(self._tail), frozenset(self._pids), dict(self._samples), self._agent_exit,
-                            self._reported)
+                            self._reported, self._recorded)
 
     def heard(self) -> float | None:
         """When the node wrote the newest line read from it (its time, on the supervisor's clock); None before one."""
@@ -340,6 +342,12 @@ class NodeWatcher:
             self.handle.pid = pid
             self.agent = (pid, frame.get_int("start_ticks"))
             self._relay.handed.put(AgentStarted(node, *self.agent))
+        elif frame.kind is FrameKind.ERROR_FILE:
+            message = frame.get_text("message", torchelastic.MESSAGE_CHARS)
+            if message is None:
+                raise ValueError("an error_file frame without a message")
+            with self._lock:
+                self._recorded = failures.RecordedError(message, frame.get_int("exit_code"))
         elif frame.kind is FrameKind.EXIT:
             code = frame.get_int("code")
             if code is None:

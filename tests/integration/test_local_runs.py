@@ -110,6 +110,25 @@ def test_a_failing_rank_fails_the_job_and_names_it(tmp_path, home):
     assert refused.returncode == 2 and "--set resources.nodes=zero: resources.nodes" in refused.stderr
 
 
+def test_a_ranks_recorded_error_is_read_from_torchruns_error_file_before_its_text(tmp_path, home):
+    """A rank whose own lines do not say why it failed (its stderr closed): with ``@record``, torchrun's structured
+    error file names its exception and the failure is classified from it; without, torchrun's text names the rank
+    and its exit, and nothing says why."""
+    program = str(Path(__file__).resolve().parent.parent / "programs" / "recorded_error.py")
+    failures = {}
+    for recorded in ("1", "0"):
+        job = write_yaml(tmp_path / f"job{recorded}.yaml", {
+            "name": "recorded", "entrypoint": ["python", program], "resources": {"nodes": 1, "nproc_per_node": 2},
+            "env": {"RECORD": recorded}, "metrics": {"auto": False}})
+        result = run_cli(home, "submit", str(job), "--cluster", str(LOCAL4))
+        assert result.returncode == 1, result.stderr + result.stdout
+        failures[recorded] = status_json(home, result.stderr.split()[1].rstrip(":"))["first_failure"]
+    assert {k: (f["rank"], f["exit_code"]) for k, f in failures.items()} == {"1": (1, 1), "0": (1, 1)}
+    assert failures["1"]["reason"].startswith("CUDA out of memory: lower micro_batch"), failures["1"]
+    assert failures["0"]["reason"] == "it failed before the first step (an error that will repeat on a restart)"
+    assert [line for line in failures["1"]["last_lines"] if "/1]" in line] == ["[0/1] loading the data"]
+
+
 def test_cancel_ends_exactly_that_job(tmp_path, home):
     slow = {"PROBE_STEPS": "2000", "PROBE_STEP_S": "0.05"}
     victim = probe_job(tmp_path / "victim.yaml", name="victim", nodes=2, nproc=1, env=slow)
