@@ -22,11 +22,15 @@ from launcher.views.terminal import safe_text
 @click.option("--json", "as_json", is_flag=True, help="JSON: an object for JOB, else a list of objects.")
 @click.option("--last", is_flag=True, help="The newest job, in detail.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Jobs listed, newest first (0: all).")
+@click.option("--checks", is_flag=True, help="List the jobs `launch check` ran too (its all-reduce test, launch-check-*).")
+@click.option("--events", "events", default="12", show_default=True, metavar="N|all",
+              help="Events shown of one JOB: the last N, or all.")
 @click.option("--watch", "-w", is_flag=True,
               help="Follow JOB live until it ends (through a keeper's restart of its supervisor; or until no supervisor "
                    "can come back: `launch attach`): stages, log lines, a progress bar; exit code as submit's.")
-def status(job, as_json, last, limit, watch):
-    """Show jobs, or one JOB in detail (nodes, exit codes, metrics, first failure).
+def status(job, as_json, last, limit, checks, events, watch):
+    """Show jobs, or one JOB in detail (when it was queued, started and ended, nodes, exit codes, metrics,
+    first failure, its last events). The list leaves out the jobs `launch check` ran (--checks lists them).
 
     JOB is a job id or a unique prefix of one. With --watch, JOB (a detached one, or one
     running in another terminal) is shown as a foreground submit shows it: stages while its
@@ -40,6 +44,7 @@ def status(job, as_json, last, limit, watch):
       launch status cifar10-convnet-3f2a1c9e
       launch status --last --watch
       launch status cifar10 --json | jq .metrics.samples_per_sec
+      launch status cifar10 --events all
     """
     from launcher.run import status as status_of
     from launcher.store.db import Store
@@ -57,16 +62,25 @@ def status(job, as_json, last, limit, watch):
             click.echo(render.json_text(jobstatus.detail_json(shown)))
         else:
             out = console()
-            for part in jobstatus.job_detail(shown):
+            for part in jobstatus.job_detail(shown, _events_shown(events)):
                 out.print(part)
         return
-    statuses = status_of.listed(store, limit or None)
+    statuses = status_of.listed(store, limit or None, checks=checks)
     if as_json:
         click.echo(render.json_text([jobstatus.job_object(s) for s in statuses]))
     elif not statuses:
         click.echo("no jobs yet: try `launch submit jobs/cifar10_convnet.yaml`")
     else:
         console().print(jobstatus.jobs_table(statuses))
+
+
+def _events_shown(value: str) -> int | None:
+    """``--events``: how many of the newest events to show (None: all)."""
+    if value == "all":
+        return None
+    if not value.isdigit():
+        raise click.BadParameter(f"{value!r}: a number of events, or 'all'", param_hint="--events")
+    return int(value)
 
 
 def _watch(store, job: str | None, last: bool, as_json: bool) -> None:

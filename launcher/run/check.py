@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.backends import get_backend
 from launcher.run.checks import CheckReport, assess, gather
+from launcher.run.status import CHECK_JOB_NAME
 from launcher.spec.cluster import ClusterSpec
 from launcher.store.states import JobState
 from launcher.views.nccl import fallback_warnings
@@ -51,7 +52,7 @@ def allreduce_bandwidth(cluster: ClusterSpec, nodes: int) -> tuple[str, float | 
     from launcher.store.db import Store
 
     job = JobSpec(
-        name="launch-check",
+        name=CHECK_JOB_NAME,
         entrypoint=["python", "-m", "launcher.recipes.allreduce_bench"],
         resources={"nodes": nodes, "nproc_per_node": 1},
         metrics={"every": 1},

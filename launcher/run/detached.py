@@ -165,7 +165,8 @@ def stage_recorder(store: Store, job_id: str) -> Callable[..., None]:
 
     def record(stage: str, node: int | None, host: str, state: str, detail: str = "") -> None:
         data = {"stage": str(stage), "node": node, "host": host, "state": str(state), "detail": detail}
-        store.add_event(job_id, STAGE_EVENT, f"{stage} node {node} ({host}): {state}", data)
+        where = "" if node is None else f" node {node} ({host})"  # a stage of the whole job (queued) has no node
+        store.add_event(job_id, STAGE_EVENT, f"{stage}{where}: {state}{f' ({detail})' if detail else ''}", data)
 
     return record
 

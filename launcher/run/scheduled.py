@@ -25,6 +25,7 @@ class SchedulerEvents:
         """The scheduler holds the job: QUEUED with its reason and job id, said once per reason."""
         if not self.store.transition(self.job_id, JobState.QUEUED, queue_reason=reason, scheduler_id=scheduler_id):
             self.store.update_job(self.job_id, queue_reason=reason, scheduler_id=scheduler_id)
+        self.store.set_waiting(self.job_id, True)
         text = f"queued by the scheduler (its job {scheduler_id}): {reason}" if scheduler_id else f"waiting: {reason}"
         self.store.add_event(self.job_id, "queued", text, {"reason": reason, "scheduler_id": scheduler_id})
         if self._warn is not None:
@@ -34,6 +35,7 @@ class SchedulerEvents:
         """The scheduler gave the job its nodes (``""``: its leases came free): LAUNCHING again (from QUEUED), its job
         id kept."""
         self.store.update_job(self.job_id, scheduler_id=scheduler_id or None, queue_reason=None)
+        self.store.set_waiting(self.job_id, False)
         if self.store.transition(self.job_id, JobState.LAUNCHING):
             self.store.add_event(self.job_id, "allocated", f"the scheduler allocated the nodes (its job {scheduler_id})"
                                  if scheduler_id else "the leases came free: starting")

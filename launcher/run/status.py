@@ -15,6 +15,7 @@ from launcher.views.jobstatus import AgentsLeft, JobStatus, job_summary
 from launcher.views.stacks import latest
 
 AGENTS_ASKED_S = 8  # how long `status JOB` waits for each node's answer about a job whose supervisor is gone
+CHECK_JOB_NAME = "launch-check"  # the all-reduce job of `launch check`: left out of the job list unless asked
 
 
 def newest(store: Store) -> str:
@@ -25,9 +26,16 @@ def newest(store: Store) -> str:
     return jobs[0].id
 
 
-def listed(store: Store, limit: int | None) -> list[JobStatus]:
-    """The newest ``limit`` jobs (all: None), each with its summary and, not ended, its supervision."""
-    return [JobStatus(row, job_summary(store, row), supervision(store, row)) for row in store.jobs(limit=limit)]
+def listed(store: Store, limit: int | None, checks: bool = True) -> list[JobStatus]:
+    """The newest ``limit`` jobs (all: None), each with its summary and, not ended, its supervision; without
+    ``checks``, `launch check`'s own jobs left out."""
+    return [JobStatus(row, job_summary(store, row), supervision(store, row)) for row in store.jobs(limit=limit)
+            if checks or not is_check_job(row)]
+
+
+def is_check_job(row: JobRow) -> bool:
+    """Whether the job is one `launch check` ran (its all-reduce test), not the user's."""
+    return row.name == CHECK_JOB_NAME
 
 
 def one(store: Store, ref: str) -> JobStatus:

@@ -72,13 +72,20 @@ class Store(RecordsStore):
         return changed == 1
 
     def _close_unstarted(self, job_id: str, before_attempt: int | None) -> None:
-        """Node rows left STARTING by an attempt that is over (all of them when the job ended) become NOT_STARTED."""
+        """Node rows left STARTING or WAITING by an attempt that is over (all of them when the job ended) become
+        NOT_STARTED."""
         bound = "" if before_attempt is None else " AND attempt < ?"
         self._execute(
-            f"UPDATE nodes SET state = ?, ended_at = coalesce(ended_at, ?) WHERE job_id = ? AND state = ?{bound}",
-            [NodeState.NOT_STARTED, time.time(), job_id, NodeState.STARTING,
+            f"UPDATE nodes SET state = ?, ended_at = coalesce(ended_at, ?) WHERE job_id = ? AND state IN (?, ?){bound}",
+            [NodeState.NOT_STARTED, time.time(), job_id, NodeState.STARTING, NodeState.WAITING,
              *(() if before_attempt is None else (before_attempt,))],
         )
+
+    def set_waiting(self, job_id: str, waiting: bool) -> None:
+        """The nodes of a job not started yet: WAITING while it is queued (``waiting``), STARTING again once its turn
+        came."""
+        was, now = (NodeState.STARTING, NodeState.WAITING) if waiting else (NodeState.WAITING, NodeState.STARTING)
+        self._execute("UPDATE nodes SET state = ? WHERE job_id = ? AND state = ?", [now, job_id, was])
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         """Set fields other than the state."""

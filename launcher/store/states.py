@@ -51,6 +51,7 @@ class NodeState(StrEnum):
     attempt ended (a start failed, here or on another node) before it ran."""
 
     STARTING = "STARTING"
+    WAITING = "WAITING"  # its job is QUEUED: the node waits for its GPUs or slots, or for the scheduler's allocation
     NOT_STARTED = "NOT_STARTED"
     RUNNING = "RUNNING"
     EXITED = "EXITED"

@@ -119,6 +119,19 @@ def supervisor_said(status: JobStatus) -> str | None:
     return unattended(status)
 
 
+def short_supervision(status: JobStatus) -> str | None:
+    """``supervisor_said`` in at most 20 characters, for the jobs table (``status JOB`` says it in full):
+    ``RUNNING unattended``, ``RUNNING taken over``, ``RUNNING background``."""
+    said, state = status.supervision, status.job.state
+    if said is None:
+        return None
+    if said.state == SupervisorState.TAKEN_OVER and said.successor is not None:
+        return f"{state} taken over"
+    if said.state == SupervisorState.ATTACHED and said.terminal_closed is not None:
+        return f"{state} background"
+    return f"{state} unattended" if status.lost else None
+
+
 def _agents_said(agents: AgentsLeft | None) -> str:
     """What the nodes said of their agents (``status JOB`` asks them), as a clause."""
     if agents is None:
@@ -164,6 +177,7 @@ def job_object(status: JobStatus) -> dict[str, Any]:
         "created_at": job.created_at,
         "started_at": job.started_at,
         "ended_at": job.ended_at,
+        "duration_s": timeline(job, list(status.events))["duration_s"],
         "reason": job.reason,
         "queue_reason": job.queue_reason,
         "scheduler_id": job.scheduler_id,
@@ -234,7 +248,7 @@ def submitted_as(job: JobRow) -> dict[str, Any]:
 
 def jobs_table(statuses: list[JobStatus]):
     """A rich table of jobs (stored text shown through ``safe_text``); a job whose supervisor is gone says so in its
-    state."""
+    state, in a few words (`launch status JOB` says what to do)."""
     from rich.table import Table
 
     Text = _safe_text_class()
@@ -246,7 +260,7 @@ def jobs_table(statuses: list[JobStatus]):
     for status in statuses:
         job, m = status.job, status.summary
         table.add_row(
-            Text(_fmt(job.id, "")), _state(job.state, supervisor_said(status)),
+            Text(_fmt(job.id, "")), _state(job.state, short_supervision(status)),
             Text(f"{_fmt(job.nnodes, 'd')}x{_fmt(job.nproc_per_node, 'd')}"),
             Text(steps_text(m.steps, job.max_steps)), _fmt(m.samples_per_sec),
             _fmt(m.step_time_ms_p50, ".0f", " ms"), _fmt(m.peak_mem_mb, ".0f", " MB"), _age(job.created_at),
@@ -355,14 +369,60 @@ def _submitted_lines(job: JobRow) -> list[Any]:
     said = submitted_as(job)
     parts = ([f"again as {said['resubmit_of']} was (launch resubmit)"] if said["resubmit_of"] else []) + \
         [" ".join(f"--set {shlex.quote(item)}" for item in said["overrides"])] * bool(said["overrides"])
-    return [Text(f"  submitted: {', '.join(parts)}")] if parts else []
+    return [Text(f"  as submitted: {', '.join(parts)}")] if parts else []
 
 
-def job_detail(status: JobStatus) -> list[Any]:
+def _clock(t: float, since: float | None = None) -> str:
+    """``HH:MM:SS``, with the date when it is not the day of ``since`` (or of now)."""
+    day = time.strftime("%Y-%m-%d", time.localtime(since if since is not None else time.time()))
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    return shown[11:] if shown.startswith(day) else shown
+
+
+def duration_text(seconds: float) -> str:
+    """``2h03m``, ``4m10s``, ``12.3 s``."""
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    if seconds >= 60:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{seconds:.1f} s"
+
+
+def timeline(job: JobRow, events: list[dict[str, Any]]) -> dict[str, float | None]:
+    """When the job was queued (its first ``queued`` event), how long it waited to start, and how long it ran
+    (until its end, or until now): ``queued_at``, ``queued_s``, ``duration_s``."""
+    queued = next((e["t"] for e in events if e.get("kind") == "queued" and isinstance(e.get("t"), (int, float))), None)
+    started, ended = job.started_at, job.ended_at
+    waited = (started if started is not None else ended if ended is not None else time.time()) - queued \
+        if queued is not None else None
+    ran = ((ended if ended is not None else time.time()) - started) if started is not None else None
+    return {"queued_at": queued, "queued_s": waited, "duration_s": ran}
+
+
+def _times_line(job: JobRow, events: list[dict[str, Any]]) -> str:
+    """``  submitted 10:02:03, queued 10:02:04 (waited 3m10s), started 10:05:14, ended 10:09:00: ran 3m46s``."""
+    told = timeline(job, events)
+    first = job.created_at
+    parts = [f"submitted {_clock(first)}"] if first is not None else []
+    if told["queued_at"] is not None:
+        parts.append(f"queued {_clock(told['queued_at'], first)} (waited {duration_text(told['queued_s'] or 0)})")
+    if job.started_at is not None:
+        parts.append(f"started {_clock(job.started_at, first)}")
+    if job.ended_at is not None:
+        parts.append(f"ended {_clock(job.ended_at, first)}")
+    if told["duration_s"] is not None:
+        parts.append(f"{'ran' if job.ended_at is not None else 'running for'} {duration_text(told['duration_s'])}")
+    elif job.ended_at is not None:
+        parts.append("never started")
+    return "  " + ", ".join(parts)
+
+
+def job_detail(status: JobStatus, events_shown: int | None = 12) -> list[Any]:
     """Renderables for one job: header, nodes, metrics per rank, first failure, events, the verdict of its kept stacks.
 
     Every value from the store is shown as plain text (never as rich markup): a host name,
-    reason or failure record cannot change how the page renders.
+    reason or failure record cannot change how the page renders. ``events_shown``: the newest events shown (None:
+    all), with a line saying how many earlier ones there are.
     """
     Text = _safe_text_class()
     obj, m, events = job_object(status), status.summary, list(status.events)
@@ -375,6 +435,7 @@ def job_detail(status: JobStatus) -> list[Any]:
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
              f"{obj['precision']}, {obj['nnodes']} node(s) x {_each(obj)} = {obj['world_size']} ranks, "
              f"attempt {obj['attempt']}"),
+        Text(_times_line(status.job, events)),
         Text(f"  batch: {batch_text(obj['global_batch'], obj['micro_batch'], obj['grad_accum'], obj['world_size'])}"),
         *_submitted_lines(status.job),
         *(Text(f"  elastic: {e['message']}") for e in events if e["kind"] == "elastic_restart"),
@@ -410,8 +471,10 @@ def job_detail(status: JobStatus) -> list[Any]:
         out.append(Text(shown.describe(), style="red"))
         for line in shown.last_lines[-10:]:
             out.append(Text("    " + line))
-    out.append(Text("events:"))
-    for e in events[-12:]:
+    newest = events if events_shown is None else events[-events_shown:] if events_shown else []
+    earlier = len(events) - len(newest)
+    out.append(Text(f"events: ({earlier} earlier event{'s' * (earlier != 1)}: --events all)" if earlier else "events:"))
+    for e in newest:
         out.append(Text(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))}  {e['kind']:<16} {e['message']}"))
     if status.stacks is not None:
         from rich.text import Text as PlainText

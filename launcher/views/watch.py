@@ -54,6 +54,8 @@ def job_stages(
     if any(u.stage == "start" for u in updates):
         return updates
     for row in nodes:
+        if row.state == NodeState.WAITING:  # its job is queued: the queued stage says so
+            continue
         if row.state == NodeState.STARTING:
             failed = job.terminal
             updates.append(StageUpdate("start", row.node, row.host or "", "failed" if failed else "running",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -106,12 +107,20 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     assert wait_for(lambda: len(queued()) == 2, timeout=60), queued()
     assert wait_for(lambda: len(json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)["waiting"]) == 2,
                     timeout=30)
+    told = status_json(home, detached)  # a queued job's story: its node waits (not STARTING), when it was queued
+    assert [n["state"] for n in told["nodes"]] == ["WAITING"], told["nodes"]
+    assert not [e for e in told["events"] if "None" in e["message"]], told["events"]
+    assert told["started_at"] is None and told["duration_s"] is None
+    text = run_cli(home, "status", detached).stdout
+    assert re.search(r"submitted \d\d:\d\d:\d\d, queued \d\d:\d\d:\d\d \(waited \d+\.\d s\)", text), text
+    assert "stage            queued: running\n" in text and "as submitted: --set queue=wait" in text, text
     waiting.send_signal(signal.SIGINT)
     code, err = _done(waiting)
     assert code == 130, err
     assert run_cli(home, "cancel", detached).returncode == 0
     states = {j["id"]: j["state"] for j in json.loads(run_cli(home, "status", "--json").stdout)}
     assert sorted(states.values()) == ["CANCELLED", "CANCELLED", "RUNNING"], states
+    assert [n["state"] for n in status_json(home, detached)["nodes"]] == ["NOT_STARTED"]
     listed = json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)
     assert listed["waiting"] == [] and listed["nodes"][0]["devices"][0]["holder"]["job"] == _times(tmp_path, "a")[0][1]
     (tmp_path / "release-a").touch()
