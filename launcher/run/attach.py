@@ -70,7 +70,8 @@ def attach(
     at = f"process {where.pid or found.pid} on {where.host or 'this machine'}"
     background = found.pid is not None and where.terminal_closed is not None  # its terminal closed: it gives way
     if found.gone is None and not ((takeover or background) and found.pid is not None):
-        raise LaunchError(f"job {job.id} has a supervisor: {at} follows it; only one supervisor decides",
+        of = "" if where.generation is None else f" (generation {where.generation})"
+        raise LaunchError(f"job {job.id} has a supervisor: {at}{of} follows it; only one supervisor decides",
                           hint=f"`launch status --watch {job.id}` follows it from here; `launch attach {job.id} "
                                f"--takeover` takes the job from it; `launch cancel {job.id}` ends it")
     row = store.job(job.id)
