@@ -76,12 +76,11 @@ def attach(job, cluster_path, takeover):
     def attached(job_id: str, attempt: int) -> None:
         nonlocal view
         click.echo(f"job {job_id}: attached; following attempt {attempt}'s nodes from the lines the store has", err=True)
-        if sys.stdout.isatty():
-            from launcher.views.progress import open_progress
+        from launcher.views.progress import open_progress  # live on a terminal, plain lines on a pipe
 
-            row = store.job(job_id)
-            view = open_progress(sys.stdout, max_steps=row.max_steps, nnodes=row.nnodes or 1, plain=False)
-            view.attach(store, job_id)
+        row = store.job(job_id)
+        view = open_progress(sys.stdout, max_steps=row.max_steps, nnodes=row.nnodes or 1)
+        view.attach(store, job_id)
 
     try:
         job_id, state = attach_job(store, job, echo=lambda line: view.log(line) if view else echo_safe_line(line),

@@ -25,7 +25,8 @@ def check(cluster_file, port, no_bandwidth, as_json):
 
     Reachability, python/torch/deepspeed/NCCL versions (differences between nodes flagged),
     driver and GPUs (count, free memory, processes already there), free disk in the workdir,
-    clock skew, the rendezvous port free on node 0 and reachable from every node, and a
+    clock skew (on short round trips of its own, the latency compensated: a warning only
+    beyond 2 s plus their uncertainty), the rendezvous port free on node 0 and reachable from every node, and a
     short all-reduce across the nodes with its bus bandwidth.
 
     \b

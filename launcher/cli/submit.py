@@ -153,12 +153,11 @@ def _plan_notes(prepared) -> list[tuple[str, str]]:
 
 
 def _open_view(plan):
-    """The live view on a terminal (stages, then a progress bar under the logs); None on a pipe."""
-    if not sys.stdout.isatty():
-        return None
+    """The live view on a terminal (stages, then a progress bar under the logs); on a pipe, plain lines: a line a
+    stage change, the log lines, a ``[progress]`` summary now and then."""
     from launcher.views.progress import open_progress
 
-    return open_progress(sys.stdout, max_steps=plan.max_steps, nnodes=plan.nnodes, plain=False)
+    return open_progress(sys.stdout, max_steps=plan.max_steps, nnodes=plan.nnodes)
 
 
 def _on_recorded(prepared, store, view, quiet: bool):

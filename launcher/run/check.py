@@ -74,6 +74,7 @@ def report_json(report: CheckReport) -> dict[str, Any]:
         "bandwidth_gbps": report.bandwidth_gbps,
         "bandwidth_job": report.bandwidth_job,
         "nodes": [{"index": n.index, "host": n.host, "error": n.error, "skew_s": n.skew_s,
+                   "skew_uncertainty_s": n.skew.uncertainty if n.skew is not None else None,
                    **({} if n.error else n.facts.as_json())} for n in report.nodes],
     }
 
@@ -100,6 +101,6 @@ def report_table(report: CheckReport):
             Text(f.nccl or "-"), Text(f"{len(gpus)} x {gpus[0].name or '?'}") if gpus else "0 (CPU)",
             f"{free:.0f} GiB" if free is not None else "-",
             f"{f.disk_free_gb:.0f} GB" if f.disk_free_gb is not None else "-",
-            f"{n.skew_s:+.2f} s" if n.skew_s is not None else "-", port,
+            f"{n.skew.seconds:+.2f} ±{n.skew.uncertainty:.2f} s" if n.skew is not None else "-", port,
         )
     return table

@@ -22,8 +22,27 @@ from launcher.plan.netenv import AUTO
 from launcher.spec.cluster import ClusterSpec
 
 SKEW_WARN_S = 2.0
+CLOCK_TRIES = 3  # round trips a node's clock is read on: the shortest one's reading is kept
+CLOCK_ARGV = ["date", "+%s.%N"]  # the node's wall clock, read as fast as a command can be
 DISK_WARN_GB = 10.0
 COMPARED = ("python", "torch", "deepspeed", "nccl")
+
+
+@dataclass(frozen=True)
+class Skew:
+    """A node's wall clock minus this machine's, read on a round trip: the node read it at some moment between
+    sending and receiving, so it is placed at the midpoint (the latency compensated), within half the trip."""
+
+    seconds: float
+    uncertainty: float
+
+    @classmethod
+    def on_trip(cls, node_time: float, sent: float, received: float) -> Skew:
+        return cls(node_time - (sent + received) / 2, (received - sent) / 2)
+
+    def beyond(self, limit: float) -> bool:
+        """The clocks differ by more than ``limit`` whatever the trip's latency was."""
+        return abs(self.seconds) - self.uncertainty > limit
 
 
 @dataclass
@@ -34,7 +53,33 @@ class CheckedNode:
     host: str
     facts: NodeFacts = field(default_factory=NodeFacts)
     error: str | None = None
-    skew_s: float | None = None
+    skew: Skew | None = None
+
+    @property
+    def skew_s(self) -> float | None:
+        return self.skew.seconds if self.skew is not None else None
+
+
+def measure_skew(backend: Backend, index: int, tries: int = CLOCK_TRIES) -> Skew | None:
+    """The node's clock against this machine's, on launch's own round trips (``date``, nothing else in them): the
+    reading of the shortest trip, the least uncertain. None when the node cannot say (no GNU date)."""
+    best: Skew | None = None
+    for _ in range(tries):
+        sent = time.time()
+        try:
+            result = backend.run_on_node(None, index, CLOCK_ARGV, timeout=10)
+        except Exception:  # noqa: BLE001 - the facts said what is wrong with the node; its clock is unknown
+            return best
+        received = time.time()
+        try:
+            node_time = float(result.out.strip()) if result.code == 0 else None
+        except ValueError:
+            node_time = None
+        if node_time is None:
+            return best
+        skew = Skew.on_trip(node_time, sent, received)
+        best = skew if best is None or skew.uncertainty < best.uncertainty else best
+    return best
 
 
 @dataclass
@@ -72,8 +117,10 @@ def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 
         facts, problem = parse_facts(hosts[index], answer)
         if facts is None:
             return CheckedNode(index, hosts[index], error=(problem or "").removeprefix(f"{hosts[index]}: "))
-        skew = None if facts.time is None else facts.time - (sent + received) / 2
-        return CheckedNode(index, hosts[index], facts, skew_s=skew)
+        # the facts' trip holds node 0's wait for its peers' port test: its clock is read on trips of its own
+        skew = measure_skew(backend, index) or (
+            Skew.on_trip(facts.time, sent, received) if facts.time is not None else None)
+        return CheckedNode(index, hosts[index], facts, skew=skew)
 
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         return list(pool.map(one, range(len(hosts))))
@@ -109,14 +156,15 @@ def version_differences(facts: Mapping[str, NodeFacts]) -> list[str]:
 
 
 def node_warnings(nodes: list[CheckedNode]) -> list[str]:
-    """Clock skew, low disk, processes already on the GPUs."""
+    """Clock skew (beyond SKEW_WARN_S whatever its measurement's uncertainty), low disk, processes on the GPUs."""
     warnings = []
     for n in nodes:
         if n.error:
             continue
         f = n.facts
-        if n.skew_s is not None and abs(n.skew_s) > SKEW_WARN_S:
-            warnings.append(f"{n.host}: clock differs from this machine by {n.skew_s:+.1f} s")
+        if n.skew is not None and n.skew.beyond(SKEW_WARN_S):
+            warnings.append(f"{n.host}: clock differs from this machine by {n.skew.seconds:+.1f} s "
+                            f"(measured within {n.skew.uncertainty:.2f} s)")
         if f.disk_free_gb is not None and f.disk_free_gb < DISK_WARN_GB:
             warnings.append(f"{n.host}: only {f.disk_free_gb:.1f} GB free in the workdir")
         if f.gpu_processes:

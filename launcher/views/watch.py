@@ -104,12 +104,18 @@ class _StageFeed:
     def __init__(self, store: Store, progress) -> None:
         self.store, self.progress = store, progress
         self.queued_shown = False
+        self._fed: list[StageUpdate] = []
 
     def show(self, job: JobRow, ended: bool) -> None:
-        """The stages as they stand; the bar from when the job runs (or has ended)."""
-        for update in job_stages(job, self.store.nodes(job.id, job.attempt), self.store.events(job.id)):
+        """The stages as they stand, each change once (the store's events are replayed every poll: only those not
+        fed before go to the view); the bar from when the job runs (or has ended)."""
+        updates = job_stages(job, self.store.nodes(job.id, job.attempt), self.store.events(job.id))
+        for index, update in enumerate(updates):
+            if index < len(self._fed) and self._fed[index] == update:
+                continue
             self.queued_shown = self.queued_shown or update.stage == "queued"
             self.progress.stage(update.stage, update.node, update.host, update.state, update.detail)
+        self._fed = updates
         if self.queued_shown and job.state != JobState.QUEUED:
             self.progress.stage("queued", None, "", "done")
         if (job.state == JobState.RUNNING or ended) and not self.progress.attached:

@@ -53,6 +53,11 @@ def test_check_across_hosts_measures_bandwidth_and_reachability(tmp_path, home, 
     assert [n["hostname"] for n in report["nodes"]] == ["lt-h1", "lt-h2"]
     assert report["nodes"][1]["reached"] is True and report["nodes"][0]["port_free"] is True
     assert report["bandwidth_gbps"] > 0
+    # the hosts share this machine's clock: read on launch's own short trips, no skew beyond their uncertainty
+    # (the facts' trip, in which node 0 waits for its peer's port test, once showed 4 s)
+    for node in report["nodes"]:
+        assert node["skew_uncertainty_s"] < 1.0 and abs(node["skew_s"]) <= node["skew_uncertainty_s"] + 1e-3, node
+    assert not [w for w in report["warnings"] if "clock" in w], report["warnings"]
     text = run_cli(home, "check", "--cluster", str(cluster), "--no-bandwidth").stdout
     assert "lt-h1" in text and "lt-h2" in text and "ready" in text
 

@@ -99,6 +99,13 @@ def test_a_lost_host_ends_succeeded_on_two_hosts_with_the_global_batch_exact(
     assert len(shrunk) == 1
     lost_at = shrunk[0]["data"]["lost_at_step"]
     assert shrunk[0]["message"] == f"attempt 1: 2 nodes ({names[2]} lost at step {lost_at}), grad_accum 2 -> 3, global batch 12 kept"
+    # submit's output went to a pipe (as to a file): launch's decisions, the stages and [progress] summaries are in it
+    said = done.stdout
+    assert re.search(rf"^\[launch\] first failure: node 2 \({names[2]}\)", said, re.M), said[-3000:]
+    assert f"[launch] {shrunk[0]['message']}" in said.splitlines()
+    assert re.search(r"^\[launch\] attempt 0 failed \(first failure: node 2 .+\); restart 1 of 2$", said, re.M)
+    assert re.search(rf"^\[start\] node 0 \({names[0]}\): done$", said, re.M)
+    assert re.search(rf"^\[progress\] step {STEPS}/{STEPS}  100% ", said, re.M), said[-3000:]
 
     records = Store(home).metrics(job_id)
     after = [r for r in records if r.attempt == 1]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from launcher.views.progress import STAGES
 from tests.helpers import probe_job, run_cli
 
 
@@ -18,6 +21,8 @@ def test_watch_follows_a_detached_job_to_success(tmp_path, home):
     assert watched.returncode == 0, watched.stderr + watched.stdout[-2000:]
     lines = watched.stdout.splitlines()
     assert any(line.startswith("[start] node 0 (") and line.endswith("): done") for line in lines), lines
+    stages = [line for line in lines if re.match(rf"\[({'|'.join(STAGES)})\] ", line)]
+    assert len(stages) == len(set(stages)), f"each stage change once on a pipe, not once a poll: {stages}"
     assert {"[0/0] rank 0 of 2 ready, all_reduce=1.0", "[0/1] rank 1 of 2 ready, all_reduce=1.0"} <= set(lines)
     summaries = [line for line in lines if line.startswith("[progress] ")]
     assert summaries and summaries[-1].startswith("[progress] step 20/20  100%  elapsed "), summaries

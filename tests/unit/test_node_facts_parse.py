@@ -162,7 +162,8 @@ def test_launch_check_lists_a_malformed_node_and_shows_node_text_as_text(monkeyp
     assert "torch differs between nodes: h0=[bold red]2.3[/], h2=2.3.1" in problems
     assert warnings == ["h0: only 3.0 GB free in the workdir", "h0: 2 process(es) already on the GPUs"]
     report = CheckReport(nodes, problems, warnings)
-    assert report_json(report)["nodes"][1] == {"index": 1, "host": "h1", "error": nodes[1].error, "skew_s": None}
+    assert report_json(report)["nodes"][1] == {"index": 1, "host": "h1", "error": nodes[1].error, "skew_s": None,
+                                               "skew_uncertainty_s": None}
     assert report_json(report)["nodes"][0]["torch"] == markup
 
     from rich.console import Console
@@ -212,3 +213,36 @@ def test_an_ssh_host_whose_answer_does_not_parse_is_one_problem_of_that_host() -
     backend.node_command = lambda *args, **kwargs: ({"hcas": ["mlx5_0"], "dev": "ib0"}, None)
     address, network, problems, facts = backend._check(plan, 1, cluster.nodes[1], master)
     assert network.interface == "ib0" and network.ib_hcas == ("mlx5_0",) and facts.dev == "ib0"
+
+
+class _Clock:
+    """A node whose `date` answers ``skew`` seconds ahead of this machine, ``trips`` seconds after being asked."""
+
+    def __init__(self, skew: float, trips: list[float]) -> None:
+        self.skew, self.trips = skew, list(trips)
+
+    def run_on_node(self, plan, index, argv, timeout):
+        assert argv == ["date", "+%s.%N"]
+        import time
+
+        trip = self.trips.pop(0)
+        now = time.time()
+        time.sleep(trip)
+        return SimpleNamespace(code=0, out=f"{now + trip / 2 + self.skew:.9f}\n", err="")
+
+
+def test_clock_skew_is_read_on_launchs_own_round_trips_and_warned_of_only_beyond_their_uncertainty() -> None:
+    """Issue 34: `launch check` warned of a 4 s skew between hosts sharing one clock, from the facts' round trip in
+    which node 0 waits for its peers' port test. Read on short trips of its own, the skew is the shortest's."""
+    from launcher.run.checks import Skew, measure_skew
+
+    shared = measure_skew(_Clock(0.0, [0.2, 0.02, 0.1]), 0)
+    assert shared is not None and abs(shared.seconds) < 0.02 and 0.009 < shared.uncertainty < 0.05
+    assert not shared.beyond(2.0)
+    ahead = measure_skew(_Clock(5.0, [0.02, 0.02, 0.02]), 0)
+    assert ahead is not None and abs(ahead.seconds - 5.0) < 0.02 and ahead.beyond(2.0)
+    # the facts' own trip (8 s of port test, the node's clock read at its end): 4 s "skew", 4 s uncertain
+    waited = Skew.on_trip(108.0, 100.0, 108.0)
+    assert (waited.seconds, waited.uncertainty) == (4.0, 4.0) and not waited.beyond(2.0)
+    no_date = SimpleNamespace(run_on_node=lambda *args, **kw: SimpleNamespace(code=127, out="", err="date: not found"))
+    assert measure_skew(no_date, 0) is None
