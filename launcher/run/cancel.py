@@ -30,7 +30,9 @@ def cancel(store: Store, job_ref: str, wait: float = 30.0) -> JobRow:
     job = RecordedJob.read(store, job_ref)
     if job.state.terminal:
         raise LaunchError(f"job {job.id} already ended {job.state}; nothing to cancel")
-    store.add_event(job.id, "cancel_requested", "cancel requested by `launch cancel`")
+    user, host = identity.user_and_host()
+    store.add_event(job.id, "cancel_requested", f"cancel requested by `launch cancel` ({user} on {host})",
+                    {"user": user, "host": host, "pid": os.getpid()})
     found = supervisor_presence(store, job.id)
     deadline = time.monotonic() + RECORDS_ITSELF_S
     while found.pid is None and found.gone is None and time.monotonic() < deadline:

@@ -28,6 +28,17 @@ IDENTITY_FILE = "supervisor.json"
 KEEPER_FILE = "keeper.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 FOREGROUND_COMMANDS = (b"submit", b"attach", b"bench")  # the commands that supervise a job in their own process
+def user_and_host() -> tuple[str, str]:
+    """Who runs this command, and where: the user's name (its uid where it has none) and this machine's host name."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a uid without a passwd entry (a container) and no LOGNAME
+        user = f"uid {os.getuid()}"
+    return user, socket.gethostname()
+
+
 def _boot_id() -> str | None:
     try:
         return Path(BOOT_ID).read_text().strip()

@@ -24,12 +24,14 @@ LOCAL4 = Path(__file__).resolve().parent.parent / "clusters" / "local4.yaml"
 STEPS = 12
 
 
-def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(tmp_path: Path, home: Path) -> None:
+def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(tmp_path: Path, home: Path,
+                                                                               hook) -> None:
     job = write_yaml(tmp_path / "job.yaml", {
         "name": "elastic-local", "recipe": "convnet", "max_steps": STEPS, "metrics": {"every": 1},
         "batch": {"global_batch": 12, "micro_batch": 2}, "resources": {"nodes": 3, "nproc_per_node": 1},
         "restarts": 1, "elastic": {"min_nodes": 2}, "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 3},
         "watch": {"grace_period": 2}, "env": hold_env(tmp_path / "held", 4),  # attempt 0's ranks wait after step 4
+        "notify": {"on": ["restarted", "succeeded"], "webhooks": [hook.url]},
     })
     submit = subprocess.Popen(launch_argv("submit", str(job), "--cluster", str(LOCAL4)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=cli_env(home), cwd=ROOT)
@@ -55,6 +57,9 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
     shrunk = [e["message"] for e in status["events"] if e["kind"] == "elastic_restart"]
     assert len(shrunk) == 1 and shrunk[0].startswith("attempt 1: 2 nodes (") and shrunk[0].endswith(
         "grad_accum 2 -> 3, global batch 12 kept")
+    restarted, succeeded = (body for _, body in hook.posts)  # the pager hears the truth: it goes on, re-planned
+    assert (restarted["event"], restarted["state"], restarted["replan"]) == ("restarted", "RESTARTING", shrunk[0])
+    assert succeeded["state"] == "SUCCEEDED" and succeeded["steps"] == STEPS and succeeded["attempt"] == 1
     shown = subprocess.run(launch_argv("status", job_id), capture_output=True, text=True, env=cli_env(home), cwd=ROOT)
     assert f"  elastic: {shrunk[0]}" in shown.stdout.splitlines()  # in the header, however many events follow
     final = max((r for r in Store(home).metrics(job_id) if r.attempt == 1), key=lambda r: r.step)

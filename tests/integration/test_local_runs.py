@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -129,9 +131,10 @@ def test_a_ranks_recorded_error_is_read_from_torchruns_error_file_before_its_tex
     assert [line for line in failures["1"]["last_lines"] if "/1]" in line] == ["[0/1] loading the data"]
 
 
-def test_cancel_ends_exactly_that_job(tmp_path, home):
+def test_cancel_ends_exactly_that_job(tmp_path, home, hook):
     slow = {"PROBE_STEPS": "2000", "PROBE_STEP_S": "0.05"}
-    victim = probe_job(tmp_path / "victim.yaml", name="victim", nodes=2, nproc=1, env=slow)
+    victim = probe_job(tmp_path / "victim.yaml", name="victim", nodes=2, nproc=1, env=slow,
+                       notify={"on": ["cancelled"], "webhooks": [hook.url]})
     bystander = probe_job(tmp_path / "bystander.yaml", name="bystander", nodes=1, nproc=1, env=slow)
     cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "three-slots", "backend": "local", "local": {"slots": 3}}))
     detached = run_cli(home, "submit", str(victim), "--detach", "--cluster", cluster)
@@ -150,6 +153,9 @@ def test_cancel_ends_exactly_that_job(tmp_path, home):
         assert result.returncode == 0, result.stderr
         assert f"job {victim_id}: CANCELLED" in result.stdout
         assert status_json(home, victim_id)["state"] == "CANCELLED"
+        [(_, told)] = hook.posts  # who cancelled, and how far the job got
+        assert told["state"] == "CANCELLED" and told["cancelled_by"] == f"{getpass.getuser()}@{socket.gethostname()}"
+        assert told["reason"] == f"cancelled by {told['cancelled_by']} (launch cancel)" and told["steps"] >= 2, told
         assert proctree.job_pids(victim_id) == []
         assert all(_alive(p) for p in bystander_pids), "bystander was touched"
         assert status_json(home, bystander_id)["state"] == "RUNNING"

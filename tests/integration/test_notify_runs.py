@@ -21,10 +21,13 @@ def test_a_restart_and_the_end_are_notified_and_a_broken_notifier_fails_nothing(
     assert result.returncode == 0, result.stderr + result.stdout
     job_id = result.stderr.split()[1].rstrip(":")
 
-    assert heard.read_text().splitlines() == ["restarted FAILED", "succeeded SUCCEEDED"]
+    assert heard.read_text().splitlines() == ["restarted RESTARTING", "succeeded SUCCEEDED"]
     assert [(path, body["event"], body["state"], body["job"]) for path, body in hook.posts] == [
-        ("/job-events", "restarted", "FAILED", job_id), ("/job-events", "succeeded", "SUCCEEDED", job_id)]
-    assert "rank 1" in hook.posts[0][1]["reason"] and hook.posts[1][1]["attempt"] == 1
+        ("/job-events", "restarted", "RESTARTING", job_id), ("/job-events", "succeeded", "SUCCEEDED", job_id)]
+    restarted, succeeded = (body for _, body in hook.posts)
+    assert "rank 1" in restarted["reason"] and restarted["replan"] is None and succeeded["attempt"] == 1
+    assert succeeded["steps"] == 4 and succeeded["samples_per_sec"] > 0, succeeded  # the end, with its figures
+    assert 0 < succeeded["duration_s"] < 300 and succeeded["cancelled_by"] is None
 
     obj = status_json(home, job_id)
     assert obj["state"] == "SUCCEEDED"
