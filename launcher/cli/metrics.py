@@ -84,8 +84,8 @@ def compare(jobs, as_json):
     """Compare jobs side by side against the first one.
 
     Columns: strategy, precision, world size, step time (p50), steps/s,
-    samples/s, tokens/s, peak memory per GPU, GPU util, MFU, speed-up
-    (samples/s) and memory ratio (peak memory per GPU) vs the first job.
+    samples/s, tokens/s, peak memory (per GPU on GPU nodes, per rank on
+    CPU), GPU util, MFU, speed-up (samples/s) and memory ratio vs the first job.
 
     \b
     Examples:

@@ -96,6 +96,7 @@ class MetricRecord:
     flops_per_sample: Flops | None = None
     gpu_name: Text | None = None
     observed: bool = False  # by launch's step hooks (``launcher.node.stephooks``), not reported by the program
+    ended: bool = False  # the rank's program returned (its Python began to shut down): its last record
     extra: Extras = dataclasses.field(default_factory=dict)  # program-added keys (Reporter(extra=...))
 
     def to_wire(self) -> dict[str, Any]:
@@ -105,6 +106,8 @@ class MetricRecord:
             data[name] = getattr(self, name)
         if not self.observed:  # the Reporter's records keep version 1's keys as they were
             del data["observed"]
+        if not self.ended:
+            del data["ended"]
         data.update(self.extra)
         return data
 
@@ -147,7 +150,7 @@ class ProcessSample:
     t: Timestamp
     pid: Annotated[int, Bound(1, INT64_MAX)]
     cpu_s: Annotated[float, Bound(0, MAX_SECONDS * 1e3)]  # cumulative CPU seconds of the whole tree
-    rss_bytes: Bytes
+    rss_bytes: Bytes  # the memory the rank's processes use: PSS, not RSS, despite the name (``node.proctree``)
     rss_peak_bytes: Bytes
     gpu_mem_bytes: Bytes | None = None
     gpu_util: Fraction | None = None

@@ -9,6 +9,13 @@ and a node's agent never measures or ends another's. A rank is a tagged process 
 its environment whose parent is not the same rank (its data-loader workers inherit ``RANK`` too);
 its tree is the rank and those descendants.
 
+A rank's memory is what its processes use: the proportional set size (PSS, ``/proc/PID/smaps_rollup``: a page
+shared by N processes counts 1/N in each, so a DataLoader worker forked from the rank adds what it has of its own,
+not the rank's pages again), summed over the rank and the descendants that run the rank's own program (its
+``/proc/PID/exe``: forked or spawned workers), not over a program it runs (a compiler building a DeepSpeed op, a
+shell) nor what that program starts. Where smaps_rollup cannot be read (a kernel before 4.14) the RSS is used.
+CPU time is the whole tree's: a rank waiting for its compiler is working.
+
 Standard library only: it runs on nodes (see ``launcher.node``).
 """
 
@@ -36,6 +43,26 @@ class Proc:
     rss_bytes: int
     start_ticks: int
     env: dict[str, str] = field(default_factory=dict)
+    exe: str | None = None  # the program it runs (/proc/PID/exe), None where it cannot be read
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def pss_bytes(pid: int) -> int | None:
+    """``pid``'s proportional set size (``Pss:`` of /proc/PID/smaps_rollup), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _stat(pid: int) -> tuple[int, str, float, int, int] | None:
@@ -86,7 +113,7 @@ def job_procs(job_id: str, node: int | None = None) -> list[Proc]:
             continue
         if node is not None and env.get(NODE_TAG) != str(node):
             continue
-        found.append(Proc(pid, stat[0], stat[1], stat[2], stat[3], stat[4], env))
+        found.append(Proc(pid, stat[0], stat[1], stat[2], stat[3], stat[4], env, _exe(pid)))
     return found
 
 
@@ -104,12 +131,12 @@ class RankTree:
     pid: int
     pids: list[int]
     cpu_s: float
-    rss_bytes: int
+    mem_bytes: int  # PSS of the rank and the descendants running its program (see the module docstring)
     cuda_visible: str | None
 
 
 def rank_trees(procs: list[Proc]) -> list[RankTree]:
-    """The job's ranks among ``procs`` (from ``job_procs``), each with its tree's CPU time and RSS."""
+    """The job's ranks among ``procs`` (from ``job_procs``), each with its tree's CPU time and memory."""
     by_pid = {proc.pid: proc for proc in procs}
     children: dict[int, list[Proc]] = {}
     for proc in procs:
@@ -120,17 +147,25 @@ def rank_trees(procs: list[Proc]) -> list[RankTree]:
         parent = by_pid.get(proc.ppid)
         if rank is None or (parent is not None and parent.env.get("RANK") == proc.env.get("RANK")):
             continue
-        members, todo = [], [proc]
+        members, own, todo = [], [], [(proc, True)]
         while todo:
-            member = todo.pop()
+            member, same = todo.pop()
+            same = same and member.exe == proc.exe
             members.append(member)
-            todo.extend(children.get(member.pid, ()))
+            if same:
+                own.append(member)
+            todo.extend((child, same) for child in children.get(member.pid, ()))
         trees.append(RankTree(
             rank=rank, local_rank=_int(proc.env.get("LOCAL_RANK")), pid=proc.pid,
             pids=sorted(m.pid for m in members), cpu_s=sum(m.cpu_s for m in members),
-            rss_bytes=sum(m.rss_bytes for m in members), cuda_visible=proc.env.get("CUDA_VISIBLE_DEVICES"),
+            mem_bytes=sum(_memory(m) for m in own), cuda_visible=proc.env.get("CUDA_VISIBLE_DEVICES"),
         ))
     return sorted(trees, key=lambda tree: tree.rank)
+
+
+def _memory(proc: Proc) -> int:
+    pss = pss_bytes(proc.pid)
+    return pss if pss is not None else proc.rss_bytes
 
 
 def _int(text: str | None) -> int | None:

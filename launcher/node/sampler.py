@@ -28,6 +28,7 @@ class Sampler:
         self.run_dir = run_dir  # where the ranks' NCCL debug files are (GPU nodes)
         self.transport: nccl.Transport | None = None
         self.peaks: dict[int, int] = {}
+        self.emptied = False  # an empty sample sent since the last ranks were found
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -42,15 +43,19 @@ class Sampler:
         if not trees:
             if self.rendezvous_port:
                 self.out.event(FrameKind.SAMPLE, {"t": time.time(), "ranks": [], "joined": rendezvous.joined(self.rendezvous_port)})
+            elif self.peaks and not self.emptied:  # the ranks seen before have exited: said once
+                self.out.event(FrameKind.SAMPLE, {"t": time.time(), "ranks": []})
+                self.emptied = True
             return
+        self.emptied = False
         gpu_mem, gpu_util = _gpu_usage() if self.gpus else ({}, {})
         ranks = []
         for tree in trees:
-            self.peaks[tree.rank] = max(self.peaks.get(tree.rank, 0), tree.rss_bytes)
+            self.peaks[tree.rank] = max(self.peaks.get(tree.rank, 0), tree.mem_bytes)
             device = _device(tree)
             ranks.append({
                 "rank": tree.rank, "local_rank": tree.local_rank, "pid": tree.pid, "pids": tree.pids[:64],
-                "cpu_s": round(tree.cpu_s, 3), "rss_bytes": tree.rss_bytes, "rss_peak_bytes": self.peaks[tree.rank],
+                "cpu_s": round(tree.cpu_s, 3), "rss_bytes": tree.mem_bytes, "rss_peak_bytes": self.peaks[tree.rank],
                 "gpu_mem_bytes": sum(gpu_mem.get(pid, 0) for pid in tree.pids) if self.gpus else None,
                 "gpu_util": gpu_util.get(device) if self.gpus and device is not None else None,
             })

@@ -20,7 +20,11 @@ Installed by the start-up hook (``sitehook``) once the rank has imported torch; 
 - **Memory**: CUDA's max allocated (reset each reporting interval) when the rank uses CUDA, else peak RSS.
 
 Records are the Reporter's (``@@launch`` lines, version 1, the same keys and the same ``every``), with
-``observed: true``. When the program makes launch's own ``Reporter``, its records win: the hooks stop writing.
+``observed: true``. When Python begins to shut down (the program's main returned or it called ``sys.exit``: the first
+thing ``threading._shutdown`` does, before it joins the program's threads and before ``atexit`` and the destructors),
+the rank writes its last partial interval with ``ended: true`` (a record of no steps when the interval is empty): a
+rank that then never exits is known to be stuck in exit, not in training. When the program makes launch's own
+``Reporter``, its records win: the hooks stop writing.
 Standard library only (torch is the program's): it runs where launch need not be installed.
 """
 
@@ -31,6 +35,7 @@ import os
 import resource
 import socket
 import sys
+import threading
 import time
 import weakref
 
@@ -123,8 +128,9 @@ class StepHooks:
 
     # -- the record --
 
-    def emit(self, loss=None):
-        """Write the interval's record (unless launch's Reporter writes this rank's), then start a new interval."""
+    def emit(self, loss=None, ended=False):
+        """Write the interval's record (unless launch's Reporter writes this rank's), then start a new interval;
+        ``ended``: the program's last (Python is shutting down)."""
         if reporter_active():
             self.stopped = True
             return
@@ -134,16 +140,19 @@ class StepHooks:
             torch.cuda.synchronize()
         now = time.perf_counter()
         elapsed = max(now - (self.started or now), 1e-9)
-        measured = self.samples > 0 and (self.spec_steps == 0 or self.spec_steps == self.steps)
+        measured = self.steps > 0 and self.samples > 0 and (self.spec_steps == 0 or self.spec_steps == self.steps)
         record = {
             "v": 1, **self.ident, "step": self.step, "t": time.time(), "warmup": self.step <= self.every,
-            "steps": self.steps, "interval_s": elapsed, "step_time_s": elapsed / self.steps,
+            "steps": self.steps, "interval_s": elapsed if self.steps else 0.0,
+            "step_time_s": elapsed / self.steps if self.steps else None,
             "samples": self.samples if measured else 0, "tokens": self.tokens if measured else 0,
             "samples_per_sec": self.samples / elapsed if measured else None,
             "tokens_per_sec": self.tokens / elapsed if measured and self.tokens else None,
             "loss": loss_value(loss), "mem_peak_bytes": peak_memory(torch, cuda),
             "gpu_name": torch.cuda.get_device_name()[:200] if cuda else None, "observed": True,
         }
+        if ended:
+            record["ended"] = True
         stream = self.stream or sys.stdout or sys.__stdout__
         if stream is None:  # no stdout at all (pythonw, closed by the program): nothing to say
             self.stopped = True
@@ -157,9 +166,10 @@ class StepHooks:
         self.started = time.perf_counter()
 
     def close(self):
-        """At exit: the last partial interval."""
-        if self.steps and not self.stopped:
-            self.emit()
+        """At shutdown (once): the last partial interval, marked ``ended``."""
+        if not self.stopped:
+            self.emit(ended=True)
+            self.stopped = True
 
 
 def reporter_active():
@@ -226,6 +236,19 @@ def peak_memory(torch, cuda):
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def at_shutdown(func):
+    """Call ``func`` when Python begins to shut down: first in ``threading._shutdown`` (before the program's own
+    threads are joined), else (an interpreter without it) at ``atexit``, which runs after them."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(func)
+            return
+        except RuntimeError:  # shutdown has begun already
+            return
+    atexit.register(func)
+
+
 def install(stream=None):
     """Install the hooks in this process (torch imported); the ``StepHooks`` counting its steps (``uninstall``
     restores what they replaced: benchmarks turn them on and off in one process)."""
@@ -250,12 +273,13 @@ def install(stream=None):
     observed_backward.__doc__ = backward.__doc__
     setattr(_BaseDataLoaderIter, "__next__", __next__)  # noqa: B010 - a method replaced: mypy refuses the assignment
     setattr(torch.Tensor, "backward", observed_backward)  # noqa: B010
-    atexit.register(hooks.close)
+    at_shutdown(hooks.close)
 
     def uninstall():
         handle.remove()
         setattr(_BaseDataLoaderIter, "__next__", next_batch)  # noqa: B010
         setattr(torch.Tensor, "backward", backward)  # noqa: B010
+        hooks.stopped = True
         atexit.unregister(hooks.close)
 
     hooks.uninstall = uninstall

@@ -9,6 +9,12 @@ and idle: the limit then adapts to the job (five times the longest gap seen betw
 reports, at least FLOOR_S, never more than ``stall_timeout``), so a job reporting every second is
 called hung in seconds, not after NCCL's timeout. Pure logic: times are passed in.
 
+A rank whose program has returned says so (the step hooks' last record is marked ``ended``, written when its Python
+begins to shut down); a rank the node agent no longer finds has exited. A job whose training ended and whose
+remaining ranks are silent and idle after their program returned is called hung in exit (a thread the program left
+running, an atexit handler or a destructor such as a process group's blocks the interpreter's end), naming the step
+at which training ended, the ranks stuck and those gone; never "hung before the first step" or "every rank alive".
+
 Where the job is matters as much as whether it moves: a job in which some node has no rank process
 yet (its torchrun agent is still in the rendezvous, waiting for the others) is reported as stuck in
 rendezvous, naming the nodes without ranks and, when node 0's agent could count them, how many
@@ -57,11 +63,23 @@ class Sample:
 
 @dataclass(frozen=True)
 class Progress:
-    """A metric record: ``rank`` reported ``step``."""
+    """A metric record: ``rank`` reported ``step`` (``ended``: its program's last: it returned)."""
 
     node: int
     rank: int
     step: int
+    t: float
+    node_time: NodeTime | None = None
+    ended: bool = False
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A node agent's look at its node: the ranks it found alive there at ``t`` (a rank no longer among them has
+    exited)."""
+
+    node: int
+    ranks: frozenset[int]
     t: float
     node_time: NodeTime | None = None
 
@@ -76,7 +94,7 @@ class Joined:
     node_time: NodeTime | None = None
 
 
-Observation = Output | Sample | Progress | Joined
+Observation = Output | Sample | Sampled | Progress | Joined
 
 
 @dataclass
@@ -89,6 +107,8 @@ class RankSeen:
     active_at: float | None = None
     step: int | None = None
     step_at: float | None = None
+    ended_at: float | None = None  # when its program said it returned
+    gone: bool = False  # its node's agent no longer finds it: it exited
 
 
 @dataclass
@@ -108,10 +128,12 @@ class Liveness:
             self.output(seen.t)
         elif isinstance(seen, Sample):
             self.sample(seen.node, seen.rank, seen.cpu_s, seen.gpu_util, seen.t)
+        elif isinstance(seen, Sampled):
+            self.sampled(seen.node, seen.ranks)
         elif isinstance(seen, Joined):
             self.joined = seen.agents
         else:
-            self.progress(seen.node, seen.rank, seen.step, seen.t)
+            self.progress(seen.node, seen.rank, seen.step, seen.t, seen.ended)
 
     def output(self, t: float) -> None:
         """A line of output from any rank or node agent."""
@@ -129,10 +151,18 @@ class Liveness:
             seen.active_at = t
         seen.cpu_s, seen.cpu_at = cpu_s, t
 
-    def progress(self, node: int, rank: int, step: int, t: float) -> None:
-        """A metric record: ``rank`` reported ``step``."""
+    def sampled(self, node: int, ranks: frozenset[int]) -> None:
+        """A node agent found ``ranks`` alive on ``node``: the others seen there before have exited."""
+        for rank, seen in self.ranks.items():
+            if seen.node == node:
+                seen.gone = rank not in ranks
+
+    def progress(self, node: int, rank: int, step: int, t: float, ended: bool = False) -> None:
+        """A metric record: ``rank`` reported ``step`` (``ended``: its program returned)."""
         seen = self.ranks.setdefault(rank, RankSeen(node))
         seen.step, seen.step_at = step, t
+        if ended:
+            seen.ended_at = t
         if self.newest_report is not None and t > self.newest_report:
             self.longest_gap = max(self.longest_gap, t - self.newest_report)
         self.newest_report = max(self.newest_report or t, t)
@@ -160,6 +190,19 @@ class Liveness:
         reported = [(rank, seen) for rank, seen in self.ranks.items() if seen.step_at is not None]
         return min(reported, key=lambda item: (item[1].step_at, item[0])) if reported else None
 
+    def alive(self) -> list[int]:
+        """The ranks seen and not gone."""
+        return sorted(rank for rank, seen in self.ranks.items() if not seen.gone)
+
+    def gone(self) -> list[int]:
+        """The ranks that have exited (their node's agent no longer finds them)."""
+        return sorted(rank for rank, seen in self.ranks.items() if seen.gone)
+
+    def in_exit(self) -> list[int]:
+        """The ranks alive whose program returned, when every rank alive has (else none): stuck in exit."""
+        alive = self.alive()
+        return alive if alive and all(self.ranks[rank].ended_at is not None for rank in alive) else []
+
     def finished_steps(self, max_steps: int | None) -> bool:
         return max_steps is not None and any(seen.step is not None and seen.step >= max_steps for seen in self.ranks.values())
 
@@ -186,7 +229,12 @@ class HangDetector:
 
     def check(self, live: Liveness, now: float) -> Failure | None:
         idle = now - live.last_activity()
-        what = "every rank alive but silent and idle (no output, no CPU time gained, no GPU activity)"
+        gone = live.gone()
+        what = ("every rank alive but silent and idle" if not gone else
+                f"rank(s) {ranges(live.alive())} alive but silent and idle, rank(s) {ranges(gone)} exited")
+        what += " (no output, no CPU time gained, no GPU activity)"
+        if exiting := live.in_exit():
+            return self._in_exit(live, exiting, idle)
         laggard = live.laggard()  # None until a rank reports a step
         if laggard is None:
             if idle < self.stall_timeout:
@@ -214,6 +262,25 @@ class HangDetector:
                        f"alive (watch.stall_timeout {self.stall_timeout:g} s)",
             )
         return None
+
+    def _in_exit(self, live: Liveness, stuck: list[int], idle: float) -> Failure | None:
+        """The verdict on a job whose ranks alive all returned from their program, silent and idle for the whole
+        ``stall_timeout`` (an end that waits on a slow upload is idle too), else None."""
+        if idle < self.stall_timeout:
+            return None
+        step = live.last_step or 0
+        ended = f"training ended at step {step}" if step else "no training step was observed"
+        first = live.ranks[stuck[0]]
+        nodes = sorted({live.ranks[rank].node for rank in stuck})
+        where = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {ranges(nodes)}"
+        gone = live.gone()
+        exited = f"; rank(s) {ranges(gone)} exited" if gone else ""
+        return Failure(
+            kind=FailureKind.HANG, node=first.node, rank=stuck[0], step=step or None, stalled_s=idle, transient=False,
+            reason=f"hung in exit: {ended}; rank(s) {ranges(stuck)} on {where} stuck in exit for {idle:.0f} s after "
+                   f"their program returned (silent and idle: a thread the program left running, an atexit handler or "
+                   f"a destructor blocks the interpreter's end){exited}",
+        )
 
     def _in_rendezvous(self, live: Liveness, idle: float) -> Failure | None:
         """The verdict on a job in which some node has no rank process yet, else None."""

@@ -70,7 +70,7 @@ def collect(backend: Backend, plan: Plan, store: Store | None, attempt: int, liv
     if store is not None:
         path = store.run_dir(plan.job_id) / f"stacks-attempt{attempt}.json"
         path.write_text(json.dumps(asdict(report), indent=1))
-        store.add_event(plan.job_id, "stacks", f"stacks of {len(report.ranks)} rank(s) taken: {path}")
+        store.add_event(plan.job_id, "stacks", f"stacks of {report.taken} rank(s) taken: {path}")
     return report
 
 

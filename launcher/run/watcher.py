@@ -37,7 +37,7 @@ from launcher.node.protocol import Frame, FrameKind, NodeTime, OutputLine, Unpar
 from launcher.plan.shell import mask
 from launcher.run.contact import OutOfContact, retry_delay
 from launcher.run.filing import AgentStarted, Handed, Losses, Noted, RejectedLine, ToStore
-from launcher.run.liveness import Joined, Output, Progress, Sample
+from launcher.run.liveness import Joined, Output, Progress, Sample, Sampled
 from launcher.run.nodetime import NodeClock
 from launcher.store.logcap import CappedLog
 from launcher.store.records import Seen
@@ -293,8 +293,9 @@ class NodeWatcher:
             relay.handed.put(RejectedLine(node, record))
             return
         if record is not None:
-            relay.handed.put(Progress(node, record.rank, record.step, at, parsed.at))
-            relay.handed.put(ToStore(self._seen(log), records=(record,)))
+            relay.handed.put(Progress(node, record.rank, record.step, at, parsed.at, ended=record.ended))
+            interval = record.steps or not record.ended  # an end with no steps since the last record is no interval
+            relay.handed.put(ToStore(self._seen(log), records=(record,) if interval else ()))
             self._marked = self.count
             return
         match = _RANK_PREFIX.match(text)
@@ -387,6 +388,8 @@ class NodeWatcher:
                 self._pids.add(sample.pid)
         for sample in samples:
             relay.handed.put(Sample(node, sample.rank, sample.cpu_s, sample.gpu_util, at, node_time))
+        if isinstance(entries, list) and len(samples) == len(entries):  # every rank of the frame read: the others exited
+            relay.handed.put(Sampled(node, frozenset(sample.rank for sample in samples), at, node_time))
         joined = data.get("joined")
         if node == 0 and type(joined) is int and 0 <= joined <= MAX_JOINED:
             relay.handed.put(Joined(joined, at, node_time))

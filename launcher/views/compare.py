@@ -4,7 +4,7 @@ The figures come from the raw records (``aggregate.summarize``), enriched with
 MFU (``mfu.py``) and a straggler check per rank: a rank whose median step
 time is more than 10% above the median over the job's ranks is flagged.
 The comparison puts jobs side by side with the speed-up (samples/s) and the
-memory ratio (peak memory per GPU) against the first job that has metrics.
+memory ratio (peak memory of the largest rank: a GPU's on GPU nodes) against the first job that has metrics.
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ def comparison_table(rows: list[dict[str, Any]]):
     base = next((row for row in rows if row.get("baseline")), None)
     notes = []
     if base is not None:
-        notes.append(Text(f"speed-up (samples/s) and memory ratio (peak memory per GPU) are against {base['job']}", style="dim"))
+        notes.append(Text(f"speed-up (samples/s) and memory ratio (peak memory of the largest rank: a GPU's on GPU "
+                          f"nodes) are against {base['job']}", style="dim"))
     notes += [
         Text(f"{row['strategy'] or row['job']}: {str(row['state']).lower()}: {row['reason'] or 'no reason recorded'}", style="red")
         for row in rows if row["state"] in (JobState.FAILED, JobState.CANCELLED)

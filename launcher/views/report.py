@@ -247,7 +247,8 @@ def build_report(entries: Sequence[tuple[JobRow, Sequence[MetricRecord]]], rows:
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="meta">Jobs: {jobs}. Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. '
-        "Throughput and step time leave out warm-up steps; speed-up is samples/s and memory ratio is peak memory per GPU, "
+        "Throughput and step time leave out warm-up steps; speed-up is samples/s and memory ratio is peak memory of "
+        "the largest rank (a GPU's on GPU nodes), "
         "each against the baseline (the first job with metrics).</p>",
         "<h2>Comparison</h2>", _table(rows), _notes(rows, metrics),
         "<h2>Throughput over steps</h2>",

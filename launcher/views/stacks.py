@@ -77,6 +77,16 @@ class StackReport:
                                  else "no rank process was found")
         return classify(paths, missing)
 
+    @property
+    def taken(self) -> int:
+        """How many ranks' stacks were taken (the classes also hold the ranks of the world without one)."""
+        return sum(1 for entry in self.ranks if entry.rank is not None and entry.stack)
+
+    def counted(self, classes: list[StackClass]) -> str:
+        """``8 rank(s)``, or ``1 of 2 rank(s)`` when some ranks of the classes have no stack."""
+        total = sum(len(c.ranks) for c in classes)
+        return f"{total} rank(s)" if self.taken == total else f"{self.taken} of {total} rank(s)"
+
     def node_of(self, rank: int) -> int | None:
         """The rank's node: where its stack was taken, else where the supervisor saw it, else the plan's
         (``ranks_per_node``: every node of the plan holds as many)."""
@@ -159,8 +169,8 @@ def report_lines(report: StackReport) -> list[str]:
     """The report as text (`launch stacks`): each class of ranks with the stack of its first rank, the largest
     class first, the ranks that stand apart named (plain text, no markup)."""
     classes = report.classes()
-    lines = [f"stacks of {len(report.ranks)} rank(s) in {len(classes)} class(es), attempt {report.attempt}, "
-             f"taken {time.strftime('%H:%M:%S', time.localtime(report.taken_at))}"]
+    lines = [f"stacks of {report.counted(classes)} in {len(classes)} class(es), "
+             f"attempt {report.attempt}, taken {time.strftime('%H:%M:%S', time.localtime(report.taken_at))}"]
     lines.extend(f"  {note}" for note in (report.odd_one_out, report.on_build_lock) if note)
     by_rank = {r.rank: r for r in report.ranks}
     for cls in classes:

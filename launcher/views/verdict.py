@@ -35,9 +35,8 @@ def verdict_lines(report: StackReport, row: JobRow, events: Sequence[dict[str, A
     """The verdict, at most ``SCREEN`` lines."""
     devices = devices if devices is not None else leased_devices(events)
     classes = report.classes()
-    total = sum(len(c.ranks) for c in classes)
     taken = time.strftime("%H:%M:%S", time.localtime(report.taken_at))
-    lines = [f"verdict: {_head(row)} (attempt {report.attempt}; stacks of {total} rank(s) taken {taken})"]
+    lines = [f"verdict: {_head(row)} (attempt {report.attempt}; stacks of {report.counted(classes)} taken {taken})"]
     lines.append(f"stacks: {len(classes)} class(es) by the main thread's frames (outermost first), the largest first:")
     for cls in classes[:CLASSES_SHOWN]:
         lines.append(f"  {_who(report, cls, devices)}: {cls.label}")

@@ -41,6 +41,10 @@ def runs(tmp_path_factory):
         "nanogpt": _submit(home, folder, "nanogpt", [str(PROGRAMS / "nanogpt_loop.py")]),
         "trainer": _submit(home, folder, "trainer", [str(PROGRAMS / "hf_trainer.py")]),
         "accelerate": _submit(home, folder, "accelerate", [str(PROGRAMS / "accelerate_loop.py")]),
+        # rank 1 leaves a thread running: its training ends, then its Python waits for that thread for ever
+        "exit_hang": _submit(home, folder, "exit_hang", [str(PROGRAMS / "plain_loop.py"), "--ddp", "--hang-at-exit", "1",
+                                                         "--steps", str(STEPS)],
+                             watch={"stall_timeout": 8, "grace_period": 2}),
     }
     return home, out, jobs
 
@@ -93,3 +97,17 @@ def test_a_program_failing_after_its_first_steps_is_restarted_and_the_reason_nam
     assert [json.loads(p.read_text())["steps"] for p in sorted(out.glob("rank*.json"))] == [STEPS, STEPS]
     text = run_cli(home, "status", job_id).stdout
     assert "exit code 1: it failed after step 6, the last step observed" in text and "restart 1 of 1" in text
+
+
+def test_a_program_that_trained_then_hangs_in_exit_is_called_hung_in_exit_at_its_last_step(runs):
+    home, _, jobs = runs
+    job_id, result = jobs["exit_hang"]
+    assert result.returncode == 1, result.stderr + result.stdout
+    obj = status_json(home, job_id)
+    assert obj["state"] == "FAILED" and obj["first_failure"]["kind"] == "hang" and obj["attempt"] == 0
+    reason = obj["reason"]
+    assert reason.startswith(f"hung in exit: training ended at step {STEPS}; rank(s) 1 on node 0 stuck in exit for "), reason
+    assert "rank(s) 0 exited" in reason and "every rank alive" not in reason and "first step" not in reason
+    stacks = run_cli(home, "stacks", job_id).stdout
+    assert "stacks of 1 of 2 rank(s) in 2 class(es)" in stacks, "rank 0 had exited: no stack, and counted so"
+    assert "_shutdown" in stacks, "rank 1's main thread waits in Python's shutdown for the thread it left running"

@@ -2,18 +2,28 @@
 
 ``--ddp``: DDP over gloo with a DistributedSampler (pytorch/examples style); ``--accum N``: N micro-batches
 a step (gradient accumulation: N backward calls, one optimizer step); ``--fail-at S``: raise at step S the first
-time (``--out`` keeps a mark, so a restart runs to the end).
+time (``--out`` keeps a mark, so a restart runs to the end); ``--hang-at-exit R``: rank R starts an upload thread
+(not a daemon) that waits for a sentinel the program never sends, as a forgotten worker thread does: its training
+ends, its main returns, and Python waits for that thread for ever.
 It writes its optimizer steps to ``--out/rank<R>.json``.
 """
 
 import argparse
 import json
 import os
+import queue
+import threading
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def upload(uploads):
+    """Upload what is queued until the sentinel None comes (the program forgets to send it)."""
+    while uploads.get() is not None:
+        pass
 
 
 def main():
@@ -24,8 +34,12 @@ def main():
     parser.add_argument("--ddp", action="store_true")
     parser.add_argument("--fail-at", type=int, default=0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--hang-at-exit", type=int, default=-1)
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
+    uploads: queue.Queue = queue.Queue()
+    if rank == args.hang_at_exit:
+        threading.Thread(target=upload, args=(uploads,), name="uploader").start()
     torch.manual_seed(rank)
     data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
@@ -59,6 +73,7 @@ def main():
     if args.out:
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as handle:
             json.dump({"steps": steps}, handle)
+    uploads.put("rank-state")
     if args.ddp:
         dist.destroy_process_group()
 

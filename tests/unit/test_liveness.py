@@ -63,3 +63,36 @@ def test_ranks_that_finished_their_steps_get_the_whole_timeout_to_exit() -> None
         live.progress(0, 0, step, t=float(step))
     assert detector.limit(live) == TIMEOUT
     assert detector.check(live, 10.0 + 200.0) is None
+
+
+def test_ranks_stuck_in_exit_after_training_are_named_with_the_step_and_the_ranks_gone() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=None, hosts=("h1",))
+    for step in range(1, 13):
+        for rank in (0, 1):
+            live.progress(0, rank, step, t=float(step))
+    live.sample(0, 0, cpu_s=5.0, gpu_util=None, t=12.0)
+    live.sample(0, 1, cpu_s=5.0, gpu_util=None, t=12.0)
+    live.output(12.5)  # each record is a line of output too
+    live.progress(0, 0, 12, t=12.5, ended=True)
+    live.progress(0, 1, 12, t=12.5, ended=True)
+    live.sampled(0, frozenset({1}))  # rank 0 has exited; rank 1 waits for a thread its program left running
+    live.sample(0, 1, cpu_s=5.0, gpu_util=None, t=14.0)
+    assert detector.check(live, 12.5 + TIMEOUT - 1) is None, "the whole stall_timeout, not the adaptive limit"
+    verdict = detector.check(live, 12.5 + TIMEOUT + 1)
+    assert verdict.kind == FailureKind.HANG and not verdict.transient and (verdict.rank, verdict.step) == (1, 12)
+    assert verdict.reason.startswith("hung in exit: training ended at step 12; rank(s) 1 on node 0 stuck in exit for 301 s")
+    assert verdict.reason.endswith("; rank(s) 0 exited")
+
+
+def test_a_rank_still_training_while_another_has_returned_is_not_in_exit() -> None:
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=None)
+    for step in range(1, 6):
+        live.progress(0, 0, step, t=float(step))
+        live.progress(0, 1, step, t=float(step))
+    live.progress(0, 0, 5, t=5.5, ended=True)
+    verdict = detector.check(live, 5.5 + HangDetector.FLOOR_S + 1)
+    assert verdict.reason.startswith("hung at step 5 on node 0/rank 1"), "rank 1 has not returned: it is in training"
+    assert "every rank alive" in verdict.reason
+    live.sampled(0, frozenset({1}))
+    verdict = detector.check(live, 5.5 + HangDetector.FLOOR_S + 1)
+    assert "rank(s) 1 alive but silent and idle, rank(s) 0 exited" in verdict.reason and "every rank" not in verdict.reason

@@ -57,8 +57,11 @@ def _run(hooks: str, code: str, cwd: Path, **env: str) -> tuple[list[MetricRecor
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, cwd=cwd, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    records = [parse_line(line, world_size=2, node=0, host="h", rank=1) for line in done.stdout.splitlines()]
-    return [r for r in records if isinstance(r, MetricRecord)], done.stdout + done.stderr
+    parsed = [parse_line(line, world_size=2, node=0, host="h", rank=1) for line in done.stdout.splitlines()]
+    records = [r for r in parsed if isinstance(r, MetricRecord)]
+    if records and records[-1].observed:  # the hooks' last says the program returned (none when the Reporter wrote)
+        assert [r.ended for r in records] == [False] * (len(records) - 1) + [True]
+    return [r for r in records if r.steps or not r.ended], done.stdout + done.stderr
 
 
 def test_the_agent_puts_the_hooks_first_on_the_ranks_path_and_keeps_theirs(tmp_path):
@@ -144,7 +147,7 @@ def test_a_rank_that_fails_says_its_last_step_on_the_way_out(hooks, tmp_path):
             raise SystemExit("the program's error")
     """
     records, _ = _run_failing(hooks, code, tmp_path)
-    assert [(r.step, r.steps) for r in records] == [(5, 5), (7, 2)]
+    assert [(r.step, r.steps, r.ended) for r in records] == [(5, 5, False), (7, 2, True)]
 
 
 def _run_failing(hooks: str, code: str, cwd: Path) -> tuple[list[MetricRecord], str]:

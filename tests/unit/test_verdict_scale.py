@@ -245,7 +245,7 @@ def test_many_classes_and_suspect_nodes_are_cut_to_one_screen_with_counts() -> N
     events = [{"t": 1001.0, "kind": "restarting", "message": "attempt 1 failed"}]
     screen = verdict_lines(report, row, events)
     assert len(screen) <= 40
-    assert screen[0].startswith("verdict: stalled at step 9 on node 3/rank 24 (attempt 1; stacks of 1024 rank(s)")
+    assert screen[0].startswith("verdict: stalled at step 9 on node 3/rank 24 (attempt 1; stacks of 944 of 1024 rank(s)"), "80 ranks on 10 unreached nodes"
     assert screen[1].startswith("stacks: 32 class(es)")
     assert screen[2:11] == [
         "  ranks 30-799,880-1023: all_reduce <- train_step train.py:212",
