@@ -83,9 +83,11 @@ def metrics(job, as_json, as_csv, tb_dir, attempt):
 def compare(jobs, as_json):
     """Compare jobs side by side against the first one.
 
-    Columns: strategy, precision, world size, step time (p50), steps/s,
-    samples/s, tokens/s, peak memory (per GPU on GPU nodes, per rank on
-    CPU), GPU util, MFU, speed-up (samples/s) and memory ratio vs the first job.
+    Columns: strategy, precision, world size, global batch, step time (p50),
+    steps/s, samples/s, tokens/s, peak memory (per GPU on GPU nodes, per rank on
+    CPU), GPU util, MFU, speed-up (samples/s) and memory ratio vs the first job,
+    wall time, time to the first step and the number of timed steps. Jobs that
+    differ in global batch, world size, precision or recipe are warned about.
 
     \b
     Examples:

@@ -28,8 +28,12 @@ STRAGGLER_SLOWDOWN = 1.10
 # (step time, steps/s, samples/s, tokens/s, memory, GPU util, and any figure registered there),
 # then the figures computed here.
 HEAD_COLUMNS: tuple[tuple[str, str], ...] = (("job", "JOB"), ("strategy", "STRATEGY"), ("precision", "PRECISION"),
-                                             ("world_size", "WORLD"))
-TAIL_COLUMNS: tuple[tuple[str, str], ...] = (("mfu", "MFU"), ("speedup", "SPEED-UP"), ("mem_ratio", "MEM RATIO"))
+                                             ("world_size", "WORLD"), ("global_batch", "GLOBAL BATCH"))
+TAIL_COLUMNS: tuple[tuple[str, str], ...] = (("mfu", "MFU"), ("speedup", "SPEED-UP"), ("mem_ratio", "MEM RATIO"),
+                                             ("wall_s", "WALL"), ("first_step_s", "1ST STEP"),
+                                             ("timed_steps", "TIMED STEPS"))
+#: what must be alike for a speed-up to mean anything: (row key, how a warning names it)
+ALIKE = (("global_batch", "global batch"), ("world_size", "world size"), ("precision", "precision"), ("recipe", "recipe"))
 TEXT_HEADERS = ("JOB", "STRATEGY", "PRECISION")
 
 
@@ -83,11 +87,32 @@ def job_metrics(job: JobRow, records: Iterable[MetricRecord | Mapping[str, Any]]
     ]
     return {
         **data,
+        **run_times(job, records),
         "mfu": mfu_mod.job_mfu(job.world_size, job.spec, summary, records),
         "gpu_name": mfu_mod.gpu_name(job.spec, records),
         "peak_tflops": peak,
         "stragglers": sorted(flagged),
     }
+
+
+def run_times(job: JobRow, records: list[MetricRecord]) -> dict[str, Any]:
+    """How long the job ran (``wall_s``: start to end, or to its last record while it runs), how long it took to
+    its first optimizer step (``first_step_s``: from the start, the end of the first step of the first record's
+    interval), and how many steps the throughput figures time (``timed_steps``: past warm-up unless there is nothing
+    else, as ``summarize`` times them; the most of any rank)."""
+    timed: dict[int, int] = {}
+    steady = [r for r in records if not r.warmup] or records  # as the summary times them (warm-up only: all)
+    for r in steady:
+        timed[r.rank] = timed.get(r.rank, 0) + r.steps
+    first = min((r for r in records if r.t is not None), key=lambda r: r.t or 0.0, default=None)
+    start, end = job.started_at, job.ended_at
+    first_step = None
+    if first is not None and first.t is not None and start is not None:
+        first_step = max(0.0, first.t - (first.step_time_s or 0.0) * max(first.steps - 1, 0) - start)
+    last = max((r.t for r in records if r.t is not None), default=None)
+    until = end if end is not None else last
+    wall = until - start if start is not None and until is not None else None
+    return {"wall_s": wall, "first_step_s": first_step, "timed_steps": max(timed.values(), default=0)}
 
 
 def compare_row(job: JobRow, metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,11 +126,38 @@ def compare_row(job: JobRow, metrics: Mapping[str, Any]) -> dict[str, Any]:
         "precision": job.precision,
         "world_size": job.world_size,
         "grad_accum": job.grad_accum,
+        "global_batch": job.global_batch,
+        "recipe": _recipe(job),
+        "wall_s": metrics.get("wall_s"),
+        "first_step_s": metrics.get("first_step_s"),
+        "timed_steps": metrics.get("timed_steps"),
     }
     row.update({column.row_key: metrics.get(column.name) for column in registry.columns() if column.row_key})
     row["mfu"] = metrics.get("mfu")
     row["stragglers"] = metrics.get("stragglers", [])
     return row
+
+
+def _recipe(job: JobRow) -> str | None:
+    """The job's recipe, ``entrypoint`` for the user's program (None: a record that does not say)."""
+    spec = (job.spec or {}).get("job")
+    if not isinstance(spec, dict):
+        return None
+    recipe = spec.get("recipe")
+    return recipe if isinstance(recipe, str) else "entrypoint" if spec.get("entrypoint") else None
+
+
+def unlike(rows: list[dict[str, Any]]) -> list[str]:
+    """Warnings for runs that differ in what a speed-up takes as given (global batch, world size, precision,
+    recipe): one line a difference, each job's value (failed runs without a job left out)."""
+    jobs = [row for row in rows if row.get("job")]
+    warnings = []
+    for key, name in ALIKE:
+        values = [row.get(key) for row in jobs]
+        if len({str(value) for value in values if value is not None}) > 1:
+            each = ", ".join(f"{row['job']} {fmt(row.get(key), '')}" for row in jobs)
+            warnings.append(f"the jobs differ in {name} ({each}): their speed-up and memory ratio compare unlike runs")
+    return warnings
 
 
 def failed_row(strategy: str, reason: str, state: JobState = JobState.FAILED) -> dict[str, Any]:
@@ -144,13 +196,19 @@ def row_cells(row: Mapping[str, Any]) -> list[str]:
     """The text of one comparison row, in ``table_headers()`` order."""
     figures = registry.table_columns()
     if row["state"] == JobState.FAILED and row.get("samples_per_sec") is None:
-        metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 1)
+        metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 4) + _time_cells(row)
     else:
         metrics = [column.cell(row.get(column.row_key) if column.row_key else None) for column in figures] + [
-            fmt_pct(row["mfu"]), fmt(row["speedup"], ".2f", "x"), fmt(row["mem_ratio"], ".2f", "x"),
+            fmt_pct(row["mfu"]), fmt(row["speedup"], ".2f", "x"), fmt(row["mem_ratio"], ".2f", "x"), *_time_cells(row),
         ]
-    head = [row["job"] or "-", row["strategy"] or "(entrypoint)", row["precision"] or "-", fmt(row["world_size"], "d")]
+    head = [row["job"] or "-", row["strategy"] or "(entrypoint)", row["precision"] or "-", fmt(row["world_size"], "d"),
+            fmt(row.get("global_batch"), "d")]
     return [str(cell) for cell in head] + metrics
+
+
+def _time_cells(row: Mapping[str, Any]) -> list[str]:
+    """WALL, 1ST STEP and TIMED STEPS of a row."""
+    return [fmt(row.get("wall_s"), ".1f", " s"), fmt(row.get("first_step_s"), ".1f", " s"), fmt(row.get("timed_steps"), "d")]
 
 
 def comparison_table(rows: list[dict[str, Any]]):
@@ -165,7 +223,7 @@ def comparison_table(rows: list[dict[str, Any]]):
     for row in rows:
         table.add_row(*map(Text, row_cells(row)), style="red" if row["state"] == JobState.FAILED else None)
     base = next((row for row in rows if row.get("baseline")), None)
-    notes = []
+    notes = [Text(f"warning: {text}", style="yellow") for text in unlike(rows)]
     if base is not None:
         notes.append(Text(f"speed-up (samples/s) and memory ratio (peak memory of the largest rank: a GPU's on GPU "
                           f"nodes) are against {base['job']}", style="dim"))

@@ -168,8 +168,8 @@ def test_compare_prints_the_reference_table_and_json(jobs) -> None:
     home, even, strag = jobs
     done = run_launch(home, "compare", even, strag)
     assert done.returncode == 0, done.stderr
-    for header in ("STRATEGY", "PRECISION", "WORLD", "STEP MS", "STEPS/S", "SAMPLES/S", "TOKENS/S", "MEM/GPU",
-                   "GPU UTIL", "MFU", "SPEED-UP", "MEM RATIO"):
+    for header in ("STRATEGY", "PRECISION", "WORLD", "GLOBAL BATCH", "STEP MS", "STEPS/S", "SAMPLES/S", "TOKENS/S",
+                   "MEM/GPU", "GPU UTIL", "MFU", "SPEED-UP", "MEM RATIO", "WALL", "1ST STEP", "TIMED STEPS"):
         assert header in done.stdout
     assert f"against {even}" in done.stdout and f"{strag}: straggler rank(s) 1" in done.stdout
     rows = json.loads(run_launch(home, "compare", even, strag, "--json").stdout)
@@ -225,6 +225,8 @@ def test_bench_runs_each_strategy_and_shows_failures_with_reasons(tmp_path) -> N
     # dp needs one process: bench sets it from the registry, over the --set for every run.
     assert rows[1]["state"] == "SUCCEEDED" and rows[1]["world_size"] == 1 and rows[1]["baseline"]
     assert rows[2]["state"] == "SUCCEEDED" and rows[2]["world_size"] == 2 and rows[2]["samples_per_sec"] > 0
+    for row in rows[1:]:  # how long each run took, to its first step, and how many steps its figures time
+        assert row["wall_s"] > row["first_step_s"] > 0 and 0 < row["timed_steps"] <= 4, row
     assert "bench 3/3: ddp" in done.stderr
     saved = list((tmp_path / "store" / "runs").glob("bench-*/comparison.json"))
     assert len(saved) == 1 and (saved[0].parent / "report.html").exists()

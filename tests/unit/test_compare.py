@@ -136,6 +136,24 @@ def test_comparison_table_shows_failures_with_reasons_and_stragglers() -> None:
     assert "ok: straggler rank(s) 1" in text
 
 
+def test_unlike_jobs_are_warned_and_each_shows_its_global_batch_wall_time_first_step_and_timed_steps() -> None:
+    """A speed-up of jobs with another global batch or world size is no speed-up: the comparison says so."""
+    import dataclasses
+
+    big = dataclasses.replace(_job("big", world=3), started_at=1000.0, ended_at=1100.0)
+    small = dataclasses.replace(_job("small", world=2), started_at=1000.0, ended_at=1040.0)
+    rows = compare.comparison([(job, compare.job_metrics(job, [r for rank in range(job.world_size or 0)
+                                                               for r in _records(rank, 0.2)])) for job in (big, small)])
+    assert (rows[0]["wall_s"], rows[0]["timed_steps"], rows[0]["global_batch"]) == (100.0, 30, 96)
+    assert rows[0]["first_step_s"] == pytest.approx(10 - 0.2 * 9)  # the first record at 1010, its 10 steps 0.2 s each
+    text = _text(compare.comparison_table(rows))
+    assert "warning: the jobs differ in global batch (big 96, small 64)" in text
+    assert "warning: the jobs differ in world size (big 3, small 2)" in text and "differ in precision" not in text
+    for header in ("GLOBAL BATCH", "WALL", "1ST STEP", "TIMED STEPS"):
+        assert header in text
+    assert not compare.unlike(compare.comparison([(big, {}), (dataclasses.replace(big, id="again"), {})]))
+
+
 def test_metrics_renderables_name_the_straggler() -> None:
     records = [r for rank in range(3) for r in _records(rank, 0.3 if rank == 0 else 0.2)]
     parts = compare.metrics_renderables(_job("j", world=3), compare.job_metrics(_job("j", world=3), records))
