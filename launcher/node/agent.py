@@ -77,6 +77,7 @@ from .rankstreams import on_devices, with_rank_streams
 from .rundir import RunDirError, job_run_dir, private_dir
 from .safepath import isolated
 from .sampler import Sampler
+from .secretmask import masker
 from .subreaper import OWN, PR_SET_PDEATHSIG, SPAWN, harden, libc_prctl, reap_orphans, run_cleanup
 from .timelimit import forward_warning
 
@@ -94,12 +95,13 @@ class Fenced(Exception):
     """The node records a newer supervisor generation than the one that sent this agent: it starts nothing."""
 
 
-def relay(fd: int, out: Output, limit: int) -> None:
-    """Copy the command's output to ``out`` as output lines, each cut at ``limit`` bytes (``linecut``); the whole
-    lines of each read go to ``out`` together, stamped with the node's time of that read."""
+def relay(fd: int, out: Output, limit: int, mask: Callable[[bytes], bytes] | None = None) -> None:
+    """Copy the command's output to ``out`` as output lines, each cut at ``limit`` bytes (``linecut``) and its
+    secrets masked (``mask``: ``secretmask``), before they are journaled; the whole lines of each read go to ``out``
+    together, stamped with the node's time of that read."""
     for batch in bounded_lines(lambda: os.read(fd, READ_CHUNK), limit):
         prefix = output_prefix()
-        out.write_lines([prefix + line for line in batch])
+        out.write_lines([prefix + (mask(line) if mask else line) for line in batch])
 
 
 def write_step_hooks(run_dir: str, files: dict[str, str], pythonpath: str | None) -> str:
@@ -136,6 +138,7 @@ class Agent:
         self._end_done = threading.Event()
         self._sweeping = threading.Lock()
         self.lease: leases.Lease | None = None
+        self.mask: Callable[[bytes], bytes] | None = None  # the job's secrets masked in its output (``start``)
 
     def take_leases(self, go: Callable[[], bool] | None) -> bool:
         """Take the request's leases (all or none) and wait for ``go`` when given; False (said in ``@busy`` or
@@ -156,6 +159,7 @@ class Agent:
 
     def start(self, secrets: dict[str, str]) -> None:
         req = self.req
+        self.mask = masker(secrets)
         self.run_dir = run_dir = job_run_dir(self.job_id)
         newer = fenced_by(run_dir, req.node, req.generation)
         if newer is not None:
@@ -300,7 +304,7 @@ class Agent:
             targets.append(lambda: forward_warning(self.job_id, self.node, self.out, warn_file, relayed))
         for target in targets:
             threading.Thread(target=target, daemon=True).start()
-        relay(self.proc.stdout.fileno(), self.out, self.req.line_limit)
+        relay(self.proc.stdout.fileno(), self.out, self.req.line_limit, self.mask)
         relayed.set()
         code = self.proc.wait()
         sampler.stop.set()

@@ -30,7 +30,7 @@ from launcher.node.safepath import SAFE_PATH
 
 NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
                 "rendezvous", "rundir", "subreaper", "nccl", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode",
-                "main", "protocol", "linecut", "safepath", "torchelastic")
+                "main", "protocol", "linecut", "safepath", "torchelastic", "secretmask")
 
 PACKAGE = "launch_node"
 BOOT = SAFE_PATH + """
