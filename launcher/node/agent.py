@@ -87,6 +87,7 @@ ORPHAN_WAIT_S = 5.0
 CONTACT_POLL_S = 1.0  # the unattended watchdog looks this often (more often under a short ``unattended_s``)
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 BUSY_EXIT = 75  # EX_TEMPFAIL: the leases were not free (or another node's were not): nothing was started
+RANKS_DIR = "ranks"  # in the run directory: the ranks' own (LAUNCH_RUN_DIR), apart from the agent's control files
 HOOKS_DIR = "pyhooks"  # in the run directory: the ranks' start-up hook, first on their PYTHONPATH
 TAG_NAMES = ("LAUNCH_JOB_ID", "LAUNCH_NODE")  # always set as they are: they tag the runtime's own processes too
 
@@ -169,12 +170,15 @@ class Agent:
         # the pid file first: a reader that finds this attempt's journal finds this agent's pid
         write_atomically(pid_path(run_dir, req.node), f"{os.getpid()} {proctree.start_ticks(os.getpid())}\n")
         self.out.attach(Journal(run_dir, req.node, DEFAULT_LIMIT if req.journal_limit is None else req.journal_limit))
-        planned = {key: value.replace(RUN_DIR_TOKEN, run_dir) for key, value in req.env.items()}
+        # the ranks' directory is not the agent's: a rank writing $LAUNCH_RUN_DIR/node0.generation or appending to
+        # node0.journal there touches nothing of the agent's
+        ranks_dir = private_dir(os.path.join(run_dir, RANKS_DIR))
+        planned = {key: value.replace(RUN_DIR_TOKEN, ranks_dir) for key, value in req.env.items()}
         if self.lease is not None and self.lease.kind == "gpu":  # the GPUs leased, in nvidia-smi's (PCI) order
             planned.update(CUDA_VISIBLE_DEVICES=",".join(map(str, self.lease.devices)), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-        given = {**planned, **secrets, "LAUNCH_RUN_DIR": run_dir}
+        given = {**planned, **secrets, "LAUNCH_RUN_DIR": ranks_dir}
         for name, (filename, text) in req.files.items():
-            path = os.path.join(run_dir, os.path.basename(filename))
+            path = os.path.join(ranks_dir, os.path.basename(filename))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as handle:
                 handle.write(text)
@@ -184,8 +188,8 @@ class Agent:
         prefix = req.env_prefix
         tag = {key: given[key] for key in TAG_NAMES if key in given}
         env = {**os.environ, **{prefix + key: value for key, value in given.items()}, **tag}
-        argv = [arg.replace(RUN_DIR_TOKEN, run_dir) for arg in req.argv]
-        torchelastic.clear(torchelastic.error_file(run_dir, req.node))  # an earlier attempt's is not this one's
+        argv = [arg.replace(RUN_DIR_TOKEN, ranks_dir) for arg in req.argv]
+        torchelastic.clear(torchelastic.error_file(ranks_dir, req.node))  # an earlier attempt's is not this one's
         argv = isolated(with_rank_streams(on_devices(argv, self.lease.devices) if self.lease and self.lease.kind == "gpu" else argv))
         prctl = libc_prctl()
         self.subreaper = harden(prctl)
@@ -311,7 +315,8 @@ class Agent:
         if self._ended:
             self._end_done.wait()  # an end a signal or a lost supervisor began: ranks that outlive TERM get KILL first
         self.sweep()
-        recorded = torchelastic.read(torchelastic.error_file(self.run_dir, self.req.node)) if code and self.run_dir else None
+        recorded = (torchelastic.read(torchelastic.error_file(os.path.join(self.run_dir, RANKS_DIR), self.req.node))
+                    if code and self.run_dir else None)
         if recorded is not None:
             self.out.event(FrameKind.ERROR_FILE, recorded)
         self.out.event(FrameKind.EXIT, {"code": code})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import stat
 import threading
 import time
 
@@ -54,15 +55,28 @@ RECORD_FILE = "job.json"  # in the run directory: the job as its supervisor reco
 
 
 def read_generation(run_dir: str, node: object) -> dict:
-    """The node's generation record; ``{"generation": 0}`` when none was written (the submitting supervisor's)."""
+    """The node's generation record; ``{"generation": 0}`` when none was written (the submitting supervisor's) or
+    what is there is not one ``fence`` wrote: not a regular file (a symlink, a FIFO), or not a whole record (a
+    generation of 1 or more, ``since``, ``pid`` and ``host``)."""
     try:
-        with open(generation_path(run_dir, node), "rb") as handle:
+        fd = os.open(generation_path(run_dir, node), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return {"generation": 0}
             found = json.loads(handle.read(4096))
     except (OSError, ValueError):
         return {"generation": 0}
-    if not isinstance(found, dict) or not isinstance(found.get("generation"), int) or isinstance(found["generation"], bool):
-        return {"generation": 0}
-    return found
+    return found if _is_record(found) else {"generation": 0}
+
+
+def _is_record(found: object) -> bool:
+    """Whether ``found`` is a generation record as ``fence`` writes it."""
+    if not isinstance(found, dict):
+        return False
+    generation, since = found.get("generation"), found.get("since")
+    return (type(generation) is int and generation >= 1 and type(since) in (int, float)
+            and (found.get("pid") is None or type(found.get("pid")) is int)
+            and (found.get("host") is None or isinstance(found.get("host"), str)))
 
 
 def is_fenced(recorded: int, mine: int) -> bool:

@@ -69,7 +69,7 @@ def collect(job_id: str, run_dir: str | None, node: int | None = None) -> dict:
     ranks = [{"rank": tree.rank, "local_rank": tree.local_rank, "pid": tree.pid, "stack": stack, "error": error}
              for tree, (stack, error) in zip(trees, dumps)]
     run_dir = run_dir or os.path.join(rundir.run_root(), job_id)
-    traces = sorted(glob.glob(os.path.join(run_dir, "nccl_trace_rank_*")))
+    traces = sorted(glob.glob(os.path.join(run_dir, "ranks", "nccl_trace_rank_*")))  # the ranks' LAUNCH_RUN_DIR
     flight, problems = {}, []
     for path in traces:
         suffix = path.rsplit("_", 1)[-1]

@@ -26,7 +26,7 @@ from launcher.spec.container import ContainerSpec, Runtime, effective_container
 from launcher.spec.job import JobSpec
 
 LOG_PREFIX_TEMPLATE = "[${rank}]:"
-RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # the node agent puts the node's run directory in its place
+RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # the node agent puts the ranks' directory (in the node's run directory) in its place
 DS_CONFIG_FILE = "ds_config.json"
 LEASED_GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # the node agent's, for the GPUs it leased
 FLIGHT_RECORDER_EVENTS = "2000"
@@ -426,7 +426,7 @@ def _node_env(
     if node.gpus == 0:
         env["OMP_NUM_THREADS"] = ("1", "launch: one thread per CPU rank (torchrun's default, made explicit)")
     else:
-        trace = (f"{RUN_DIR_TOKEN}/nccl_trace_rank_", "launch: NCCL flight recorder dumps in the node's run directory")
+        trace = (f"{RUN_DIR_TOKEN}/nccl_trace_rank_", "launch: NCCL flight recorder dumps in the ranks' run directory")
         env["TORCH_FR_BUFFER_SIZE"] = (FLIGHT_RECORDER_EVENTS, "launch: NCCL flight recorder on (torch >= 2.9 name)")
         env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = (FLIGHT_RECORDER_EVENTS, "launch: NCCL flight recorder on (older torch)")
         env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = ("1", "launch: dump the flight recorder on a collective timeout")

@@ -23,8 +23,8 @@ try:
             f.write(b"x" * 65536)
 except OSError as exc:
     print("filled:", exc.strerror, flush=True)
-for i in range(40):
-    print(f"after {i}", flush=True)
+for i in range(40):  # 8 KiB: more than the page the journal's last write may have left free
+    print(f"after {i} " + "y" * 200, flush=True)
 time.sleep(2)
 """
 
@@ -53,7 +53,39 @@ def test_a_full_disk_under_the_nodes_run_directory_loses_no_line_and_says_so_onc
     assert obj["state"] == "SUCCEEDED"
     log = "".join(path.read_text() for path in (home / "runs" / job_id).glob("attempt*-node*.log"))
     lines = [line.split("] ", 1)[1] for line in log.splitlines() if "] before " in line or "] after " in line]
-    assert lines == [f"before {i}" for i in range(40)] + [f"after {i}" for i in range(40)], "80 of 80 lines relayed"
+    assert lines == [f"before {i}" for i in range(40)] + [f"after {i} " + "y" * 200 for i in range(40)], \
+        "80 of 80 lines relayed"
     stopped = [event for event in obj["events"] if event["kind"] == "journal_stopped"]
     assert len(stopped) == 1 and "journal cannot be written (No space left on device" in stopped[0]["message"]
     assert log.count("its journal cannot be written") == 1
+
+
+# A rank that writes where LAUNCH_RUN_DIR points, files named as the agent's: a generation record and an @exit.
+WRITES_THE_RUN_DIR = """import json, os, time
+folder = os.environ["LAUNCH_RUN_DIR"]
+with open(os.path.join(folder, "node0.generation"), "w") as f:
+    json.dump({"generation": 9, "pid": 1, "host": "rank", "since": time.time()}, f)
+with open(os.path.join(folder, "node0.journal"), "a") as f:
+    f.write('@exit 1.0 1.0 {"code": 0}\\n')
+print("wrote into", folder, flush=True)
+time.sleep(2.5)
+print("still supervised", flush=True)
+"""
+
+
+def test_a_rank_writing_its_launch_run_dir_touches_none_of_the_agents_files(tmp_path, home):
+    program = tmp_path / "writer.py"
+    program.write_text(WRITES_THE_RUN_DIR)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    job = write_yaml(tmp_path / "job.yaml", {"name": "rundir", "resources": {"nodes": 1, "nproc_per_node": 1},
+                                              "entrypoint": ["python", str(program)]})
+    result = run_cli(home, "submit", str(job), env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "still supervised" in result.stdout and "newer supervisor" not in result.stdout + result.stderr
+    job_id = result.stderr.split()[1].rstrip(":")
+    assert status_json(home, job_id)["state"] == "SUCCEEDED"
+    run_dir = runtime / "launch" / job_id
+    assert f"wrote into {run_dir / 'ranks'}" in result.stdout
+    assert not (run_dir / "node0.generation").exists()
+    assert (run_dir / "node0.journal").read_text().count("@exit") == 1

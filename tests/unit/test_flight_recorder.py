@@ -149,9 +149,9 @@ def test_the_node_side_sends_a_ranks_stack_with_its_nodes_dumps(dumps: Path, tmp
     """`stacks` on a node: a live tagged rank's stack (py-spy, beside this interpreter) and the dumps in the run
     directory, read back as plain data."""
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "nccl_trace_rank_3").write_bytes((dumps / "nccl_trace_rank_3").read_bytes())
-    (run_dir / "nccl_trace_rank_9").write_bytes(b"not a pickle")
+    (run_dir / "ranks").mkdir(parents=True)  # the ranks' LAUNCH_RUN_DIR, where the plan points NCCL's dumps
+    (run_dir / "ranks" / "nccl_trace_rank_3").write_bytes((dumps / "nccl_trace_rank_3").read_bytes())
+    (run_dir / "ranks" / "nccl_trace_rank_9").write_bytes(b"not a pickle")
     job_id = f"unit-stacks-{os.getpid()}"
     rank = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
                             env={**os.environ, "LAUNCH_JOB_ID": job_id, "LAUNCH_NODE": "0", "RANK": "5",

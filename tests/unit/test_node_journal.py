@@ -179,7 +179,7 @@ def test_a_journal_on_a_full_disk_is_one_frame_and_the_reader_still_gets_every_l
         program = ("import sys, time\nfor i in range(40):\n    print(f'before {i}', flush=True)\n"
                    "try:\n    with open(sys.argv[1], 'wb') as f:\n        while True:\n            f.write(b'x' * 65536)\n"
                    "except OSError as exc:\n    print('filled:', exc.strerror, flush=True)\n"
-                   "for i in range(40):\n    print(f'after {i}', flush=True)\ntime.sleep(1.5)\n")
+                   "for i in range(40):\n    print(f'after {i} ' + 'y' * 200, flush=True)\ntime.sleep(1.5)\n")
         job_id, proc = _start([sys.executable, "-c", program, str(runtime / "filler")],
                               env_extra={"XDG_RUNTIME_DIR": str(runtime)}, ranked=True)
         assert proc.stdout is not None
@@ -187,7 +187,7 @@ def test_a_journal_on_a_full_disk_is_one_frame_and_the_reader_still_gets_every_l
         assert proc.wait(60) == 0
         texts = output_texts(sent)
         assert [t for t in texts if t.startswith(("before", "after"))] == \
-            [f"before {i}" for i in range(40)] + [f"after {i}" for i in range(40)]
+            [f"before {i}" for i in range(40)] + [f"after {i} " + "y" * 200 for i in range(40)]
         assert "filled: No space left on device" in texts
         stopped = frames(sent, "journal")
         assert len(stopped) == 1 and stopped[0]["state"] == "unwritable" and "No space left" in stopped[0]["error"]

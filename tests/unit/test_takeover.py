@@ -59,11 +59,19 @@ def _command(command, req) -> dict:
 def test_a_generation_fences_only_the_older_ones(tmp_path: Path) -> None:
     assert journal.read_generation(str(tmp_path), 0) == {"generation": 0}  # none written: the submitting supervisor's
     assert not journal.is_fenced(0, 0) and journal.is_fenced(1, 0) and not journal.is_fenced(1, 2)
-    for junk in ("", "[1]", '{"generation": "2"}', '{"generation": true}', "not json"):
+    # issue 39, item 8: what a rank might write there is not a record fence wrote (no since, no pid and host)
+    for junk in ("", "[1]", '{"generation": "2"}', '{"generation": true}', "not json", '{"generation": 9}',
+                 '{"generation": 9, "pid": "x", "host": "h", "since": 1}'):
         Path(journal.generation_path(str(tmp_path), 0)).write_text(junk)
         assert journal.fenced_by(str(tmp_path), 0, 0) is None, junk
-    Path(journal.generation_path(str(tmp_path), 0)).write_text('{"generation": 2, "pid": 7, "host": "laptop"}')
-    assert journal.fenced_by(str(tmp_path), 0, 1) == {"generation": 2, "pid": 7, "host": "laptop"}
+    record = {"generation": 2, "pid": 7, "host": "laptop", "since": 1.5}
+    (tmp_path / "elsewhere").write_text(json.dumps(record))
+    Path(journal.generation_path(str(tmp_path), 0)).unlink()
+    Path(journal.generation_path(str(tmp_path), 0)).symlink_to(tmp_path / "elsewhere")
+    assert journal.fenced_by(str(tmp_path), 0, 0) is None, "a symlink is not a record"
+    Path(journal.generation_path(str(tmp_path), 0)).unlink()
+    Path(journal.generation_path(str(tmp_path), 0)).write_text(json.dumps(record))
+    assert journal.fenced_by(str(tmp_path), 0, 1) == record
     assert journal.fenced_by(str(tmp_path), 0, 2) is None
 
 
@@ -83,7 +91,7 @@ def test_fence_records_only_a_newer_generation_and_says_who_holds_it(root: Path)
 
 def test_a_follow_of_an_older_generation_gets_fenced_and_no_line(root: Path) -> None:
     journal.write_atomically(journal.generation_path(str(root / JOB_ID), 0),
-                             json.dumps({"generation": 1, "pid": 42, "host": "login-2"}))
+                             json.dumps({"generation": 1, "pid": 42, "host": "login-2", "since": 1.0}))
     read, write = os.pipe()
     try:
         assert follow.follow(FollowRequest(JOB_ID, 0, 0), out=write) == 0
@@ -334,7 +342,7 @@ def test_a_node_refuses_the_signals_and_sweeps_of_an_older_generation(root: Path
     from launcher.node.proctree import start_ticks
 
     journal.write_atomically(journal.generation_path(str(root / JOB_ID), 0),
-                             json.dumps({"generation": 1, "pid": 42, "host": "login-2"}))
+                             json.dumps({"generation": 1, "pid": 42, "host": "login-2", "since": 1.0}))
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         term = {"job_id": JOB_ID, "node": 0, "pid": agent.pid,
@@ -346,9 +354,9 @@ def test_a_node_refuses_the_signals_and_sweeps_of_an_older_generation(root: Path
                 assert node_main.main([command, json.dumps(req)]) == 0
             return json.loads(out.getvalue())
 
-        assert said("signal", {**term, "generation": 0}) == {"fenced": {"generation": 1, "pid": 42, "host": "login-2"}}
+        assert said("signal", {**term, "generation": 0}) == {"fenced": {"generation": 1, "pid": 42, "host": "login-2", "since": 1.0}}
         assert said("end", {"job_id": JOB_ID, "node": 0, "grace": 0.1, "generation": 0}) == {
-            "fenced": {"generation": 1, "pid": 42, "host": "login-2"}}
+            "fenced": {"generation": 1, "pid": 42, "host": "login-2", "since": 1.0}}
         assert agent.poll() is None, "the old supervisor's TERM was not sent"
         assert said("signal", {**term, "generation": 1}) == {"sent": True}
         assert agent.wait(10) == -signal.SIGTERM
