@@ -26,7 +26,7 @@ def masker(secrets: dict[str, str]) -> Callable[[bytes], bytes] | None:
         for line in (*value.split(b"\n"), *value.splitlines()):
             pieces.update(text for text in (line, line.strip()) if len(text) >= MIN_MASKED_LINE)
     pieces.update(value for value in whole if len(value) > len(MASK))
-    values, parts = _alternation(whole), _alternation(pieces)
+    values, parts = _alternation(whole), _alternation(pieces) if pieces else None
 
     def mask(line: bytes) -> bytes:
         line = values.sub(MASK, line)

@@ -25,7 +25,9 @@ from launcher.node.ship import node_argv
 from launcher.plan.shell import render_command
 from tests.helpers import frame_data, frames, kind_of_line, output_texts
 
-ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('V'), os.environ.get('SECRET'), os.getcwd()]))"
+# The secret comes back reversed: the agent masks its value in what ranks print (node/secretmask.py).
+ECHO = ("import json, os, sys; print(json.dumps([sys.argv[1:], os.environ.get('V'), (os.environ.get('SECRET') or '')[::-1], "
+        "os.getcwd()]))")
 HOSTILE = ["a;b", "$(id)", "`id`", "it's", 'say "hi"', "two  words", "line\nbreak", "naïve ☃ 漢字", "", "-rf", "*", "\\"]
 text_without_nul = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
 JOB_PREFIX = f"unit-{os.getpid()}-"
@@ -75,7 +77,7 @@ def test_hostile_values_and_secrets_arrive_verbatim_and_secrets_never_on_a_comma
         assert secret not in _command(job_id, [sys.executable, "-c", ECHO, value], {"V": value}, str(cwd))
         status, lines, job_id = _run_agent([sys.executable, "-c", ECHO, value], {"V": value}, str(cwd), {"SECRET": secret})
         assert status == 0 and kind_of_line(lines[0]) == "started"
-        assert json.loads(output_texts(lines)[0]) == [[value], value, secret, str(cwd)]
+        assert json.loads(output_texts(lines)[0]) == [[value], value, secret[::-1], str(cwd)]
         started = frame_data(lines[0])
         run_dir = Path(started["run_dir"])
         assert run_dir == Path(rundir.run_root()) / job_id

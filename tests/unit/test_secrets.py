@@ -22,3 +22,18 @@ def test_secrets_long_enough_are_given_as_they_are():
 def test_missing_secrets_are_named_together():
     with pytest.raises(SpecError, match="A, B not set in your environment"):
         read_secrets(["A", "B"], {})
+
+
+def test_the_agents_masking_on_bytes_matches_the_supervisors() -> None:
+    """node/secretmask.py masks before the node journals a line, by the rule of plan.shell.mask (issue 39, item 9);
+    a short secret (no piece of 8 characters) once made it loop on an empty pattern."""
+    from launcher.node.secretmask import masker
+    from launcher.plan.shell import mask
+
+    pem = "-----BEGIN KEY-----\n  b3BlbnNzaC1rZXktdjEAAAAA\n-----END KEY-----"
+    secrets = {"KEY": pem, "SHORT": "tok-", "EMPTY": ""}
+    masked = masker(secrets)
+    assert masked is not None and masker({"EMPTY": ""}) is None
+    for line in ("token tok-9 and b3BlbnNzaC1rZXktdjEAAAAA", "-----BEGIN KEY-----", "plain", "",
+                 "  b3BlbnNzaC1rZXktdjEAAAAA", "naïve ☃ tok-"):
+        assert masked(line.encode()).decode() == mask(line, secrets), line
