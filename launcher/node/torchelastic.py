@@ -1,7 +1,8 @@
 """torchrun's structured error file (``torch.distributed.elastic.multiprocessing.errors``) on a node.
 
 With ``TORCHELASTIC_ERROR_FILE`` set for torchrun (the plan sets it to ``node<N>.torchrun-error.json`` in the
-ranks' directory of the node's run directory, their ``LAUNCH_RUN_DIR``), torchrun records there either its first failed rank's error, copied from that rank's own
+ranks' directory of the node's run directory, their ``LAUNCH_RUN_DIR``), torchrun records there either its first
+failed rank's error, copied from that rank's own
 error file (written by ``@record`` around the rank's main: ``{"message": {"message": "ValueError: ...",
 "extraInfo": {"py_callstack", "timestamp"}, "errorCode": <the rank's exit code>}}``), or its own exception
 (a rendezvous that timed out). A rank without ``@record`` leaves no file: the reader then has torchrun's text.
