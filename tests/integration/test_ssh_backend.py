@@ -65,7 +65,9 @@ print("RESULT " + json.dumps({
     "secret_sha": hashlib.sha256(secret.encode()).hexdigest() if secret else None,
 }), flush=True)
 reporter = Reporter(every=1, warmup=0)
-for _ in range(int(os.environ.get("TEST_STEPS", "3"))):
+for step in range(int(os.environ.get("TEST_STEPS", "3"))):
+    while step == int(os.environ.get("TEST_GATE_STEP", "-1")) and not os.path.exists(os.environ["TEST_GATE_FILE"]):
+        time.sleep(0.05)  # held here until the test says so
     time.sleep(float(os.environ.get("TEST_STEP_S", "0.05")))
     dist.all_reduce(torch.ones(1))  # as data-parallel training does every step: a peer's loss stalls the rest
     reporter.step(samples=4)
@@ -416,6 +418,45 @@ def test_a_20_s_blip_of_the_supervisors_ssh_to_one_host_fails_nothing(testbed: t
     logs = _launch("logs", job_id, "--rank", "0", env={"LAUNCH_HOME": str(fresh)}).stdout
     assert [int(m) for m in re.findall(r"step (\d+) of rank 0", logs)] == list(range(1, steps + 1))
     assert sorted(r.step for r in Store(fresh).metrics(job_id) if r.rank == 1) == list(range(1, steps + 1))
+    _assert_clean(testbed, job_id)
+
+
+def test_a_job_another_store_took_over_is_refused_to_the_first_stores_plain_attach(testbed: tb.Testbed, tmp_path: Path,
+                                                                                     home: Path) -> None:
+    """Issue 34 on 2 SSH hosts: store 2 takes a running job over (`attach --cluster --takeover`, its own LAUNCH_HOME);
+    store 1's detached supervisor is fenced over its SSH channels, store 1's status says "taken over by generation 1
+    (process P on H)", and its plain attach is refused naming store 2's supervisor; store 2 follows the job to its end
+    with every line once."""
+    steps, gate = 40, tmp_path / "gate"
+    job = _job(tmp_path, steps=steps, step_s=0.1, nproc=1,
+               env={"TEST_STEP_LINES": "1", "TEST_GATE_FILE": str(gate), "TEST_GATE_STEP": "20"})
+    job_id = _launch("submit", str(job), "--cluster", str(_cluster(tmp_path, testbed)), "--detach").stdout.strip()
+    other = {"LAUNCH_HOME": str(tmp_path / "other-home")}
+    _wait_for(lambda: (_status(job_id)["metrics"]["steps"] or 0) >= 3, 120, "the first steps")
+    taker = subprocess.Popen([LAUNCH, "attach", job_id, "--cluster", str(tmp_path / "cluster.yaml"), "--takeover"],
+                             env={**os.environ, **other}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: _status(job_id)["supervisor"]["state"] == "taken_over", 120, "store 1's supervisor fenced")
+        taken = _status(job_id)["supervisor"]["taken_over_by"]
+        assert taken["generation"] == 1 and taken["pid"] == taker.pid, taken
+        refused = _launch("attach", job_id)
+        assert refused.returncode == 1, refused.stderr
+        assert f"is followed by another supervisor (generation 1, process {taker.pid} on " in refused.stderr, refused.stderr
+        listed = _launch("status", env={"COLUMNS": "300"}).stdout
+        assert "RUNNING taken over " in listed and "unattended" not in listed, listed
+        detail = _launch("status", job_id, env={"COLUMNS": "300"}).stdout
+        assert f"RUNNING, taken over by generation 1 (process {taker.pid} on " in detail, detail
+        gate.touch()
+        out, err = taker.communicate(timeout=240)
+        assert taker.returncode == 0 and f"job {job_id}: SUCCEEDED" in err, err[-3000:]
+    finally:
+        gate.touch()
+        if taker.poll() is None:
+            taker.terminate()
+            taker.communicate(timeout=60)
+    logs = _launch("logs", job_id, "--rank", "0", env=other).stdout
+    assert [int(m) for m in re.findall(r"step (\d+) of rank 0", logs)] == list(range(1, steps + 1))
     _assert_clean(testbed, job_id)
 
 
