@@ -2,103 +2,60 @@
 
 Unchanged, DeepSpeed's launcher lets every rank inherit its stdout: one pipe, no rank on a line, and
 two ranks' lines merged where print() wrote a text and its newline apart. ``with_rank_streams`` runs
-the launcher as ``RANK_STREAMS`` instead: a thread a rank writes the rank's whole lines, each behind
-``[RANK]:`` (as torchrun's tee does), in one write under a lock, cut at LIMIT bytes; the rest of the
-launcher is DeepSpeed's own. Standard library only: it runs on nodes.
+the launcher through ``rankrelay`` instead (a ``-c`` program that carries it and ``linecut``): each rank's
+whole lines behind ``[RANK]:``, as torchrun's tee does. Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import types
 
+from . import linecut
 from .safepath import SAFE_PATH
 
 DEEPSPEED_LAUNCH = ("-m", "deepspeed.launcher.launch")  # launcher.plan.commands.DEEPSPEED_MODULE, as the plan writes it
 
-# ``--enable_each_rank_log`` (files a rank) is left as DeepSpeed does it. Runs in the launcher's interpreter:
-# ``python -u -c RANK_STREAMS ...``.
-RANK_STREAMS = SAFE_PATH + r"""
-import os, subprocess, threading, time, types
-from deepspeed.launcher import launch
-
-LIMIT, DRAIN_S = 64 * 1024, 5.0
-lock, relays = threading.Lock(), []
-
-
-def write(data):
-    with lock:
-        while data:
-            try:
-                data = data[os.write(1, data):]
-            except OSError:
-                return
-
-
-def relay(fd, prefix):
-    pending, dropped = bytearray(), 0
-
-    def add(piece):
-        nonlocal dropped
-        room = max(0, LIMIT - len(pending))
-        pending.extend(piece[:room])
-        dropped += len(piece) - min(room, len(piece))
-
-    def emit():
-        nonlocal dropped
-        note = f" [launch: line cut at {LIMIT} bytes; {dropped} more dropped]".encode() if dropped else b""
-        write(prefix + bytes(pending) + note + b"\n")
-        pending.clear()
-        dropped = 0
-
-    with open(fd, "rb", buffering=0) as pipe:
-        while chunk := pipe.read(65536):
-            start = 0
-            while (end := chunk.find(b"\n", start)) >= 0:
-                add(chunk[start:end])
-                emit()
-                start = end + 1
-            add(chunk[start:])
-    if pending or dropped:
-        emit()
-
-
-class Popen(subprocess.Popen):
-    def __init__(self, args, *rest, **kwargs):
-        if rest or kwargs.get("stdout") is not None:
-            super().__init__(args, *rest, **kwargs)
-            return
-        read, write_end = os.pipe()
-        try:
-            super().__init__(args, stdout=write_end, stderr=write_end, **kwargs)
-        except BaseException:
-            os.close(read)
-            raise
-        finally:
-            os.close(write_end)
-        rank = (kwargs.get("env") or os.environ).get("RANK", "?")
-        thread = threading.Thread(target=relay, args=(read, f"[{rank}]:".encode()), daemon=True)
-        thread.start()
-        relays.append(thread)
-
-
-launch.subprocess = types.ModuleType("subprocess")
-launch.subprocess.__dict__.update(vars(subprocess), Popen=Popen)
-sys.argv[0] = launch.__file__
-try:
-    launch.main()
-finally:
-    deadline = time.monotonic() + DRAIN_S  # a process a rank left may hold its pipe open: the agent ends it
-    for thread in relays:
-        thread.join(max(0.0, deadline - time.monotonic()))
+# Runs in the launcher's interpreter (``python -u -c PROGRAM ...``): ``linecut`` and ``rankrelay`` made a package
+# there from their sources, as the node side's BOOT does for the agent, then ``rankrelay.main()``.
+_BOOT = """
+import json, types
+sources = json.loads({sources!r})
+sys.modules["launch_relay"] = package = types.ModuleType("launch_relay")
+package.__path__ = []
+for name in ("linecut", "rankrelay"):
+    module = types.ModuleType("launch_relay." + name)
+    module.__package__ = "launch_relay"
+    sys.modules[module.__name__] = module
+    exec(compile(sources[name], "<launch rank relay: " + name + ">", "exec"), module.__dict__)
+sys.modules["launch_relay.rankrelay"].main()
 """
 
 
+def _source(module: types.ModuleType) -> str:
+    """A node module's source, from its loader (a file here, the shipped sources on a node)."""
+    source = module.__loader__.get_source(module.__name__) if module.__loader__ is not None else None  # type: ignore[attr-defined]
+    if source is None:
+        raise RuntimeError(f"no source for {module.__name__}")
+    return source
+
+
+@functools.cache
+def program() -> str:
+    """The ``-c`` program that runs DeepSpeed's launcher through ``rankrelay``."""
+    from . import rankrelay  # compiled only where a job runs DeepSpeed's launcher
+
+    sources = {"linecut": _source(linecut), "rankrelay": _source(rankrelay)}
+    return SAFE_PATH + _BOOT.format(sources=json.dumps(sources))
+
+
 def with_rank_streams(argv: list[str]) -> list[str]:
-    """``argv`` with DeepSpeed's launcher run as ``RANK_STREAMS`` (each rank's lines whole and prefixed); else as is."""
+    """``argv`` with DeepSpeed's launcher run through ``rankrelay`` (each rank's lines whole and prefixed); else as is."""
     for at in range(len(argv) - 1):
         if (argv[at], argv[at + 1]) == DEEPSPEED_LAUNCH:
-            return [*argv[:at], "-c", RANK_STREAMS, *argv[at + 2:]]
+            return [*argv[:at], "-c", program(), *argv[at + 2:]]
     return list(argv)
 
 

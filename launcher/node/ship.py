@@ -30,7 +30,7 @@ from launcher.node.safepath import SAFE_PATH
 
 NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
                 "rendezvous", "rundir", "subreaper", "nccl", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode",
-                "main", "protocol", "linecut", "safepath", "torchelastic", "secretmask")
+                "main", "protocol", "linecut", "safepath", "torchelastic", "secretmask", "rankrelay")
 
 PACKAGE = "launch_node"
 BOOT = SAFE_PATH + """
@@ -43,6 +43,8 @@ class NodeSide:
         return ModuleSpec(fullname, self) if package == "launch_node" and name in SOURCES else None
     def create_module(self, spec):
         return None
+    def get_source(self, fullname):
+        return SOURCES[fullname.partition(".")[2]]
     def exec_module(self, module):
         name = module.__name__.partition(".")[2]
         exec(compile(SOURCES[name], "<launch node side: " + name + ">", "exec"), module.__dict__)

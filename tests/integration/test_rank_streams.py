@@ -4,12 +4,15 @@ stream it came on: two ranks print at once, one of them hostile."""
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,22 @@ def test_two_deepspeed_ranks_printing_at_once_arrive_as_whole_lines_each_behind_
         "a record claiming rank 0 on the stream of rank 1"]
     assert "[1]:debug: sending @@launch " in "\n".join(output), "a print that contains the marker is output, not a record"
     assert rankstreams.DEEPSPEED_LAUNCH == ("-m", argv[argv.index("-m") + 1]), "the agent knows the plan's spelling"
+
+
+def test_the_relay_is_the_shipped_module_and_cuts_a_ranks_lines_with_linecut(capfd: pytest.CaptureFixture[str]) -> None:
+    from launcher.node import linecut, rankrelay
+
+    carried = json.loads(ast.literal_eval(rankstreams.program().split("json.loads(", 1)[1].split(")\n", 1)[0]))
+    assert carried == {name: Path(module.__file__).read_text(encoding="utf-8")
+                       for name, module in (("linecut", linecut), ("rankrelay", rankrelay))}
+    read, write = os.pipe()
+    with open(write, "wb") as rank:  # more than a pipe holds: the relay reads while the rank writes
+        writer = threading.Thread(target=rank.write, args=(b"first\n" + b"x" * (linecut.LINE_LIMIT + 10) + b"\nlast",))
+        writer.start()
+        relaying = threading.Thread(target=rankrelay.relay, args=(read, b"[3]:"))
+        relaying.start()
+        writer.join()
+    relaying.join(30)
+    assert capfd.readouterr().out.splitlines() == [
+        "[3]:first", "[3]:" + "x" * linecut.LINE_LIMIT + f" [launch: line cut at {linecut.LINE_LIMIT} bytes; 10 more dropped]",
+        "[3]:last"]
