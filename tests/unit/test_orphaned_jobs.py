@@ -156,3 +156,33 @@ def test_a_submit_that_fails_once_the_job_is_recorded_ends_it_failed(home: Path,
     row = Store(home).job("orphan-0000bbbb")
     assert backend.closed and backend.started == []
     assert row.state == "FAILED" and "the terminal went away" in row.reason
+
+
+KEEPER = ("import sys; from pathlib import Path; from launcher.run import identity; "
+          "identity.record_keeper(Path(sys.argv[1]), sys.argv[3]); print('ready', flush=True); sys.stdin.read()")
+
+
+def test_a_watch_waits_while_a_keeper_can_restart_the_supervisor_and_gives_up_when_none_can(home: Path) -> None:
+    from launcher.run.cancel import SupervisorWatch
+
+    store = _recorded(home)
+    job_id = "orphan-0000aaaa"
+    _supervisor_that_exited(store, job_id)
+    said: list[str] = []
+    gone = SupervisorWatch(store, said.append)
+    assert gone(job_id) is not None and said == []  # no keeper: nothing can come back
+    keeper = subprocess.Popen([sys.executable, "-c", KEEPER, str(store.run_dir(job_id)), "launcher.run.detached", job_id],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert keeper.stdout.readline() == "ready\n"
+        assert gone(job_id) is None and gone(job_id) is None
+        assert len(said) == 1 and said[0].startswith(f"launch: job {job_id}: supervisor restarting, 1 of 3 (its process")
+        store.add_event(job_id, "supervisor_restarted", "restart 1")
+        store.add_event(job_id, "supervisor_restarted", "restart 2")
+        assert gone(job_id) is None and "supervisor restarting, 2 of 3" in said[-1] and len(said) == 2
+        store.add_event(job_id, "supervisor_lost", "not restarted again")
+        assert gone(job_id) is not None  # the keeper gave up
+    finally:
+        keeper.stdin.close()
+        keeper.wait(timeout=10)
+    assert gone(job_id) is not None
