@@ -73,6 +73,8 @@ def init(hosts, user, key_file, port, known_hosts, ssh_config, jump_host, python
         raise click.UsageError(f"{flags}: for SSH hosts only")
     if len(set(hosts)) != len(hosts):
         raise click.UsageError("a HOST is given twice; each host is one node")
+    for host in hosts:
+        _check_host(host)
     target = Path(out)
     overwrite = yes or force
     if not overwrite:
@@ -89,6 +91,24 @@ def init(hosts, user, key_file, port, known_hosts, ssh_config, jump_host, python
             "user": user, "port": port, "key_file": _spec_path(key_file), "known_hosts": _spec_path(known_hosts),
             "config_file": _spec_path(ssh_config), "jump_host": jump_host}.items() if value is not None})
         _write_ssh(command, target, overwrite, name or target.stem, hosts, ssh, python, yes)
+
+
+def _check_host(host: str) -> None:
+    """A HOST argument is a name or an address: ``user@host`` and ``host:port`` get the option that says it."""
+    from pydantic import ValidationError
+
+    from launcher.spec.cluster import NodeSpec
+
+    user, at, name = host.rpartition("@")
+    if at:
+        raise click.UsageError(f"{host!r}: give the user with --user, not in HOST: launch init {name} --user {user}")
+    name, colon, port = host.partition(":")
+    if colon and port.isdigit() and ":" not in port:
+        raise click.UsageError(f"{host!r}: give the port with --port, not in HOST: launch init {name} --port {port}")
+    try:
+        NodeSpec(host=host)
+    except ValidationError as exc:
+        raise click.UsageError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
 
 def _command_line(hosts, ssh_flags: dict, name, out, local: bool, ray_address) -> str:

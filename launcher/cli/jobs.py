@@ -110,13 +110,27 @@ def _say(text: str) -> None:
     click.echo(safe_text(text, colour=False), err=True)
 
 
+
+MAX_TAIL = 10**9  # --tail past this is every line (a larger N once ended in an OverflowError)
+
+
+def _check_node_and_rank(store, job: str, node: int | None, rank: int | None) -> None:
+    """A --node or --rank the job never had is an error naming what it has, not an empty listing and exit 0."""
+    row = store.job(job)
+    nodes = {n.node for n in store.nodes(row.id) if n.node is not None} | set(range(row.nnodes or 0))
+    if node is not None and nodes and node not in nodes:
+        raise click.BadParameter(f"job {row.id} has nodes {min(nodes)}-{max(nodes)}; no node {node}", param_hint="--node")
+    if rank is not None and row.world_size and rank >= row.world_size and not (row.plan or {}).get("elastic"):
+        raise click.BadParameter(f"job {row.id} has ranks 0-{row.world_size - 1}; no rank {rank}", param_hint="--rank")
+
 @click.command()
 @click.argument("job")
-@click.option("--node", type=int, help="Only this node.")
-@click.option("--rank", type=int, help="Only this global rank.")
+@click.option("--node", type=click.IntRange(min=0), help="Only this node.")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank.")
 @click.option("--attempt", type=int, help="Attempt (default: the latest).")
 @click.option("--since", metavar="WHEN", help="Only lines written since: a duration back (30s, 10m, 2h, 1d) or an ISO time.")
-@click.option("--tail", type=click.IntRange(min=0), metavar="N", help="Only the last N lines (after the other filters).")
+@click.option("--tail", type=click.IntRange(min=0, max=MAX_TAIL, clamp=True), metavar="N",
+              help="Only the last N lines (after the other filters).")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax), across all nodes.")
 @click.option("--timestamps", "-t", is_flag=True, help="Show when each line was written (local time).")
 @click.option("--follow", "-f", is_flag=True,
@@ -160,6 +174,7 @@ def logs(job, node, rank, attempt, since, tail, pattern, timestamps, follow, raw
     from launcher.run.cancel import SupervisorWatch
 
     store = Store()
+    _check_node_and_rank(store, job, node, rank)
     print_logs(store, job, query, follow=follow, fmt=fmt, out=echo_line, supervisor_gone=SupervisorWatch(store, _say),
                say=_say)
     if follow and not store.job(job).terminal:

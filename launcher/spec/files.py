@@ -76,8 +76,12 @@ def read_regular(path: Path, what: str, max_bytes: int) -> bytes:
         raise SpecError(f"{what}: {path} does not exist") from None
     except OSError as exc:
         raise SpecError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        _check(path, os.fstat(fd), what, max_bytes)  # before fdopen, which refuses a directory with its own error
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as handle:
-        _check(path, os.fstat(fd), what, max_bytes)
         try:
             data = handle.read(max_bytes + 1)
         except OSError as exc:

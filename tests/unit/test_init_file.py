@@ -174,3 +174,28 @@ def test_the_summary_table_marks_what_differs():
     rows = {line.split()[0]: line for line in console.export_text().splitlines() if line.strip().startswith("gpu-")}
     assert "2.3.1 !" in rows["gpu-1"] and "2.4.0 !" in rows["gpu-2"]
     assert "8 x NVIDIA A800-SXM4-80GB (80 GiB)" in rows["gpu-1"] and "!" not in rows["gpu-1"].replace("2.3.1 !", "")
+
+
+def test_a_user_or_port_in_a_host_gets_the_option_that_says_it_not_a_pydantic_traceback(home):
+    """Issue 39 (Low): `launch init user@host` and `host:22` printed pydantic's traceback."""
+    for host, said in (("root@gpu1", "give the user with --user, not in HOST: launch init gpu1 --user root"),
+                       ("gpu1:2222", "give the port with --port, not in HOST: launch init gpu1 --port 2222"),
+                       ("bad host", "'bad host' is not a host name or address")):
+        result = run_cli(home, "init", host)
+        assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert "pydantic" not in result.stderr
+
+
+def test_init_writes_its_file_never_through_a_planted_symlink(tmp_path, home):
+    """Issue 39, item 12: init wrote its draft at a fixed name beside the target (.NAME.launch-init), following a
+    symlink a co-tenant of a shared directory planted there onto a file of the user's."""
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / ".cluster.yaml.launch-init").symlink_to(victim)
+    result = run_cli(home, "init", "--local", "--out", str(shared / "cluster.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "mine\n"
+    assert load_cluster(shared / "cluster.yaml").backend == "local"
+    assert (shared / ".cluster.yaml.launch-init").is_symlink(), "the planted link is left as it was"

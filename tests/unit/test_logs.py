@@ -19,9 +19,10 @@ T0 = 1764547200.0  # 2025-12-01T00:00:00Z
 
 
 def make_job(home, job_id: str, node_lines: list[list[str]], attempt: int = 0) -> Store:
-    """A job in the store whose node N wrote ``node_lines[N]`` (lines as they stand in the file)."""
+    """A job in the store whose node N wrote ``node_lines[N]`` (lines as they stand in the file), 2 ranks a node."""
     store = Store(home)
-    job = JobSpec(name=job_id.split("-")[0], entrypoint=["python", "t.py"], batch={"micro_batch": 2})
+    job = JobSpec(name=job_id.split("-")[0], entrypoint=["python", "t.py"], batch={"micro_batch": 2},
+                  resources={"nodes": max(1, len(node_lines)), "nproc_per_node": 2})
     try:
         store.create_job(plan_job(job, cluster_spec(name="local"), job_id, rdzv_port=29500), {})
     except Exception:  # noqa: BLE001 - a second attempt of a job made before
@@ -79,6 +80,17 @@ def test_rank_node_grep_and_tail_filter_then_take_the_last(two_nodes):
     assert out_lines(run_cli(two_nodes, "logs", "two", "--grep", "ready|step", "--tail", "1")) == [
         "[1/3] step 10 loss 0.4"]
     assert out_lines(run_cli(two_nodes, "logs", "two", "--tail", "0")) == []
+
+
+def test_a_node_or_rank_the_job_never_had_or_a_huge_tail_is_said_not_a_silent_exit_0(two_nodes):
+    """Issue 39 (Low): --node 99 and --rank -1 printed nothing and exited 0; --tail 99999999999999999999999 an
+    OverflowError traceback."""
+    for args, said in ((["--node", "99"], "job two-000001 has nodes 0-1; no node 99"),
+                       (["--rank", "4"], "job two-000001 has ranks 0-3; no rank 4"),
+                       (["--rank", "-1"], "-1 is not in the range x>=0")):
+        result = run_cli(two_nodes, "logs", "two", *args)
+        assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    assert out_lines(run_cli(two_nodes, "logs", "two", "--tail", "99999999999999999999999"))[-1] == "[1] agent: node 1 done"
 
 
 def test_a_bad_regex_or_time_is_a_clear_usage_error(two_nodes):

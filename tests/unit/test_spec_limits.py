@@ -412,3 +412,12 @@ def test_invisible_and_direction_changing_characters_are_refused_in_paths(char, 
 def test_a_path_the_ranks_get_that_starts_with_a_dash_is_refused(key, tmp_path, capsys):
     err = validate(tmp_path, JOB + key + "--rm-rf}\n", capsys)
     assert "'--rm-rf' starts with '-', which the program would read as an option; write ./--rm-rf" in err
+
+
+def test_a_directory_given_as_a_file_is_one_line_not_an_is_a_directory_traceback(tmp_path, home):
+    """Issue 39 (Low): `launch attach JOB --cluster /tmp` ended in IsADirectoryError's traceback."""
+    from tests.helpers import run_cli
+
+    result = run_cli(home, "attach", "some-00000000", "--cluster", str(tmp_path))
+    assert result.returncode == 2 and f"{tmp_path} is a directory, not a regular file" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,9 +195,13 @@ def write(text: str, out: Path, overwrite: bool) -> ClusterSpec:
     out = out.expanduser()
     if not overwrite:
         refuse_existing(out)
-    temporary = out.with_name(f".{out.name}.launch-init")
+    temporary: Path | None = None
     try:
-        temporary.write_text(text, encoding="utf-8")
+        # a name of its own, created exclusively: a planted file or symlink at a fixed name was written through
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".launch-init", dir=out.parent)
+        temporary = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
         try:
             spec = load_cluster(temporary)
         except SpecError as exc:
@@ -210,7 +215,8 @@ def write(text: str, out: Path, overwrite: bool) -> ClusterSpec:
     except OSError as exc:
         raise LaunchError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:
-        temporary.unlink(missing_ok=True)
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
     return spec
 
 
