@@ -12,7 +12,7 @@ import sys
 import click
 
 from launcher.cli.output import CLUSTER_HELP, cancel_question, echo_reason, echo_safe_line, exit_for
-from launcher.errors import LaunchError, PreflightError
+from launcher.errors import LaunchError, PreflightError, SpecError
 from launcher.store.states import FailureKind, JobState
 from launcher.views.render import console
 
@@ -95,6 +95,11 @@ def _run(prepared, *, dry_run: bool, detach: bool, as_json: bool, skip_check: bo
     if dry_run:
         _print_plan(prepared, as_json)
         return
+    found = _checkpoint_found(prepared)
+    if found is not None and found[1] and not prepared.job.checkpoint.resume:
+        raise SpecError(f"checkpoint.dir: {found[1]}")
+    if found is not None:
+        click.echo(f"checkpoint: {found[0]}", err=True)
     for text in prepared.plan.warnings:
         click.echo(f"warning: {text}", err=True)
     quiet, store = as_json or detach, Store()
@@ -126,6 +131,22 @@ def _lost_the_leases(row) -> bool:
     return row.failure_kind == FailureKind.LEASES
 
 
+def _checkpoint_found(prepared) -> tuple[str, str | None] | None:
+    """A recipe job's ``checkpoint.dir`` that already holds a checkpoint (as this machine sees it): what the job would
+    do with it, and why it is refused without ``checkpoint.resume`` (None: its own, or unrecorded)."""
+    from launcher.catalog import checkpoints
+
+    job = prepared.job
+    directory = job.checkpoint.dir
+    found = checkpoints.saved(directory) if job.recipe and directory else None
+    if found is None:
+        return None
+    refused = checkpoints.refusal(directory, found, prepared.plan.job_id)
+    if refused and not job.checkpoint.resume:
+        return f"{found.describe(directory)}: refused unless checkpoint.resume: true", refused
+    return f"{found.describe(directory)}: this job resumes from step {found.step}", refused
+
+
 def _print_plan(prepared, as_json: bool) -> None:
     """`--dry-run`: the plan as text (with where its cluster came from and who is notified), or as JSON."""
     from launcher.views import render
@@ -145,6 +166,9 @@ def _plan_notes(prepared) -> list[tuple[str, str]]:
     notes = []
     if prepared.cluster_file is None:
         notes.append(("cluster", f"this machine: no --cluster, and none of {CLUSTER_LOOKUP} exists"))
+    found = _checkpoint_found(prepared)
+    if found is not None:
+        notes.append(("checkpoint", found[0]))
     notify = prepared.job.notify
     if notify is not None:
         told = [f"webhook {url}" for url in notify.webhooks] + [f"command {shlex.join(argv)}" for argv in notify.commands]

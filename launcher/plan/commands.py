@@ -71,6 +71,8 @@ def recipe_args(job: JobSpec, batch: BatchPlan, ds_config: dict | None) -> list[
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]
+    if job.checkpoint.resume:
+        args.append("--resume")
     if ds_config is not None:
         args += ["--ds-config-json", json.dumps(ds_config, sort_keys=True, separators=(",", ":"))]
     return args

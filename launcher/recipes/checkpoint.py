@@ -1,6 +1,6 @@
 """Save and resume training state, step included.
 
-Layout in ``--checkpoint-dir``: one folder per saved step (``step_00000500``)
+Layout in ``--checkpoint-dir`` (``launcher.catalog.checkpoints``): one folder per saved step (``step_00000500``)
 and a ``latest`` file naming the newest complete one (written last, by rank 0,
 atomically), the convention DeepSpeed uses for its own checkpoints.
 
@@ -31,10 +31,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from launcher.catalog.checkpoints import LATEST, latest_tag, tag_for, write_owner
 from launcher.catalog.strategies import CheckpointFormat, names
 from launcher.recipes.strategies import DeepSpeedTrainer, TorchTrainer, Trainer
 
-LATEST = "latest"
 LATEST_UNIVERSAL = "latest_universal"  # DeepSpeed's pointer to the newest universal checkpoint
 DEEPSPEED_MARKER = "*model_states.pt"
 DCP_MARKER = ".metadata"
@@ -55,20 +55,6 @@ class Position:
     samples: int | None
 
 
-def tag_for(step: int) -> str:
-    """The folder name of the checkpoint taken after ``step`` optimizer steps."""
-    return f"step_{step:08d}"
-
-
-def latest_tag(directory: str | os.PathLike) -> str | None:
-    """The newest complete checkpoint's tag in ``directory``, or None when there is none."""
-    marker = Path(directory) / LATEST
-    if not marker.is_file():
-        return None
-    tag = marker.read_text().strip()
-    return tag or None
-
-
 def save(trainer: Trainer, directory: str | os.PathLike, at: Position) -> None:
     """Save model, optimizer (and loss scaler) state with the position; every rank calls this."""
     directory = Path(directory)
@@ -76,6 +62,7 @@ def save(trainer: Trainer, directory: str | os.PathLike, at: Position) -> None:
     if trainer.checkpoint_format is CheckpointFormat.DEEPSPEED:
         assert isinstance(trainer, DeepSpeedTrainer)  # the catalog gives this format to DeepSpeed strategies only
         trainer.engine.save_checkpoint(str(directory), tag=tag, client_state={"step": at.step, "samples": at.samples})
+        _record_owner(directory, tag)
         return
     assert isinstance(trainer, TorchTrainer)  # every other strategy is DDP, FSDP2 or DataParallel
     model_state, optim_state = get_state_dict(trainer.module, trainer.optimizer)
@@ -84,7 +71,15 @@ def save(trainer: Trainer, directory: str | os.PathLike, at: Position) -> None:
     dist.barrier()
     if dist.get_rank() == 0:
         _write_latest(directory, tag)
+    _record_owner(directory, tag)
     dist.barrier()
+
+
+def _record_owner(directory: Path, tag: str) -> None:
+    """Rank 0 records which job saved ``tag`` (``catalog.checkpoints``), once ``latest`` names it."""
+    job = os.environ.get("LAUNCH_JOB_ID")
+    if job and dist.get_rank() == 0:
+        write_owner(directory, job, tag)
 
 
 def load_latest(trainer: Trainer, directory: str | os.PathLike) -> Position | None:

@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-path", default=None)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=_non_negative, default=0, help="0: only at the end")
+    p.add_argument("--resume", action="store_true",
+                   help="continue another job's run from its newest checkpoint in --checkpoint-dir (default: refused)")
     p.add_argument("--compile-mode", default=None, choices=COMPILE_MODES)
     p.add_argument("--ds-config-json", default=None, help="the full DeepSpeed config (DeepSpeed strategies)")
     p.add_argument("--seed", type=int, default=0)
@@ -222,9 +224,15 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
 def _resume(trainer, args: argparse.Namespace, global_batch: int, rank: int) -> int:
     """The step to go on from: the newest checkpoint's, at any world size, as long as the global batch is the
     one it was saved with (then samples consumed = step x global batch, and the data resumes where it was)."""
+    from launcher.catalog import checkpoints
     from launcher.recipes import checkpoint
 
     began = time.monotonic()
+    found = checkpoints.saved(args.checkpoint_dir)
+    refused = checkpoints.refusal(args.checkpoint_dir, found, os.environ.get("LAUNCH_JOB_ID", "")) \
+        if found is not None and os.environ.get("LAUNCH_JOB_ID") and not args.resume else None
+    if refused:
+        raise checkpoint.CheckpointError(refused)
     at = checkpoint.load_latest(trainer, args.checkpoint_dir)
     if at is None:
         return 0

@@ -121,6 +121,8 @@ class CheckpointSpec(Strict):
     dir: PathArg | None = Field(None, description="Where a recipe saves and resumes its checkpoints; none: no checkpoints.")
     every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Save every N optimizer steps (needs dir); 0: only at "
                              "the end.")
+    resume: bool = Field(False, description="Continue the run another job left in dir (its newest checkpoint); by "
+                         "default a job resumes only its own checkpoints and refuses another job's.")
 
     @field_validator("every_steps")
     @classmethod

@@ -64,3 +64,14 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
     assert f"  elastic: {shrunk[0]}" in shown.stdout.splitlines()  # in the header, however many events follow
     final = max((r for r in Store(home).metrics(job_id) if r.attempt == 1), key=lambda r: r.step)
     assert final.step == STEPS and final.extra["samples_consumed"] == STEPS * 12
+
+    # the same checkpoint.dir again: a new job would continue this run, so it says so and needs checkpoint.resume
+    held = f"{tmp_path / 'ckpt'} holds the checkpoint of job {job_id} after step {STEPS}"
+    again = subprocess.run(launch_argv("submit", str(job), "--cluster", str(LOCAL4)), capture_output=True, text=True,
+                           env=cli_env(home), cwd=ROOT)
+    assert again.returncode == 2 and f"{held}: job elastic-local-" in again.stderr, again.stderr
+    assert "set checkpoint.resume: true to continue it (--set checkpoint.resume=true)" in again.stderr
+    dry = subprocess.run(launch_argv("submit", str(job), "--cluster", str(LOCAL4), "--dry-run", "--set",
+                                     "checkpoint.resume=true"), capture_output=True, text=True, env=cli_env(home), cwd=ROOT)
+    assert f"  checkpoint  {held}: this job resumes from step {STEPS}" in dry.stdout.splitlines(), dry.stdout
+    assert " --resume" in dry.stdout

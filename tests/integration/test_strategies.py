@@ -38,11 +38,11 @@ CONVNET = ["--recipe", "convnet", "--precision", "fp32", "--micro-batch", "4", "
 BASELINE_STEPS = 6
 
 
-def _env() -> dict[str, str]:
+def _env(job_id: str = "test") -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=EXTENSIONS_CACHE,
-        OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", LAUNCH_JOB_ID="test",
+        OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", LAUNCH_JOB_ID=job_id,
         TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[${rank}]:",  # records are read from each rank's own stream
     )
     env.pop("LAUNCH_METRICS", None)
@@ -50,14 +50,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_ranks(args: list[str], timeout: float = 180, nproc: int = 2) -> tuple[int, str, list[dict]]:
+def run_ranks(args: list[str], timeout: float = 180, nproc: int = 2, job_id: str = "test") -> tuple[int, str, list[dict]]:
     """Run ``nproc`` ranks of the train entry point; returns (exit status, output without torchrun's rank
     prefixes, metric records read from each rank's prefixed stream)."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
         "--local-addr", "127.0.0.1", "--monitor-interval", "0.5", "--tee", "3", "-m", "launcher.recipes.train", *args,
     ]
-    proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(command, cwd=REPO, env=_env(job_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -149,6 +149,13 @@ def test_final_checkpoint_makes_a_restart_a_no_op(tmp_path):
     rc, output, records = run_ranks(common)
     assert_ok(rc, output)
     assert "resumed from step 3" in output.splitlines() and records == []
+    # another job on the same dir does not continue this run by surprise; with --resume (checkpoint.resume) it does
+    rc, output, records = run_ranks(common, nproc=1, job_id="other")
+    assert rc != 0 and f"{tmp_path} holds the checkpoint of job test after step 3: job other would continue " \
+        "that run; set checkpoint.resume: true" in output, output[-3000:]
+    rc, output, records = run_ranks([*common, "--grad-accum", "4", "--resume"], nproc=1, job_id="other")  # same batch
+    assert_ok(rc, output)
+    assert "resumed from step 3" in output.splitlines()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
