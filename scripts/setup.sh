@@ -2,7 +2,8 @@
 # Idempotent set-up for the quick start and the tests.
 #   scripts/setup.sh          a venv in .venv with launch and the training extras (torch, deepspeed, transformers)
 #   scripts/setup.sh --test   also the test tools, Ray, and (as root) Debian's openssh-server, iproute2, chromium,
-#                             podman and runc (made podman's default runtime by a drop-in file), slurm-wlm and munge,
+#                             podman and runc (made podman's default runtime by a drop-in file), docker.io (a dockerd
+#                             per test host, started and stopped by tests/docker_fixture.py), slurm-wlm and munge,
 #                             pdsh (the OpenSSH baseline of scripts/bench_fanout.py), prometheus (scrapes the dashboard)
 # Torch comes from pip's configured index: on the dev/CI machines that is a local CPU build (torch 2.13.0).
 set -euo pipefail

@@ -14,7 +14,7 @@ import pytest
 # the Unix users on theirs) or podman's image store (its modules are bed "a"'s).
 BED_FIXTURES = frozenset({"testbed", "testbeds", "slurm", "slurm_cluster", "ray_cluster", "unix_users"})
 
-pytest_plugins = ["tests.testbed_fixture", "tests.slurm_fixture", "tests.container_fixture", "tests.users_fixture", "tests.webhook"]
+pytest_plugins = ["tests.testbed_fixture", "tests.slurm_fixture", "tests.container_fixture", "tests.docker_fixture", "tests.users_fixture", "tests.webhook"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -240,3 +240,33 @@ def test_an_image_present_on_one_host_and_missing_on_another(testbed: tb.Testbed
         status, out, err = ssh_run(testbed, h2, shlex.join(argv), timeout=300)
         assert (status, out.split()) == (0, [h2.name, "SSH-2.0"]), err
     assert ssh_run(testbed, h2, present)[0] == 0  # the machine's store again
+
+
+FAKE_CDI_SPEC = {  # CDI is plain JSON/YAML (github.com/cncf-tags/container-device-interface, SPEC.md, version 0.5.0)
+    "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+    "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"},
+                                                                   {"path": "/dev/nvidia1", "hostPath": "/dev/zero"}]}}],
+    "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=all"], "deviceNodes": [{"path": "/dev/nvidiactl", "hostPath": "/dev/null"}]},
+}
+
+
+def test_a_gpu_nodes_container_gets_the_devices_of_a_cdi_spec(container_image: TestImage, tmp_path: Path) -> None:
+    """The GPU flag launch gives podman (``--device nvidia.com/gpu=all``) run for real through a fake CDI spec in
+    /run/cdi (a spec dir podman 4.3 reads): the container sees the spec's device nodes and environment. Docker 20.10
+    (Debian's docker.io) has no CDI: Docker nodes get ``--gpus all``, which needs NVIDIA's runtime, not tried here."""
+    if any(path for d in ("/etc/cdi", "/run/cdi") for path in Path(d).glob("nvidia*")):
+        pytest.skip("this machine has a CDI spec for NVIDIA devices: a fake one would conflict with it")
+    spec_file = Path("/run/cdi/launch-test-fake-gpu.json")
+    spec_file.parent.mkdir(exist_ok=True)
+    spec_file.write_text(json.dumps(FAKE_CDI_SPEC))
+    program = ("import json, os, stat; print(json.dumps({'devices': sorted(d for d in os.listdir('/dev') if d.startswith"
+               "('nvidia') and stat.S_ISCHR(os.stat('/dev/' + d).st_mode)), 'visible': os.environ.get('NVIDIA_VISIBLE_DEVICES')}))")
+    try:
+        argv = run_argv(container_image.spec(), _name("cdi"), [container_image.python, "-c", program], [], WORKDIR,
+                        gpus=2)
+        assert ("--device", "nvidia.com/gpu=all") in set(zip(argv, argv[1:]))
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    finally:
+        spec_file.unlink()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"devices": ["nvidia0", "nvidia1", "nvidiactl"], "visible": "all"}
