@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from launcher.backends.facts import FactsError, NodeFacts
 from launcher.catalog.strategies import get_strategy
-from launcher.node.ship import node_argv
+from launcher.node.ship import facts_argv
 from launcher.plan import containers
 from launcher.plan.commands import RECIPE_MODULE
 from launcher.plan.planner import NodePlan, Plan
@@ -36,7 +36,7 @@ def container_request(plan: Plan, spec: ContainerSpec, index: int) -> dict:
     """How a node checks the job's container (``spec``): runtime usable, image present or pulled, facts inside the image."""
     node = plan.nodes[index]
     probe_name = containers.ContainerName(f"{plan.job_id}-probe", index)
-    inside = node_argv(spec.python, "facts", {"modules": required_modules(plan), "workdir": node.cwd})
+    inside = facts_argv(spec.python, {"modules": required_modules(plan), "workdir": node.cwd})
     # a node that has (or may have) HCAs checks the image with what InfiniBand needs, memlock lowered by the node
     ib = any(containers.IB_DEVICES in option.args for option in node.run_options)
     return {

@@ -56,11 +56,16 @@ sys.exit(main.main(sys.argv[2:]))
 """
 
 
+# What the facts probe alone reads (no leases asked): what a container's probe ships, inside another node command's
+# request, whose one argument Linux caps at 128 KiB (the whole node side twice went over it).
+FACTS_MODULES = ("main", "facts", "pythons", "safepath")
+
+
 @functools.cache
-def payload() -> str:
-    """The node modules' sources, packed for BOOT (computed once a process)."""
+def payload(modules: tuple[str, ...] = NODE_MODULES) -> str:
+    """The sources of ``modules`` (every node module), packed for BOOT (computed once a process)."""
     folder = Path(__file__).parent
-    sources = [(name, (folder / f"{name}.py").read_text(encoding="utf-8")) for name in NODE_MODULES]
+    sources = [(name, (folder / f"{name}.py").read_text(encoding="utf-8")) for name in modules]
     return base64.b64encode(zlib.compress(json.dumps(sources).encode(), 9)).decode()
 
 
@@ -81,6 +86,12 @@ def node_argv(python: str, command: str, request: Request | dict) -> list[str]:
     """The argv that runs ``command`` (facts, agent, follow, slurm, list, end, stacks) with ``request`` (typed in
     ``launcher.node.protocol``; the facts probe's is a dict) under ``python`` on a node."""
     return [*_interpreter(python, command), "-c", BOOT, payload(), command, _text(request)]
+
+
+def facts_argv(python: str, request: dict) -> list[str]:
+    """``node_argv`` of the facts probe shipping only FACTS_MODULES: the probe a container of the job's image runs,
+    carried inside the node's own facts request (a ``leases`` key would not be answered)."""
+    return [*_interpreter(python, "facts"), "-c", BOOT, payload(FACTS_MODULES), "facts", _text(request)]
 
 
 def stdin_argv(python: str, command: str) -> list[str]:
