@@ -178,3 +178,54 @@ def test_a_node_planned_for_ib_whose_nccl_chose_sockets_is_a_warning() -> None:
     assert fallback_warnings(plain.model_dump(mode="json"), events) == []
     # a forged event (rank output is untrusted) is left out
     assert node_transports(stored, [{"kind": NCCL_EVENT, "data": {"node": 0, "host": "x", "kind": "IB\n"}}]) == []
+
+
+class _Frames:
+    """What the sampler writes: (kind, data) of each frame."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[object, dict]] = []
+
+    def event(self, kind, data: dict) -> None:
+        self.frames.append((kind, data))
+
+
+def test_the_agents_sampler_sends_the_transport_once_and_again_when_it_changes(tmp_path: Path) -> None:
+    import socket
+
+    from launcher.node.protocol import FrameKind
+    from launcher.node.sampler import Sampler
+
+    out = _Frames()
+    sampler = Sampler("ib-00000001", 0, out, gpus=8, run_dir=str(tmp_path))  # type: ignore[arg-type]
+    sampler.report_transport(str(tmp_path))
+    assert out.frames == []  # no communicator yet: nothing said
+    log = tmp_path / f"nccl.{socket.gethostname()}.2712.log"
+    log.write_text((FIXTURES / "socket_fallback.log").read_text())
+    sampler.report_transport(str(tmp_path))
+    sampler.report_transport(str(tmp_path))
+    assert [(kind, data["kind"]) for kind, data in out.frames] == [(FrameKind.NCCL, "Socket")]
+    assert Transport.from_json(out.frames[0][1]) == read(_fixture("socket_fallback.log"))
+
+
+def test_launch_status_shows_each_nodes_transport_and_the_fallback_warning() -> None:
+    from rich.console import Console
+
+    from launcher.metrics.summary import JobSummary
+    from launcher.store.rows import JobRow
+    from launcher.views.jobstatus import JobStatus, job_detail, job_object
+
+    plan = plan_job(_job(), _cluster(), "ib-00000001", rdzv_port=29500,
+                    probes={0: NodeNetwork("ib0", "10.0.0.1", ("mlx5_0",)), 1: NodeNetwork("ib0", "10.0.0.2", ("mlx5_0",))})
+    events = tuple({"t": 0.0, "kind": NCCL_EVENT, "message": "", "data": {"node": i, "host": h, **read(_fixture(f)).as_json()}}
+                   for i, h, f in ((0, "a800-01", "ib_gdr.log"), (1, "a800-02", "socket_fallback.log")))
+    status = JobStatus(JobRow("ib-00000001", "ib", None, plan=plan.model_dump(mode="json")), JobSummary(), nodes=(),
+                       events=events)
+    shown = job_object(status)["nccl"]
+    assert [(t["node"], t["kind"], bool(t["warning"])) for t in shown] == [(0, "IB", False), (1, "Socket", True)]
+    console = Console(width=300, record=True)
+    for part in job_detail(status):
+        console.print(part)
+    text = console.export_text()
+    assert "nccl: node 0 a800-01: IB mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1 GDR, NCCL 2.21.5+cuda12.4, 4 channels" in text
+    assert "warning: node 1 (a800-02) was planned for InfiniBand (NCCL_IB_HCA=mlx5_0) but NCCL chose TCP sockets" in text
