@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -133,30 +134,42 @@ class Notifier:
         return [mask(problem, self.secrets) for problem in problems if problem]
 
     def _run(self, argv: list[str], notice: Notice) -> str | None:
+        """Run one command for at most ``timeout`` seconds. Its stderr goes to a file, not a pipe: a helper it
+        leaves behind (a daemon) holding stderr open cannot hold the supervisor; past the timeout its process
+        group is killed and nothing more is awaited but the command itself."""
         what = f"notify command {argv[0]}"
-        try:
-            proc = subprocess.Popen(argv, env={**os.environ, **notice.as_env()}, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            return f"{what} could not start: {exc.strerror or exc}"
         assert self.spec is not None
-        try:
-            _, err = proc.communicate(timeout=self.spec.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # our own child's session: nothing else is in it
-            proc.communicate()
-            return f"{what} took longer than {self.spec.timeout:g} s and was killed"
-        if proc.returncode != 0:
-            said = err.decode(errors="replace").strip().splitlines()
-            tail = f": {said[-1][:OUTPUT_SHOWN]}" if said else ""
-            return f"{what} exited with {proc.returncode}{tail}"
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.Popen(argv, env={**os.environ, **notice.as_env()}, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            except OSError as exc:
+                return f"{what} could not start: {exc.strerror or exc}"
+            try:
+                proc.wait(timeout=self.spec.timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # our own child's session: nothing else is in it
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                return f"{what} took longer than {self.spec.timeout:g} s and was killed"
+            if proc.returncode != 0:
+                err.seek(max(0, os.fstat(err.fileno()).st_size - 4 * OUTPUT_SHOWN))
+                said = err.read().decode(errors="replace").strip().splitlines()
+                tail = f": {said[-1][:OUTPUT_SHOWN]}" if said else ""
+                return f"{what} exited with {proc.returncode}{tail}"
         return None
 
     def _post(self, url: str, notice: Notice) -> str | None:
         assert self.spec is not None
         whole = SECRET_REFERENCE.sub(lambda match: self.secrets.get(match[1], ""), url)
         parts = urlsplit(whole)
-        shown = f"{parts.scheme}://{parts.hostname or '?'}" + (f":{parts.port}" if parts.port else "")
+        try:
+            port = parts.port
+        except ValueError as exc:  # a port out of range: this webhook's problem, never the next notifier's
+            return f"notify webhook {url}: {exc}"
+        shown = f"{parts.scheme}://{parts.hostname or '?'}" + (f":{port}" if port else "")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return f"notify webhook {url}: not an http:// or https:// URL once its secrets are put in"
         body = json.dumps({**asdict(notice), "at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -168,7 +181,7 @@ class Notifier:
                 answer.read(OUTPUT_SHOWN)
         except urllib.error.HTTPError as exc:
             return f"notify webhook {shown} answered {exc.code} {exc.reason}"
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             return f"notify webhook {shown} could not be reached: {reason}"
         return None

@@ -142,13 +142,18 @@ class DeepSpeedSpec(Strict):
     )
 
 
+# The agents look for a supervisor's contact every second and a supervisor touches them every second: a shorter
+# unattended_timeout (1e-300 validated once) would end a supervised job at the first late touch.
+MIN_UNATTENDED_S = 5.0
+
+
 class WatchSpec(Strict):
     stall_timeout: FiniteFloat = Field(
         300.0, gt=0, le=WEEK_S, description="Seconds without progress before a job is called stalled (at most a week).",
     )
     grace_period: FiniteFloat = Field(5.0, ge=0, le=3600, description="Seconds between TERM and KILL on teardown.")
     unattended_timeout: FiniteFloat | None = Field(
-        1800.0, gt=0, le=WEEK_S,
+        1800.0, ge=MIN_UNATTENDED_S, le=WEEK_S,
         description="Seconds the node agents keep the job running with no supervisor in contact (its machine "
         "crashed, its network is down), then end it on every node; null: run to the end unattended.",
     )

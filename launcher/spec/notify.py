@@ -30,6 +30,11 @@ def _webhook(url: str) -> str:
     parts = urlsplit(SECRET_REFERENCE.sub("secret", url))
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{url!r} is not an http:// or https:// URL (a whole URL kept secret is written '${{NAME}}')")
+    if not SECRET_REFERENCE.search(urlsplit(url).netloc):  # a port kept secret is checked when sent
+        try:
+            parts.port  # noqa: B018 - urllib checks the port when it is read
+        except ValueError:
+            raise ValueError(f"{url!r}: its port is not a number from 0 to 65535") from None
     return url
 
 

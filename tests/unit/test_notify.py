@@ -69,8 +69,45 @@ def test_a_command_past_its_timeout_is_killed_and_reported(tmp_path):
     assert started.exists()
 
 
+# A helper that outlives its command (a daemon: its own session, stderr still open) until the test ends it.
+DAEMONIZES = """import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    time.sleep(600)
+    os._exit(0)
+time.sleep(int(sys.argv[2]))
+"""
+
+
+def test_a_command_that_leaves_a_daemon_holding_stderr_never_holds_the_supervisor_past_the_timeout(tmp_path, hook):
+    """Issue 39, item 11: such a command held the supervisor 95 s for a timeout of 3 s (for ever when the helper
+    kept stderr); a webhook with a port out of range then silenced every later notifier."""
+    import os
+    import signal
+    import time
+
+    daemons = [tmp_path / "quick.pid", tmp_path / "slow.pid"]
+    spec = NotifySpec.model_construct(on=["failed"], timeout=1.0, commands=[
+        [sys.executable, "-c", DAEMONIZES, str(daemons[0]), "0"],
+        [sys.executable, "-c", DAEMONIZES, str(daemons[1]), "600"]], webhooks=["http://127.0.0.1:99999/x", hook.url])
+    started = time.monotonic()
+    try:
+        problems = Notifier(spec, {}).send(_notice())
+        took = time.monotonic() - started
+    finally:
+        for path in daemons:
+            if path.exists():
+                os.kill(int(path.read_text()), signal.SIGKILL)
+    assert took < 5, f"send took {took:.1f} s for two commands of a 1 s timeout"
+    assert problems[0] == f"notify command {sys.executable} took longer than 1 s and was killed"
+    assert problems[1].startswith("notify webhook http://127.0.0.1:99999/x: Port out of range")
+    assert len(problems) == 2 and len(hook.posts) == 1, "the webhook after the bad one was still told"
+
+
 @pytest.mark.parametrize("notify, secrets, message", [
     ({"webhooks": ["ftp://example.org/x"]}, [], "is not an http:// or https:// URL"),
+    ({"webhooks": ["http://example.org:99999/x"]}, [], "its port is not a number from 0 to 65535"),
     ({"webhooks": ["https://hooks.example/${HOOK}"]}, [], "webhooks name ${HOOK}, which secrets: does not list"),
     ({"commands": [[]]}, [], "each command is a non-empty argument list"),
     ({"on": ["exploded"]}, [], "Input should be 'succeeded', 'failed', 'cancelled', 'restarted' or 'unattended'"),

@@ -421,3 +421,16 @@ def test_a_directory_given_as_a_file_is_one_line_not_an_is_a_directory_traceback
     result = run_cli(home, "attach", "some-00000000", "--cluster", str(tmp_path))
     assert result.returncode == 2 and f"{tmp_path} is a directory, not a regular file" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_unattended_timeout_below_the_agents_contact_period_is_refused():
+    """Issue 39 (Low): watch.unattended_timeout: 1e-300 validated, and would end a supervised job at once."""
+    import pytest
+    from pydantic import ValidationError
+
+    from launcher.spec.job import MIN_UNATTENDED_S, JobSpec
+
+    for value in (1e-300, 0.5):
+        with pytest.raises(ValidationError, match="greater than or equal to 5"):
+            JobSpec(name="j", entrypoint=["train.py"], watch={"unattended_timeout": value})
+    assert JobSpec(name="j", entrypoint=["train.py"], watch={"unattended_timeout": MIN_UNATTENDED_S}).watch.unattended_timeout == 5
