@@ -45,6 +45,9 @@ from launcher.views.nccl import NCCL_EVENT
 from launcher.views.terminal import safe_text
 
 _RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
+_EXIT_BARRIER = re.compile(r"\bError waiting on exit barrier\b")
+_TRACE_LINE = re.compile(r"^(Traceback \(most recent call last\):|\s|$|The above exception|During handling of the above|"
+                         r"[\w.]+(Error|Exception)\b)")
 TAIL_LINES = 200
 MAX_JOINED = 1_000_000  # node 0's count of rendezvous connections is rank output's kin: bounded
 JOURNAL_STOPPED = "journal_stopped"  # the event filed when a node's journal keeps no more lines
@@ -70,6 +73,26 @@ def journal_stopped(node: int, frame: Frame) -> str:
         return f"launch: node {node}: journal full at {limit if limit is not None else '?'} bytes: {after}"
     return (f"launch: node {node}: its journal cannot be written ({frame.get_text('error', 300) or 'no reason given'}): "
             f"{after}")
+
+
+class ExitBarrierTrace:
+    """torchrun's agent waits at an exit barrier only once its node's ranks all exited 0; when another node's agent
+    (node 0's, which holds the store) has already gone, it logs ``Error waiting on exit barrier`` and a DistNetworkError
+    trace of some 30 lines although the job succeeded. Those lines of the agent's own output (never a rank's) are
+    kept in the node's log and left off the console, where one line says what happened."""
+
+    def __init__(self) -> None:
+        self.lines = 0  # lines of the trace seen so far (0: not in one)
+
+    def quiet(self, text: str) -> bool:
+        """Whether an unprefixed line of the node's output belongs to that trace."""
+        if _EXIT_BARRIER.search(text):
+            self.lines = 1
+        elif self.lines and _TRACE_LINE.match(text):
+            self.lines += 1
+        else:
+            self.lines = 0
+        return self.lines > 0
 
 
 def logged_after(path: Path, offset: int | None) -> list[str]:
@@ -142,6 +165,7 @@ class NodeWatcher:
         self._agent_exit: int | None = None
         self._recorded: failures.RecordedError | None = None
         self._reported: int | None = None
+        self._barrier = ExitBarrierTrace()
         self._clock = NodeClock()
         self._heard: float | None = None
         self._log_error: OSError = OSError("its log file was not opened")
@@ -299,12 +323,22 @@ class NodeWatcher:
             self._marked = self.count
             return
         match = _RANK_PREFIX.match(text)
+        quiet = match is None and self._barrier.quiet(text)
+        if quiet and self._barrier.lines == 1:
+            self._echo(f"[{node}] torchrun's exit barrier failed after every rank of this node exited 0 (another node's "
+                       f"agent ended first); its trace is kept in the node's log (launch logs --node {node})")
         self._show(f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}", text, log,
-                   _wall(parsed.at, at))
+                   _wall(parsed.at, at), echo=not quiet)
 
-    def _show(self, shown: str, text: str, log: CappedLog | None, stamp: float) -> None:
+    def _echo(self, shown: str) -> None:
+        try:
+            self._relay.echo(safe_text(shown))
+        except OSError:
+            pass  # the console is gone (its terminal closed): the line is in the log, and the job goes on
+
+    def _show(self, shown: str, text: str, log: CappedLog | None, stamp: float, echo: bool = True) -> None:
         """A line of the node's output: its tail, its log file (unless the file has it already) stamped with the
-        node's wall clock ``stamp``, the console."""
+        node's wall clock ``stamp``, the console (unless not ``echo``)."""
         relay = self._relay
         with self._lock:
             self._tail.append(shown)
@@ -315,10 +349,8 @@ class NodeWatcher:
         else:
             self._logged.clear()
             self._write(log, f"{stamp:.3f} {shown}\n")
-        try:
-            relay.echo(safe_text(shown))
-        except OSError:
-            pass  # the console is gone (its terminal closed): the line is in the log, and the job goes on
+        if echo:
+            self._echo(shown)
         if time.monotonic() - self._marked_at >= MARK_S:
             self._mark()
 
