@@ -152,6 +152,14 @@ class Nodes:
                              f"{len(self.watchers)} node(s) from the lines the store has",
                              {"pid": os.getpid(), "seen": {w.handle.index: w.count for w in self.watchers}})
 
+    def stuck(self, now: float, after: float) -> tuple[int, float] | None:
+        """A node whose watcher has been stuck on one line for ``after`` seconds (its echo blocked), and since when."""
+        for watcher in self.watchers:
+            since = watcher.stuck_since(now, after)
+            if since is not None:
+                return watcher.handle.index, since
+        return None
+
     def heard(self) -> list[float | None]:
         """When each node still running last wrote a line that was read (its time, on the supervisor's clock)."""
         return [watcher.heard() for watcher in self.watchers if watcher.handle.index not in self.exits]

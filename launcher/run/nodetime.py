@@ -6,8 +6,9 @@ smallest offset seen between it and the supervisor's clock at receipt (the faste
 ``DRIFT`` of the time between lines, for the two clocks' drift), so lines read late (the supervisor paused,
 asleep, or blocked on a locked store) keep the time they happened. ``Attention`` notices that the supervisor's
 loop was away (a round that came ``AWAY_S`` late) and holds every verdict until each node has been heard from
-since it came back: the supervisor has taken in what its nodes journaled meanwhile. A node that says nothing
-at all holds them for at most ``limit`` seconds. Pure: times are passed in.
+since it came back: the supervisor has taken in what its nodes journaled meanwhile. A watcher stuck on one
+line (its echo blocked: a foreground output nobody reads) is such an absence too (``hold``). A node that says
+nothing at all holds them for at most ``limit`` seconds. Pure: times are passed in.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from launcher.node.protocol import NodeTime
 
 DRIFT = 1e-4  # 100 ppm: more than two computers' clocks drift apart
 CLOCK_BACK_S = 1.0  # a node's monotonic clock that went back further: another boot, its offset taken afresh
-AWAY_S = 5.0  # a loop round this late (its poll is 0.1 s): the supervisor did not take in what its nodes sent
+AWAY_S = 5.0  # a loop round this late (its poll is 0.1 s), or a watcher on one line this long: what nodes sent waits
 
 
 class NodeClock:
@@ -52,6 +53,7 @@ class Away:
     back: float
     caught_up: bool = False
     settled: float = 0.0
+    what: str = "supervisor was away"
 
     @property
     def seconds(self) -> float:
@@ -59,8 +61,8 @@ class Away:
 
     def describe(self) -> str:
         if self.caught_up:
-            return f"supervisor was away {self.seconds:.0f} s; caught up"
-        return (f"supervisor was away {self.seconds:.0f} s; not every node was heard from within "
+            return f"{self.what} {self.seconds:.0f} s; caught up"
+        return (f"{self.what} {self.seconds:.0f} s; not every node was heard from within "
                 f"{self.settled - self.back:.0f} s after: judging on what came")
 
 
@@ -77,8 +79,15 @@ class Attention:
         if self._last is not None:
             gap = max(wall - self._last[0], mono - self._last[1])
             if gap >= AWAY_S:
-                self._away = Away(self._away.left if self._away is not None else self._last[0], wall)
+                away = self._away
+                self._away = Away(away.left, wall, what=away.what) if away is not None else Away(self._last[0], wall)
         self._last = (wall, mono)
+
+    def hold(self, since: float, wall: float, what: str) -> None:
+        """The loop runs but cannot take in what a node sends (``what``: its watcher has been stuck on one line since
+        ``since``, its echo blocked): an absence until it is taken in again."""
+        left = min(self._away.left, since) if self._away is not None else since
+        self._away = Away(left, wall, what=self._away.what if self._away is not None else what)
 
     def settle(self, heard: Iterable[float | None], now: float) -> Away | None:
         """Once after an absence: the absence, when every node (``heard``: when each last wrote a line read) has
@@ -90,7 +99,7 @@ class Attention:
         if not caught_up and now - away.back < self.limit:
             return None
         self._away = None
-        return Away(away.left, away.back, caught_up, now)
+        return Away(away.left, away.back, caught_up, now, away.what)
 
     @property
     def waiting(self) -> bool:

@@ -39,7 +39,7 @@ from launcher.run.finish import Outcome, finish
 from launcher.run.intake import Intake
 from launcher.run.liveness import HangDetector, Liveness
 from launcher.run.nodes import Nodes, in_charge, kept_record
-from launcher.run.nodetime import Attention
+from launcher.run.nodetime import AWAY_S, Attention
 from launcher.run.notify import Notifier
 from launcher.run.replanning import Moved, Replanner, on_nodes_left, without_twice_failed
 from launcher.run.restarts import why_not_restart
@@ -390,6 +390,10 @@ class Supervisor:
         """Take in what the nodes sent (``Attention``: a loop that was away, paused, asleep or held up, judges
         only once it has heard every node since it came back), and say so after an absence."""
         attention.round(time.time(), time.monotonic())
+        stuck = nodes.stuck(time.time(), AWAY_S)
+        if stuck is not None:
+            attention.hold(stuck[1], time.time(), f"node {stuck[0]}'s lines could not be taken in (the foreground "
+                                                  "output blocked) for")
         heard = nodes.heard()  # before the hand-overs are taken: what was heard by then is among them
         waited = self._intake.observe(self.live)
         attention.round(time.time(), time.monotonic())

@@ -168,6 +168,7 @@ class NodeWatcher:
         self._barrier = ExitBarrierTrace()
         self._clock = NodeClock()
         self._heard: float | None = None
+        self._handling_since: float | None = None  # a line being handled since (its echo may block on a full pipe)
         self._log_error: OSError = OSError("its log file was not opened")
         self.errors = 0
         self.fenced: dict | None = None  # the newer generation's record once the node refused this reader
@@ -184,6 +185,12 @@ class NodeWatcher:
         """When the node wrote the newest line read from it (its time, on the supervisor's clock); None before one."""
         with self._lock:
             return self._heard
+
+    def stuck_since(self, now: float, after: float) -> float | None:
+        """Since when the watcher has been handling one line, if for ``after`` seconds or more (its echo blocked: a
+        foreground output nobody reads); None while it takes its node's lines in."""
+        since = self._handling_since
+        return since if since is not None and now - since >= after else None
 
     def contact(self) -> OutOfContact | None:
         """None while the node's stream flows; else since when it is out of contact and how the tries went."""
@@ -237,6 +244,7 @@ class NodeWatcher:
                 if got == 1:
                     with self._lock:
                         self._contact = self._after_try = None
+                self._handling_since = time.time()
                 try:
                     self._line(parsed, log)
                 except Exception as exc:  # noqa: BLE001 - one bad line must not stop the relay (counted in _line)
@@ -244,6 +252,8 @@ class NodeWatcher:
                     self._relay.losses.add(exc, lines=1)
                     if self.errors == 1:
                         self._relay.note(f"node {self.handle.index}: a line could not be handled: {exc!r}")
+                finally:
+                    self._handling_since = None
         except Exception as exc:  # noqa: BLE001 - the node's channel broke: its exit code says the rest
             self._relay.note(f"node {self.handle.index}: reading its output failed: {exc!r}")
         return got

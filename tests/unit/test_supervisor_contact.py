@@ -247,3 +247,32 @@ def test_the_supervisor_loses_an_unreachable_node_only_once_the_job_stops_progre
     assert backend.unreachable == [1]
     kinds = [event["kind"] for event in store.events(plan.job_id)]
     assert "contact_lost" in kinds and kinds.index("contact_lost") < kinds.index("node_failed")
+
+
+def test_a_watcher_whose_echo_blocks_is_stuck_and_the_loop_holds_its_verdicts(tmp_path):
+    """Issue 39: a foreground output nobody reads blocks the echo; the supervisor cannot take in that node's lines,
+    so it judges nothing until they come in again (``Attention.hold``), then says how long."""
+    import threading
+    import time
+
+    from launcher.run.nodetime import Attention
+
+    release = threading.Event()
+    relay = Relay(world_size=4, secrets={}, echo=lambda line: release.wait(10), note=lambda text: None,
+                  sequence=iter(range(10**6)).__next__)
+    watcher = NodeWatcher(Journal(JOURNAL).handle(0), "h2", tmp_path / "n1.log", relay)
+    began = time.time()
+    stuck = None
+    while stuck is None and time.time() - began < 10:
+        stuck = watcher.stuck_since(time.time(), 0.2)
+    assert stuck is not None and watcher.heard() is not None
+    attention = Attention(limit=15)
+    attention.round(began, 0.0)
+    attention.hold(stuck, stuck + 30, "node 1's lines could not be taken in (the foreground output blocked) for")
+    assert attention.waiting and attention.settle([watcher.heard()], stuck + 30.1) is None
+    release.set()
+    watcher.join(10)
+    assert watcher.done and watcher.stuck_since(time.time(), 0.0) is None
+    back = attention.settle([stuck + 30.2], stuck + 30.3)
+    assert back is not None and back.describe() == \
+        "node 1's lines could not be taken in (the foreground output blocked) for 30 s; caught up"
