@@ -239,13 +239,20 @@ def make_supervisor(
     from launcher.run.notify import Notifier
     from launcher.run.supervisor import Supervisor
 
+    mirror = None
+    if job.tracking is not None and (job.tracking.mlflow or job.tracking.wandb):
+        from launcher.run.trackers import configured
+        from launcher.run.tracking import make_mirror
+
+        mirror = make_mirror(store, job.tracking, job.model_dump(mode="json", exclude_none=True), plan, secrets,
+                             configured)
     return Supervisor(
         store, plan, backend, echo=echo, warn=warn, stage=stage, secrets=secrets, grace=job.watch.grace_period,
         restarts=job.restarts, restart_on=job.restart_on, stall_timeout=job.watch.stall_timeout,
         replan=replanner(job, cluster, store, run_check) if job.leave_out_failed_nodes else None,
         place=placer(job, cluster),
         elastic=elastic_replanner(job, cluster, store, run_check) if job.elastic else None,
-        notifier=Notifier(job.notify, secrets) if job.notify else None, generation=generation,
+        notifier=Notifier(job.notify, secrets) if job.notify else None, mirror=mirror, generation=generation,
     )
 
 

@@ -45,6 +45,7 @@ from launcher.run.replanning import Moved, Replanner, on_nodes_left, without_twi
 from launcher.run.restarts import why_not_restart
 from launcher.run.scheduled import SchedulerEvents
 from launcher.run.step import Attempt, CancelAsked, Do, Event, Fenced, Stalled, step
+from launcher.run.tracking import Mirror
 from launcher.run.watcher import Relay
 from launcher.spec.notify import NotifyEvent
 from launcher.store.db import Store
@@ -81,6 +82,7 @@ class Supervisor:
         place: Callable[[Plan, Preflight], Plan] | None = None,
         elastic: ElasticReplanner | None = None,
         notifier: Notifier | None = None,
+        mirror: Mirror | None = None,
         generation: int = 0,
     ) -> None:
         """``replan`` (given with ``leave_out_failed_nodes``) re-plans a restart without the hosts given:
@@ -102,6 +104,7 @@ class Supervisor:
         self.place = place
         self.elastic = elastic
         self.notifier = notifier
+        self.mirror = mirror
         self.generation = generation
         self.first_failures: collections.Counter[str] = collections.Counter()
         self.hangs = HangDetector(stall_timeout, plan.max_steps, [n.host for n in plan.nodes]) if stall_timeout else None
@@ -224,6 +227,8 @@ class Supervisor:
         try:
             identity.record(self.run_dir, job_id, self.generation)
             self.store.update_job(job_id, supervisor_pid=os.getpid(), supervisor_at=time.time())
+            if self.mirror is not None:
+                self._guarded("starting the trackers' mirror", self.mirror.start)
             if resume is not None:
                 self._resume_attempt = resume
                 outcome = self._attempts(resume)
@@ -244,6 +249,8 @@ class Supervisor:
                 state = self._finish(outcome)
         if fenced is not None:
             self._quiet.set()
+            if self.mirror is not None:  # the newer supervisor mirrors on from the cursor
+                self._guarded("stopping the trackers' mirror", self.mirror.stop)
             raise fenced
         return state
 
@@ -254,6 +261,9 @@ class Supervisor:
         self._intake.file_losses(self.live)
         state = finish(self.store, job_id, outcome.with_losses(self._intake.lost), self.internal_note)
         self._guarded("notifying", lambda: self._notify(state))
+        if self.mirror is not None:
+            mirror = self.mirror
+            self._guarded("closing the trackers' runs", lambda: mirror.close(state))
         return state
 
     def _notify(self, state: JobState, reason: str | None = None, event: NotifyEvent | None = None) -> None:

@@ -22,6 +22,7 @@ from launcher.spec.container import ContainerSpec
 from launcher.spec.elastic import ElasticSpec, min_nodes_problem
 from launcher.spec.fields import MAX_NODES, MAX_PROCS_PER_NODE, MAX_STEPS, WEEK_S, Arg, EnvName, FiniteFloat, Line, Name
 from launcher.spec.notify import NotifySpec
+from launcher.spec.tracking import TrackingSpec
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 DEFAULT_RECIPE_STEPS = 100  # a recipe's length when the spec gives no max_steps
@@ -223,6 +224,10 @@ class JobSpec(Strict):
     notify: NotifySpec | None = Field(
         None, description="Commands and webhooks told when the job succeeds, fails, is cancelled, restarts or is left "
         "unattended (docs/NOTIFY.md); a notifier that fails is an event of the job, never its failure.",
+    )
+    tracking: TrackingSpec | None = Field(
+        None, description="Experiment trackers the supervisor mirrors the job into, one run each (MLflow, W&B; "
+        "docs/TRACKING.md); a tracker that fails is an event of the job and a retry, never its failure.",
     )
 
     @field_validator("name")

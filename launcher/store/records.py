@@ -160,6 +160,25 @@ class RecordsStore(TallyStore):
                 records.append(record)
         return records
 
+    def metrics_after(self, job_id: str, after: int, limit: int = 10_000) -> list[tuple[int, MetricRecord]]:
+        """The job's records stored after row ``after`` (at most ``limit``), each with its row id, in order."""
+        rows = self._query("SELECT id, attempt, record FROM metrics WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+                           (job_id, after, limit))
+        out = []
+        for row in rows:
+            data = json_value(row["record"])
+            record = MetricRecord.from_stored(data, attempt=row["attempt"]) if isinstance(data, dict) else None
+            if record is not None:
+                out.append((row["id"], record))
+        return out
+
+    def events_after(self, job_id: str, after: int) -> list[tuple[int, dict[str, Any]]]:
+        """The job's events after row ``after``, each with its row id, in order."""
+        rows = self._query("SELECT id, t, kind, message FROM events WHERE job_id = ? AND id > ? ORDER BY id",
+                           (job_id, after))
+        return [(row["id"], {"t": finite_or_none(row["t"]) or 0.0, "kind": text_or_none(row["kind"]) or "?",
+                             "message": text_or_none(row["message"]) or ""}) for row in rows]
+
     @staticmethod
     def _sample_rows(job_id: str, attempt: int, samples: Iterable[ProcessSample]) -> list[tuple]:
         return [
