@@ -15,7 +15,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -114,22 +114,58 @@ def at(since: object) -> str:
     return time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
 
 
-def who(entry: dict) -> str:
-    """``job X (user U, from H, since 10:02)``, or the process without a believable record."""
+def who(entry: dict, progress: Mapping[str, str] | None = None) -> str:
+    """``job X (user U, from H, since 10:02; step 120/1000, ETA 14:32)`` (the progress where ``progress`` knows the
+    job), or the process without a believable record."""
     if entry.get("job"):
-        return (f"job {clean(entry['job'])} (user {clean(entry.get('user', '?'))}, from "
-                f"{clean(entry.get('from') or '?')}, since {at(entry.get('since'))})")
+        job = clean(entry["job"])
+        known = (progress or {}).get(str(entry["job"]))
+        return (f"job {job} (user {clean(entry.get('user', '?'))}, from {clean(entry.get('from') or '?')}, since "
+                f"{at(entry.get('since'))}{f'; {known}' if known else ''})")
     return f"process {clean(entry.get('pid', '?'))} (user {clean(entry.get('user', '?'))}, no launch record)"
 
 
-def describe(host: str, state: dict, allow_shared: bool) -> list[str]:
-    """Why a host's devices are not the job's now: holders (grouped by job), foreign processes, jobs ahead."""
+def holders_progress(job_ids: Iterable[object]) -> dict[str, str]:
+    """What this user's job store knows of holding jobs: ``step 120/1000, ETA 14:32`` by job id (from the running
+    summary its supervisor keeps); a job of another user's store is absent, as is everything when there is no store."""
+    from launcher.store.db import Store
+
+    wanted = {job for job in job_ids if isinstance(job, str) and job}
+    if not wanted:
+        return {}
+    try:
+        store = Store(read_only=True)
+    except LaunchError:
+        return {}
+    found: dict[str, str] = {}
+    try:
+        for job in wanted:
+            try:
+                row = store.job(job)
+                summary = store.running_summary(job) if row.id == job else None
+            except LaunchError:
+                continue
+            if summary is None or row.terminal:
+                continue
+            steps, total, rate = summary.steps, row.max_steps, summary.steps_per_sec
+            text = f"step {steps}/{total}" if total else f"step {steps}"
+            if total and rate and total > steps:
+                text += f", ETA {at(time.time() + (total - steps) / rate)}"
+            found[job] = text
+    finally:
+        store.close()
+    return found
+
+
+def describe(host: str, state: dict, allow_shared: bool, progress: Mapping[str, str] | None = None) -> list[str]:
+    """Why a host's devices are not the job's now: holders (grouped by job, with ``progress`` where known), foreign
+    processes, jobs ahead."""
     noun = "GPU" if state.get("kind") == "gpu" else "slot"
     groups: dict[str, list[int]] = {}
     foreign: list[str] = []
     for device in state.get("devices", []):
         if device.get("holder"):
-            groups.setdefault(who(device["holder"]), []).append(int(device["index"]))
+            groups.setdefault(who(device["holder"], progress), []).append(int(device["index"]))
         elif device.get("foreign") and not allow_shared:
             for proc in device["foreign"][:4]:
                 foreign.append(f"{host} GPU {device['index']}: process {clean(proc.get('pid'))} (user "
@@ -168,7 +204,11 @@ def preflight_problems(host: str, plan: Plan, facts_answer: dict) -> list[str]:
     leases = facts_answer.get("leases")
     if not isinstance(leases, dict):
         return [f"{host}: cannot read its leases: the probe did not say"]
-    return [BusyLine(line) for line in _answer_problems(host, leases, None, plan.allow_shared_gpus)]
+    if leases.get("error") or leases.get("ready"):
+        return [BusyLine(line) for line in _answer_problems(host, leases, None, plan.allow_shared_gpus)]
+    progress = holders_progress(device.get("holder", {}).get("job") for device in leases.get("devices", [])
+                                if isinstance(device, dict) and isinstance(device.get("holder"), dict))
+    return [BusyLine(line) for line in describe(host, leases, plan.allow_shared_gpus, progress)]
 
 
 def devices_text(kind: object, devices: Sequence[int]) -> str:

@@ -77,10 +77,23 @@ def waiters(nodes: list[NodeQueue]) -> list[Waiter]:
     return sorted(found.values(), key=lambda w: (w.order, w.job))
 
 
+def holders_progress(nodes: list[NodeQueue]) -> dict[str, str]:
+    """The progress of every holding job this user's store knows (``leasing.holders_progress``)."""
+    return leasing.holders_progress(_holder_job(d) for n in nodes for d in n.devices)
+
+
+def _holder_job(device: dict) -> object:
+    """The job id a device's lease record names (None: free, a foreign process, a record of another shape)."""
+    holder = device.get("holder")
+    return holder.get("job") if isinstance(holder, dict) else None
+
+
 def queue_json(nodes: list[NodeQueue], waiting: list[Waiter]) -> dict:
+    progress = holders_progress(nodes)
     return {
         "nodes": [{"index": n.index, "host": n.host, "kind": n.kind, "error": n.error,
-                   "devices": [{"index": d.get("index"), "holder": d.get("holder"), "foreign": d.get("foreign") or []}
+                   "devices": [{"index": d.get("index"), "holder": d.get("holder"), "foreign": d.get("foreign") or [],
+                                "progress": progress.get(str(_holder_job(d)))}
                                for d in n.devices]} for n in nodes],
         "waiting": [{"job": w.job, "user": w.user, "from": w.origin, "since": w.since, "hosts": w.hosts} for w in waiting],
     }
@@ -89,6 +102,7 @@ def queue_json(nodes: list[NodeQueue], waiting: list[Waiter]) -> dict:
 def queue_lines(nodes: list[NodeQueue], waiting: list[Waiter]) -> list[str]:
     """Per node, each GPU or slot and its holder (or free); then the waiting jobs in order."""
     lines = []
+    progress = holders_progress(nodes)
     for node in nodes:
         if node.error:
             lines.append(f"{node.host}: cannot read its leases: {node.error}")
@@ -97,7 +111,7 @@ def queue_lines(nodes: list[NodeQueue], waiting: list[Waiter]) -> list[str]:
         for device in node.devices:
             holder, foreign = device.get("holder"), device.get("foreign") or []
             if holder:
-                state = leasing.who(holder)
+                state = leasing.who(holder, progress)
             elif foreign:
                 state = "used by " + ", ".join(f"process {leasing.clean(p.get('pid'))} (user {leasing.clean(p.get('user'))}: "
                                                f"{leasing.clean(p.get('command'))})" for p in foreign[:4]) + " (not launch's)"

@@ -27,10 +27,11 @@ from tests.helpers import ROOT, cli_env, cli_json, launch_argv, run_cli, status_
 HOLD = ROOT / "tests" / "programs" / "lease_hold.py"
 
 
-def _job(tmp_path: Path, tag: str) -> str:
+def _job(tmp_path: Path, tag: str, **extra) -> str:
     job = {"name": f"hold-{tag}", "entrypoint": ["python", str(HOLD)], "resources": {"nodes": 1, "nproc_per_node": 1},
            "watch": {"grace_period": 1},
            "env": {"TEST_TIMES": str(tmp_path / f"times-{tag}"), "TEST_RELEASE": str(tmp_path / f"release-{tag}")}}
+    job.update(extra)
     return str(write_yaml(tmp_path / f"job-{tag}.yaml", job))
 
 
@@ -96,8 +97,15 @@ def test_two_demo_submits_at_once_on_a_two_core_machine_never_run_together(tmp_p
 
 def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: Path) -> None:
     cluster = str(write_yaml(tmp_path / "cluster.yaml", {"name": "one-slot", "backend": "local", "local": {"slots": 1}}))
-    holder = _submit(home, _job(tmp_path, "a"), "--cluster", cluster)
+    reporting = {"TEST_TIMES": str(tmp_path / "times-a"), "TEST_RELEASE": str(tmp_path / "release-a"), "TEST_REPORT": "1"}
+    holder = _submit(home, _job(tmp_path, "a", max_steps=100000, env=reporting), "--cluster", cluster)
     assert _holding(tmp_path, "a", holder), _done(holder)
+    held = wait_for(lambda: next((j for j in cli_json(home, "status", "--json") if j["metrics"]["steps"]), None), 60)
+    assert held, "the holder reported no step"
+    refused = run_cli(home, "submit", _job(tmp_path, "d"), "--cluster", cluster)  # a teammate sees how far it is
+    assert refused.returncode == 3 and re.search(
+        rf"slot 0: job {held['id']} \(user \S+, from \S+, since \d\d:\d\d; step \d+/100000, ETA \d\d:\d\d\)",
+        refused.stderr), refused.stderr
     waiting = _submit(home, _job(tmp_path, "b"), "--cluster", cluster, "--wait")
     detached = run_cli(home, "submit", _job(tmp_path, "c"), "--cluster", cluster, "--wait", "--detach").stdout.strip()
 
@@ -107,6 +115,8 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     assert wait_for(lambda: len(queued()) == 2, timeout=60), queued()
     assert wait_for(lambda: len(json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)["waiting"]) == 2,
                     timeout=30)
+    shown = run_cli(home, "queue", "--cluster", cluster).stdout
+    assert re.search(rf"slot 0: job {held['id']} .*; step \d+/100000, ETA \d\d:\d\d\)", shown), shown
     told = status_json(home, detached)  # a queued job's story: its node waits (not STARTING), when it was queued
     assert [n["state"] for n in told["nodes"]] == ["WAITING"], told["nodes"]
     assert not [e for e in told["events"] if "None" in e["message"]], told["events"]

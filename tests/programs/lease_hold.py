@@ -1,5 +1,6 @@
 """A rank that holds its devices until told: appends its start and end times to $TEST_TIMES (one line each:
-``start|end JOB RANK HOST CUDA_VISIBLE_DEVICES TIME``) and exits once the file $TEST_RELEASE exists."""
+``start|end JOB RANK HOST CUDA_VISIBLE_DEVICES TIME``) and exits once the file $TEST_RELEASE exists; with
+$TEST_REPORT, it reports a step every 0.1 s meanwhile (the Reporter), as a training job holding its GPUs would."""
 
 import os
 import socket
@@ -18,7 +19,16 @@ def note(what: str) -> None:
 
 note("start")
 print(f"holding: {who}", flush=True)
+reporter = None
+if os.environ.get("TEST_REPORT"):
+    from launcher.metrics import Reporter
+
+    reporter = Reporter(every=1)
 while release and not os.path.exists(release):
-    time.sleep(0.05)
+    time.sleep(0.1 if reporter else 0.05)
+    if reporter:
+        reporter.step(samples=1)
+if reporter:
+    reporter.close()
 note("end")
 sys.exit(0)
