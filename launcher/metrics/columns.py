@@ -145,13 +145,16 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _rate(name: str) -> Callable[[RankData], float | None]:
-    """Rank figure: a count field summed past warm-up over the seconds it took (None without records, or when
-    none was counted: a program whose batch launch's step hooks could not see reports steps/s only)."""
+    """Rank figure: a count field summed past warm-up over the seconds it took (None without records, without the
+    seconds (no ``interval_s``), or when none was counted: a program whose batch the step hooks could not see
+    reports steps/s only)."""
 
     def rate(rank: RankData) -> float | None:
         if not rank.records.count:
             return None
-        seconds = sum(rank.records.values("interval_s", steady=True)) or 1e-9
+        seconds = sum(rank.records.values("interval_s", steady=True))
+        if seconds <= 0:  # records without their interval: not measured (over 1e-9 s, 8 samples were 8e9 a second)
+            return None
         return sum(rank.records.values(name, steady=True)) / seconds or None
 
     return rate

@@ -99,3 +99,20 @@ def test_without_the_registration_the_key_is_only_a_raw_extra(job_with_test_metr
     monkeypatch.setattr(columns, "COLUMNS", tuple(c for c in columns.COLUMNS if c is not TEST_COLUMN))
     assert "test_metric" not in json.loads(_run(capsys, "status", job_id, "--json"))["metrics"]
     assert "test_metric" in _run(capsys, "metrics", job_id, "--csv").splitlines()[0]
+
+
+def test_records_without_their_interval_show_samples_per_second_as_unknown_not_8e9(home, capsys):
+    """Issue 39 (Low): records with ``samples 8, step_time_s 0.1`` and no ``interval_s`` were divided by 1e-9 s."""
+    spec = JobSpec(name="rate", entrypoint=["python", "t.py"], batch={"micro_batch": 8}, resources={"nproc_per_node": 1})
+    plan = plan_job(spec, cluster_spec(name="local"), "rate-0001", rdzv_port=29500)
+    store = Store()
+    store.create_job(plan, {})
+    store.transition(plan.job_id, LAUNCHING)
+    store.transition(plan.job_id, RUNNING)
+    lines = [f'@@launch {{"v": 1, "rank": 0, "step": {step}, "samples": 8, "step_time_s": 0.1}}' for step in (1, 2, 3)]
+    records = [parse_line(line, world_size=1, node=0, host="localhost", rank=0) for line in lines]
+    assert all(isinstance(r, MetricRecord) for r in records), records
+    store.add_batch(plan.job_id, 0, Batch(records=records))
+    figures = json.loads(_run(capsys, "metrics", plan.job_id, "--json"))
+    assert figures["per_rank"][0]["samples_per_sec"] is None
+    assert (figures["samples_per_sec"] or 0) < 1000
