@@ -309,6 +309,11 @@ class Backend(ABC, Generic[C]):
             raise SupervisorFenced(plan.job_id, answer["fenced"])
         return answer, error
 
+    def untrusted(self, plan: Plan) -> list[str]:
+        """Why each node whose identity is no longer the one recorded (SSH: a changed or unknown host key) cannot be
+        used: `launch attach` refuses them as submit's preflight does; [] where nothing is checked or all is well."""
+        return []
+
     def on_nodes(self, plan: Plan, step: Callable[[int], object]) -> list:
         """``step(index)`` for every node of the plan, in parallel, results in node order."""
         with ThreadPoolExecutor(max_workers=max(1, min(32, plan.nnodes))) as pool:

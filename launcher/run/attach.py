@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launcher.backends import get_backend
-from launcher.errors import LaunchError, SpecError
+from launcher.errors import LaunchError, PreflightError, SpecError
 from launcher.run import identity
 from launcher.run.cancel import RECORDS_ITSELF_S, supervisor_presence
 from launcher.run.orchestrate import load_cluster_spec, make_supervisor
@@ -92,6 +92,10 @@ def attach(
     takeover = takeover or background
     lock = open(run_dir / "attach.lock", "a")  # noqa: SIM115 - held until this process ends
     try:
+        refused = backend.untrusted(job.plan)
+        if refused:  # as submit's preflight: a host whose key changed is not followed (nor the job failed for it)
+            raise PreflightError(f"job {job.id}: not attached; " + "; ".join(refused) + "; the job was left as it is",
+                                 hint="if the new key is expected, `launch trust HOST --replace`, then attach again")
         generation = 0
         if can.fences:  # before the lock: the supervisor taken over may be an attach holding it
             nodes = fencing.read_generations(backend, job.plan)

@@ -305,6 +305,22 @@ def test_changed_host_key_is_refused_before_anything_runs(testbed: tb.Testbed, t
     _wait_for(lambda: not any(tb.pids(h) for h in testbed.hosts), 10, "every host to be empty")
 
 
+def test_attach_refuses_a_host_whose_key_changed_since_submit_and_leaves_the_job_as_it_is(
+        testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
+    """Issue 39, item 12: attach went on, could not follow the host, and recorded the job FAILED."""
+    job_id = _running_detached(tmp_path, testbed, home)
+    kill_supervisor_and_keeper(Store(home).job(job_id).supervisor_pid)
+    with host_key_rotated(testbed, testbed.hosts[1]):
+        done = _launch("attach", job_id)
+    assert done.returncode == 3, done.stderr
+    assert "not attached; lt-h2 (10.77.0.12:22): the host key has CHANGED" in done.stderr
+    assert "launch trust lt-h2 --replace" in done.stderr and "Traceback" not in done.stderr
+    assert Store(home).job(job_id).state == "RUNNING", "the job is left as it was, not judged"
+    cancelled = _launch("cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr + cancelled.stdout
+    _assert_clean(testbed, job_id)
+
+
 def test_dead_host_fails_the_job_as_lost(testbed: tb.Testbed, tmp_path: Path, home: Path) -> None:
     job_id = _running_detached(tmp_path, testbed, home)
     store = Store(home)

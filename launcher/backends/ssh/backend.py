@@ -29,6 +29,7 @@ from launcher.backends.follow import FollowHandle, follow_request, whole_lines
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.ssh import sync
 from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, error_text, fan_out
+from launcher.backends.ssh.hostkeys import HostKeyError
 from launcher.backends.ssh.planning import SSHPlanning
 from launcher.backends.ssh.settings import SSHSettings
 from launcher.backends.ssh.spec import SSHCluster
@@ -174,6 +175,21 @@ class SSHBackend(Backend[SSHCluster]):
     def pool(self) -> Pool:
         """The connections to the cluster's hosts, one per host (`launch init` fetches host keys through it)."""
         return self._pool
+
+    def untrusted(self, plan: Plan) -> list[str]:
+        """Each host whose key is not the one in known_hosts, as preflight says it (connected now: the connection is
+        kept for what follows); an unreachable host is not one (attach follows it as out of contact)."""
+        def one(index: int) -> str | None:
+            try:
+                self._pool.get(self.targets[index])
+            except HostKeyError as exc:
+                return exc.message + (f" ({exc.hint})" if exc.hint else "")
+            except LaunchError:
+                return None
+            return None
+
+        results = fan_out(one, list(range(plan.nnodes)), self.pool.settings.fanout)
+        return [r.got for r in results if r.ok and r.got]
 
     def preflight(self, plan: Plan) -> Preflight:
         """Connect to every host and probe it in parallel; every problem is reported together."""
