@@ -88,11 +88,40 @@ def job_metrics(job: JobRow, records: Iterable[MetricRecord | Mapping[str, Any]]
     return {
         **data,
         **run_times(job, records),
+        **whole_run(records),
         "mfu": mfu_mod.job_mfu(job.world_size, job.spec, summary, records),
         "gpu_name": mfu_mod.gpu_name(job.spec, records),
         "peak_tflops": peak,
         "stragglers": sorted(flagged),
     }
+
+
+def whole_run(records: list[MetricRecord]) -> dict[str, Any]:
+    """The run across its attempts (the summary's figures are the last attempt's): ``attempts``, each with its ranks,
+    hosts, the step it resumed from and the last it reported, and the samples consumed by then (the recipes' count);
+    ``run``: attempts, the last step, ``samples_consumed``, and ``steps_redone`` (steps an attempt did again because
+    the one before had got past its last checkpoint)."""
+    by_attempt: dict[int, list[MetricRecord]] = {}
+    for r in records:
+        by_attempt.setdefault(r.attempt, []).append(r)
+    attempts: list[dict[str, Any]] = []
+    redone, before, last_steps, consumed_all = 0, None, [], []
+    for attempt in sorted(by_attempt):
+        rows = by_attempt[attempt]
+        first = min(rows, key=lambda r: r.step)
+        resumed, last = max(first.step - max(first.steps, 1), 0), max(r.step for r in rows)
+        consumed = [v for v in (r.number("samples_consumed") for r in rows) if v is not None]
+        if before is not None:
+            redone += max(before - resumed, 0)
+        attempts.append({"attempt": attempt, "ranks": len({r.rank for r in rows}),
+                         "hosts": sorted({r.host for r in rows if r.host}), "resumed_at_step": resumed, "last_step": last,
+                         "samples_consumed": int(max(consumed)) if consumed else None})
+        before = last
+        last_steps.append(last)
+        consumed_all += [int(max(consumed))] if consumed else []
+    return {"attempts": attempts, "run": {
+        "attempts": len(attempts), "last_step": max(last_steps, default=0),
+        "samples_consumed": max(consumed_all) if consumed_all else None, "steps_redone": redone}}
 
 
 def run_times(job: JobRow, records: list[MetricRecord]) -> dict[str, Any]:
@@ -265,6 +294,7 @@ def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
     ]
     out += [Text(f"  {column.name:<11} {column.cell(m.get(column.name))}") for column in registry.columns()
             if column.name not in _SHOWN]
+    out += _run_lines(m)
     if job.reason:
         out.insert(1, Text(f"  reason      {job.reason}"))
     if not m["per_rank"]:
@@ -289,6 +319,24 @@ def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
                 f"{(r['slowdown'] - 1):.0%} slower than the median rank[/]"
             )
     return out
+
+
+def _run_lines(m: Mapping[str, Any]) -> list[Any]:
+    """The run across its attempts, under the summary (which is its last attempt's)."""
+    from rich.text import Text
+
+    run = m.get("run") or {}
+    if not run.get("attempts"):
+        return []
+    consumed = run.get("samples_consumed")
+    lines = [Text(f"  run         {run['attempts']} attempt(s), to step {run['last_step']}"
+                  + (f", {consumed} samples consumed" if consumed is not None else "")
+                  + f", {run['steps_redone']} step(s) redone after a restart"
+                  + (" (figures above: the last attempt)" if run["attempts"] > 1 else ""))]
+    if run["attempts"] > 1:
+        lines += [Text(f"  attempt {a['attempt']:<3} {a['ranks']} rank(s) on {', '.join(a['hosts']) or '?'}: steps "
+                       f"{a['resumed_at_step'] + 1}-{a['last_step']}") for a in m.get("attempts", [])]
+    return lines
 
 
 def runs_on_gpus(job: JobRow) -> bool:

@@ -7,6 +7,7 @@ SUCCEEDED on two nodes at GA 3 with max_steps x 12 samples by the recipe's own c
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -64,6 +65,18 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
     assert f"  elastic: {shrunk[0]}" in shown.stdout.splitlines()  # in the header, however many events follow
     final = max((r for r in Store(home).metrics(job_id) if r.attempt == 1), key=lambda r: r.step)
     assert final.step == STEPS and final.extra["samples_consumed"] == STEPS * 12
+
+    # the whole run's story in `launch metrics`: both attempts, where the second resumed, what was redone
+    told = subprocess.run(launch_argv("metrics", job_id, "--json"), capture_output=True, text=True, env=cli_env(home),
+                          cwd=ROOT)
+    metrics = json.loads(told.stdout)
+    first, second = metrics["attempts"]
+    assert (first["attempt"], first["ranks"], second["attempt"], second["ranks"]) == (0, 3, 1, 2), metrics["attempts"]
+    assert second["resumed_at_step"] == 3 and second["last_step"] == STEPS and first["last_step"] >= 4
+    assert metrics["run"] == {"attempts": 2, "last_step": STEPS, "samples_consumed": STEPS * 12,
+                              "steps_redone": first["last_step"] - 3}
+    text = subprocess.run(launch_argv("metrics", job_id), capture_output=True, text=True, env=cli_env(home), cwd=ROOT)
+    assert f"run         2 attempt(s), to step {STEPS}, {STEPS * 12} samples consumed" in text.stdout, text.stdout
 
     # the same checkpoint.dir again: a new job would continue this run, so it says so and needs checkpoint.resume
     held = f"{tmp_path / 'ckpt'} holds the checkpoint of job {job_id} after step {STEPS}"
