@@ -110,6 +110,8 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
         took = time.monotonic() - began
         assert proc.returncode == 0, err + out[-2000:]
         assert f"job {job_id}: SUCCEEDED" in err and first
+        # attach's output is a pipe: the relayed lines and a [progress] summary at the end, as the README says
+        assert re.search(rf"^\[progress\] step {STEPS}/{STEPS}  100% ", first + out, re.M), (first + out)[-2000:]
         print(f"attach: first relayed line after {caught_up:.2f} s, the end after {took:.1f} s "
               f"({time.monotonic() - killed_at:.1f} s after the kill)")
     finally:
