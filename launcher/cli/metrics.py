@@ -192,7 +192,8 @@ def report(jobs, out_file, title):
 
     store = Store()
     entries = _load(store, jobs)
-    page = build_report(entries, title=title, usage={job.id: store.samples(job.id) for job, _ in entries})
+    page = build_report(entries, title=title, usage={job.id: store.samples(job.id) for job, _ in entries},
+                        events={job.id: store.events(job.id) for job, _ in entries})
     path = expand_user(out_file, "report --out")
     _write_new_or_own(path, page)
     click.echo(f"wrote {path} ({len(jobs)} job(s), {len(page) // 1024} KB)")

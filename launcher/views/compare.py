@@ -85,10 +85,12 @@ def job_metrics(job: JobRow, records: Iterable[MetricRecord | Mapping[str, Any]]
         }
         for rank, entry in zip(summary.per_rank, data["per_rank"])
     ]
+    times, run = run_times(job, records), whole_run(records)
+    run["run"]["goodput"] = goodput(run["run"]["lost_s"], times["wall_s"])
     return {
         **data,
-        **run_times(job, records),
-        **whole_run(records),
+        **times,
+        **run,
         "mfu": mfu_mod.job_mfu(job.world_size, job.spec, summary, records),
         "gpu_name": mfu_mod.gpu_name(job.spec, records),
         "peak_tflops": peak,
@@ -106,13 +108,22 @@ def whole_run(records: list[MetricRecord]) -> dict[str, Any]:
         by_attempt.setdefault(r.attempt, []).append(r)
     attempts: list[dict[str, Any]] = []
     redone, before, last_steps, consumed_all = 0, None, [], []
+    lost, ended_at = 0.0, None
+    step_times = sorted(r.step_time_s for r in records if r.step_time_s and not r.warmup) or \
+        sorted(r.step_time_s for r in records if r.step_time_s)
+    step_s = step_times[len(step_times) // 2] if step_times else 0.0
     for attempt in sorted(by_attempt):
         rows = by_attempt[attempt]
         first = min(rows, key=lambda r: r.step)
         resumed, last = max(first.step - max(first.steps, 1), 0), max(r.step for r in rows)
         consumed = [v for v in (r.number("samples_consumed") for r in rows) if v is not None]
+        began = min((r.t - r.interval_s for r in rows if r.t is not None), default=None)
         if before is not None:
             redone += max(before - resumed, 0)
+            lost += max(before - resumed, 0) * step_s  # steps done again
+            if began is not None and ended_at is not None:
+                lost += max(began - ended_at, 0.0)  # the failure noticed, the nodes stopped, re-planned, started again
+        ended_at = max((r.t for r in rows if r.t is not None), default=ended_at)
         attempts.append({"attempt": attempt, "ranks": len({r.rank for r in rows}),
                          "hosts": sorted({r.host for r in rows if r.host}), "resumed_at_step": resumed, "last_step": last,
                          "samples_consumed": int(max(consumed)) if consumed else None})
@@ -121,7 +132,13 @@ def whole_run(records: list[MetricRecord]) -> dict[str, Any]:
         consumed_all += [int(max(consumed))] if consumed else []
     return {"attempts": attempts, "run": {
         "attempts": len(attempts), "last_step": max(last_steps, default=0),
-        "samples_consumed": max(consumed_all) if consumed_all else None, "steps_redone": redone}}
+        "samples_consumed": max(consumed_all) if consumed_all else None, "steps_redone": redone,
+        "lost_s": round(lost, 1)}}
+
+
+def goodput(lost_s: float, wall_s: float | None) -> float | None:
+    """The share of the wall time that went into steps kept: 1 - (time lost to failures and restarts) / wall time."""
+    return max(0.0, 1.0 - lost_s / wall_s) if wall_s else None
 
 
 def run_times(job: JobRow, records: list[MetricRecord]) -> dict[str, Any]:
@@ -334,9 +351,18 @@ def _run_lines(m: Mapping[str, Any]) -> list[Any]:
                   + f", {run['steps_redone']} step(s) redone after a restart"
                   + (" (figures above: the last attempt)" if run["attempts"] > 1 else ""))]
     if run["attempts"] > 1:
+        lines.append(Text(f"  goodput     {goodput_text(run, m.get('wall_s'))}"))
+    if run["attempts"] > 1:
         lines += [Text(f"  attempt {a['attempt']:<3} {a['ranks']} rank(s) on {', '.join(a['hosts']) or '?'}: steps "
                        f"{a['resumed_at_step'] + 1}-{a['last_step']}") for a in m.get("attempts", [])]
     return lines
+
+
+def goodput_text(run: Mapping[str, Any], wall_s: float | None) -> str:
+    """``92% of 55.0 s wall time: 4.4 s lost to failures and restarts, 1 step(s) redone``."""
+    share = run.get("goodput")
+    return (f"{fmt_pct(share) if share is not None else '-'} of {fmt(wall_s, '.1f', ' s')} wall time: "
+            f"{run['lost_s']:.1f} s lost to failures and restarts, {run['steps_redone']} step(s) redone")
 
 
 def runs_on_gpus(job: JobRow) -> bool:

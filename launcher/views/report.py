@@ -15,12 +15,14 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from launcher.metrics.columns import fmt
 from launcher.metrics.record import MetricRecord, RankUsage
 from launcher.store.rows import JobRow
 from launcher.store.states import JobState
 from launcher.views.compare import (
     TEXT_HEADERS,
     comparison,
+    goodput_text,
     job_metrics,
     row_cells,
     table_headers,
@@ -166,24 +168,24 @@ def bar_chart(title: str, categories: list[str], series: list[tuple[str, list[fl
     return _svg(parts, title)
 
 
-def _latest(records: Sequence[MetricRecord]) -> list[MetricRecord]:
-    attempt = max((r.attempt for r in records), default=0)
+def _latest(records: Sequence[MetricRecord], attempt: int | None = None) -> list[MetricRecord]:
+    attempt = max((r.attempt for r in records), default=0) if attempt is None else attempt
     return [r for r in records if r.attempt == attempt]
 
 
-def throughput_series(records: Sequence[MetricRecord]) -> list[tuple[float, float]]:
-    """(step, job samples/s): the ranks' samples/s summed at each reporting step."""
+def throughput_series(records: Sequence[MetricRecord], attempt: int | None = None) -> list[tuple[float, float]]:
+    """(step, job samples/s): the ranks' samples/s summed at each reporting step of ``attempt`` (default: the last)."""
     total: dict[int, float] = defaultdict(float)
-    for record in _latest(records):
+    for record in _latest(records, attempt):
         if record.samples_per_sec is not None:
             total[record.step] += record.samples_per_sec
     return sorted(total.items())
 
 
-def loss_series(records: Sequence[MetricRecord]) -> list[tuple[float, float]]:
-    """(step, loss averaged over the ranks that reported one)."""
+def loss_series(records: Sequence[MetricRecord], attempt: int | None = None) -> list[tuple[float, float]]:
+    """(step, loss averaged over the ranks that reported one) of ``attempt`` (default: the last)."""
     losses: dict[int, list[float]] = defaultdict(list)
-    for record in _latest(records):
+    for record in _latest(records, attempt):
         if record.loss is not None:
             losses[record.step].append(record.loss)
     return sorted((step, sum(v) / len(v)) for step, v in losses.items())
@@ -191,6 +193,40 @@ def loss_series(records: Sequence[MetricRecord]) -> list[tuple[float, float]]:
 
 def _series_label(job: JobRow) -> str:
     return f"{job.id} ({job.strategy or 'entrypoint'})"
+
+
+def attempt_series(job: JobRow, records: Sequence[MetricRecord], series) -> list[tuple[str, list[tuple[float, float]]]]:
+    """One curve an attempt (a job that restarted shows where each attempt ran, and the steps a restart redid), or
+    the job's one curve."""
+    attempts = sorted({r.attempt for r in records})
+    if len(attempts) < 2:
+        return [(_series_label(job), series(records))]
+    return [(f"{_series_label(job)}, attempt {a}{' (restarted)' if a else ''}", series(records, a)) for a in attempts]
+
+
+STORY_EVENTS = ("restarting", "no_restart", "elastic_restart", "node_left_out")  # how an attempt ended, what the next changed
+
+
+def _story(job: JobRow, metrics: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str:
+    """A job's attempts (ranks, hosts, steps), how each ended and what the next changed (lost nodes, re-plans), and
+    its goodput; empty for a job of one attempt without restarts."""
+    told = [e for e in events if e.get("kind") in STORY_EVENTS]
+    attempts = metrics.get("attempts") or []
+    if len(attempts) < 2 and not told:
+        return ""
+    name = html.escape(job.id)
+    rows = "".join(
+        f'<tr><td>{a["attempt"]}</td><td>{a["ranks"]}</td><td class="l">{html.escape(", ".join(a["hosts"]) or "?")}</td>'
+        f'<td>{a["resumed_at_step"] + 1}-{a["last_step"]}</td><td>{fmt(a["samples_consumed"], "d")}</td></tr>'
+        for a in attempts)
+    table = ('<div class="scroll"><table><thead><tr><th>ATTEMPT</th><th>RANKS</th><th class="l">HOSTS</th><th>STEPS</th>'
+             f"<th>SAMPLES CONSUMED</th></tr></thead><tbody>{rows}</tbody></table></div>")
+    items = "".join(f'<li class="{"warn" if e["kind"] in ("elastic_restart", "node_left_out") else "note"}">'
+                    f'{html.escape(str(e.get("message", "")))}</li>' for e in told)
+    run = metrics.get("run") or {}
+    good = (f"<p>Goodput: {html.escape(goodput_text(run, metrics.get('wall_s')))}.</p>"
+            if run.get("attempts", 0) > 1 else "")
+    return f"<h3>{name}</h3>{table}<ul>{items}</ul>{good}"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -208,7 +244,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
 
 
-def _notes(rows: list[dict[str, Any]], metrics: dict[str, dict[str, Any]]) -> str:
+def _notes(rows: list[dict[str, Any]], metrics: dict[str, dict[str, Any]], restarted: bool = False) -> str:
     notes = []
     for row in rows:
         name = html.escape(str(row["job"] or row["strategy"] or "?"))
@@ -221,21 +257,26 @@ def _notes(rows: list[dict[str, Any]], metrics: dict[str, dict[str, Any]]) -> st
                     f'<li class="warn">{name}: straggler rank {rank["rank"]} on {html.escape(str(rank["host"]))}: '
                     f'{rank["slowdown"] - 1:.0%} slower than the median rank</li>'
                 )
+    if restarted:
+        notes.append('<li class="note">Attempts failed and restarted: see Attempts below.</li>')
     return f"<ul>{''.join(notes)}</ul>" if notes else "<p>No failures or stragglers.</p>"
 
 
 def build_report(entries: Sequence[tuple[JobRow, Sequence[MetricRecord]]], rows: list[dict[str, Any]] | None = None,
-                 title: str = "launch report", usage: Mapping[str, Sequence[RankUsage]] | None = None) -> str:
+                 title: str = "launch report", usage: Mapping[str, Sequence[RankUsage]] | None = None,
+                 events: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
     """The HTML report for (job row, records) pairs; ``rows`` overrides the comparison rows.
 
-    ``usage`` (by job id) adds the node agents' process samples: peak memory of ranks without the Reporter.
+    ``usage`` (by job id) adds the node agents' process samples: peak memory of ranks without the Reporter;
+    ``events`` (by job id) the story of a job that restarted: how each attempt ended, the nodes lost, the re-plans.
     """
     usage = usage or {}
     metrics = {job.id: job_metrics(job, records, usage=usage.get(job.id, ())) for job, records in entries}
     if rows is None:
         rows = comparison([(job, metrics[job.id]) for job, _ in entries])
-    throughput = [(_series_label(job), throughput_series(records)) for job, records in entries]
-    loss = [(_series_label(job), loss_series(records)) for job, records in entries]
+    throughput = [curve for job, records in entries for curve in attempt_series(job, records, throughput_series)]
+    loss = [curve for job, records in entries for curve in attempt_series(job, records, loss_series)]
+    stories = "".join(_story(job, metrics[job.id], (events or {}).get(job.id, ())) for job, _ in entries)
     ranks = sorted({r["rank"] for m in metrics.values() for r in m["per_rank"]})
     memory = []
     for job, _ in entries:
@@ -250,7 +291,8 @@ def build_report(entries: Sequence[tuple[JobRow, Sequence[MetricRecord]]], rows:
         "Throughput and step time leave out warm-up steps; speed-up is samples/s and memory ratio is peak memory of "
         "the largest rank (a GPU's on GPU nodes), "
         "each against the baseline (the first job with metrics).</p>",
-        "<h2>Comparison</h2>", _table(rows), _notes(rows, metrics),
+        "<h2>Comparison</h2>", _table(rows), _notes(rows, metrics, bool(stories)),
+        *(["<h2>Attempts</h2>", stories] if stories else []),
         "<h2>Throughput over steps</h2>",
         line_chart("Job throughput (all ranks)", throughput, "step", "samples/s"),
         "<h2>Peak memory per rank</h2>",

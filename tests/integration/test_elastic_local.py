@@ -7,6 +7,7 @@ SUCCEEDED on two nodes at GA 3 with max_steps x 12 samples by the recipe's own c
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -17,7 +18,9 @@ import pytest
 
 from launcher.node import rundir
 from launcher.store.db import Store
+from launcher.views.report import PALETTE
 from tests.helpers import ROOT, all_held, cli_env, hold_env, launch_argv, status_json, wait_for, write_yaml
+from tests.integration.test_report_browser import CHROMIUM, _hex, png_rows
 
 pytestmark = pytest.mark.slow
 
@@ -73,10 +76,21 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
     first, second = metrics["attempts"]
     assert (first["attempt"], first["ranks"], second["attempt"], second["ranks"]) == (0, 3, 1, 2), metrics["attempts"]
     assert second["resumed_at_step"] == 3 and second["last_step"] == STEPS and first["last_step"] >= 4
-    assert metrics["run"] == {"attempts": 2, "last_step": STEPS, "samples_consumed": STEPS * 12,
-                              "steps_redone": first["last_step"] - 3}
+    run = metrics["run"]
+    assert (run["attempts"], run["last_step"], run["samples_consumed"]) == (2, STEPS, STEPS * 12), run
+    assert run["steps_redone"] == first["last_step"] - 3 and run["lost_s"] > 0 and 0 < run["goodput"] < 1, run
     text = subprocess.run(launch_argv("metrics", job_id), capture_output=True, text=True, env=cli_env(home), cwd=ROOT)
     assert f"run         2 attempt(s), to step {STEPS}, {STEPS * 12} samples consumed" in text.stdout, text.stdout
+
+    # its report tells both attempts, the node lost and the goodput, as a browser shows it
+    page_path = tmp_path / "report.html"
+    made = subprocess.run(launch_argv("report", job_id, "--out", str(page_path)), capture_output=True, text=True,
+                          env=cli_env(home), cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    page = page_path.read_text()
+    assert "No failures or stragglers" not in page and "<h2>Attempts</h2>" in page and "Goodput: " in page
+    assert html.escape(shrunk[0]) in page and f"{job_id} (ddp), attempt 1 (restarted)" in page
+    assert html.escape("attempt 0 failed (") in page
 
     # the same checkpoint.dir again: a new job would continue this run, so it says so and needs checkpoint.resume
     held = f"{tmp_path / 'ckpt'} holds the checkpoint of job {job_id} after step {STEPS}"
@@ -88,3 +102,14 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
                                      "checkpoint.resume=true"), capture_output=True, text=True, env=cli_env(home), cwd=ROOT)
     assert f"  checkpoint  {held}: this job resumes from step {STEPS}" in dry.stdout.splitlines(), dry.stdout
     assert " --resume" in dry.stdout
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium): the report was checked as HTML only")
+    shot = tmp_path / "report.png"  # kept with the test's files
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+                    "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'c'}",
+                    f"--screenshot={shot}", "--window-size=1200,1800", page_path.as_uri()],
+                   capture_output=True, timeout=90, check=True)
+    width, _, bpp, rows = png_rows(shot)
+    colors = {row[x:x + 3] for row in rows[::2] for x in range(0, width * bpp, bpp * 2)}
+    assert bytes(_hex(PALETTE[1])) in colors, "the second attempt's curve is not drawn"
