@@ -27,7 +27,7 @@ from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT, Failure
 from launcher.backends.planning import C, Capabilities, Planning
 from launcher.errors import LaunchError, SupervisorFenced
-from launcher.node.protocol import FenceRequest, RecordRequest, Request, SignalRequest, StacksRequest, SweepRequest
+from launcher.node.protocol import FactsRequest, FenceRequest, RecordRequest, Request, SignalRequest, StacksRequest, SweepRequest
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import NodeNetwork
 from launcher.plan.planner import Plan
@@ -284,7 +284,7 @@ class Backend(ABC, Generic[C]):
 
     # built on run_on_node and the node side
 
-    def node_command(self, plan: Plan | None, index: int, command: str, request: Request | dict,
+    def node_command(self, plan: Plan | None, index: int, command: str, request: Request,
                      timeout: float = NODE_COMMAND_TIMEOUT_S) -> tuple[dict | None, str | None]:
         """Run a node-side command; (its JSON answer, None) or (None, why not)."""
         python = plan.python if plan is not None else self.planning.default_python()
@@ -342,7 +342,7 @@ class Backend(ABC, Generic[C]):
 
     def kernel_log(self, plan: Plan, index: int) -> list[str]:
         """The node's recent kernel log (ISO times), for OOM-killer lines; [] if unreadable."""
-        answer, _ = self.node_command(plan, index, "facts", {"kernel_log": True})
+        answer, _ = self.node_command(plan, index, "facts", FactsRequest(kernel_log=True))
         try:
             return list(NodeFacts.parse(answer).kernel_log) if answer else []
         except FactsError:

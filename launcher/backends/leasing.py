@@ -190,13 +190,13 @@ def hint(problems: Sequence[str]) -> str | None:
     return BUSY_HINT if problems and all(isinstance(p, BusyLine) for p in problems) else None
 
 
-def preflight_request(backend: Backend, plan: Plan, index: int) -> dict | None:
+def preflight_request(backend: Backend, plan: Plan, index: int) -> LeaseRequest | None:
     """What node ``index``'s preflight probe asks of its host's leases, besides its facts (None: nothing, as for a
     job that waits for them, a host whose leases another node of the plan probes, or a backend without leases)."""
     if plan.queue == "wait":
         return None
     lease = next((lease for lease in host_leases(backend, plan) if lease.index == index), None)
-    return None if lease is None else _request(plan, lease.kind, lease.count, lease.capacity, time.time()).to_json()
+    return None if lease is None else _request(plan, lease.kind, lease.count, lease.capacity, time.time())
 
 
 def preflight_problems(host: str, plan: Plan, facts_answer: dict) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from launcher.backends.facts import FactsError, NodeFacts
 from launcher.catalog.strategies import get_strategy
+from launcher.node.protocol import ContainerCheck, FactsRequest
 from launcher.node.ship import facts_argv
 from launcher.plan import containers
 from launcher.plan.commands import RECIPE_MODULE
@@ -18,38 +19,40 @@ HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: 
 STALE_BUILD_LOCK_S = 1800.0  # a torch build lock this old was left by a killed build (DeepSpeed's ops build in minutes)
 
 
-def facts_request(plan: Plan, index: int, **extra) -> dict:
+def facts_request(plan: Plan, index: int, *, ifaces: tuple[str, ...] = (), gpus: bool = False,
+                  master: str | None = None, resolve_self: bool = False) -> FactsRequest:
     """The facts request preflight sends to node ``index``: the modules the job needs, its workdir, the
     rendezvous port on node 0, and, for a job in a container, the runtime, the image and the facts of the
-    interpreter inside it. ``extra`` adds backend-specific keys (the route to node 0, pinned interfaces...)."""
+    interpreter inside it; a backend adds what it checks (pinned interfaces, GPUs, the route to node 0)."""
     node = plan.nodes[index]
-    modules = required_modules(plan)
-    request = {"modules": modules, "workdir": node.cwd, "port": plan.rendezvous.port if index == 0 else None, **extra}
-    if plan.container is not None:
-        request["container"] = container_request(plan, plan.container, index)
-    elif "deepspeed" in modules:  # its ranks load JIT-built ops through torch's build lock (in an image: its own cache)
-        request["build_locks"] = node.env.get("TORCH_EXTENSIONS_DIR")
-    return request
+    modules = tuple(required_modules(plan))
+    deepspeed = plan.container is None and "deepspeed" in modules  # its ranks load JIT-built ops through torch's
+    # build lock (in an image: its own cache)
+    return FactsRequest(modules=modules, workdir=node.cwd, port=plan.rendezvous.port if index == 0 else None,
+                        ifaces=ifaces, gpus=gpus, master=master, resolve_self=resolve_self,
+                        container=container_request(plan, plan.container, index) if plan.container is not None else None,
+                        build_locks=deepspeed, extensions_dir=node.env.get("TORCH_EXTENSIONS_DIR") if deepspeed else None)
 
 
-def container_request(plan: Plan, spec: ContainerSpec, index: int) -> dict:
+def container_request(plan: Plan, spec: ContainerSpec, index: int) -> ContainerCheck:
     """How a node checks the job's container (``spec``): runtime usable, image present or pulled, facts inside the image."""
     node = plan.nodes[index]
     probe_name = containers.ContainerName(f"{plan.job_id}-probe", index)
-    inside = facts_argv(spec.python, {"modules": required_modules(plan), "workdir": node.cwd})
+    inside = facts_argv(spec.python, FactsRequest(modules=tuple(required_modules(plan)), workdir=node.cwd))
     # a node that has (or may have) HCAs checks the image with what InfiniBand needs, memlock lowered by the node
     ib = any(containers.IB_DEVICES in option.args for option in node.run_options)
-    return {
-        "probe": containers.probe_argv(spec.runtime),
-        "present": containers.image_present_argv(spec),
-        "pull": spec.pull.value if spec.runtime.value != "apptainer" else "never",
-        "pull_argv": containers.pull_argv(spec) if spec.runtime.value != "apptainer" else None,
-        "inside": containers.run_argv(spec, probe_name, inside, [], node.cwd, 0),
+    apptainer = spec.runtime.value == "apptainer"
+    return ContainerCheck(
+        probe=tuple(containers.probe_argv(spec.runtime)),
+        present=tuple(containers.image_present_argv(spec)),
+        pull="never" if apptainer else spec.pull.value,
+        pull_argv=None if apptainer else tuple(containers.pull_argv(spec)),
+        inside=tuple(containers.run_argv(spec, probe_name, inside, [], node.cwd, 0)),
         # put right after `docker run` / `podman run` by the node (not a second copy of the whole argv: the
         # shipped node code in it is most of what a command line may hold)
-        "ib_options": [arg for option in containers.ib_options(containers.InfiniBand(("?",))) for arg in option.args]
+        ib_options=tuple(arg for option in containers.ib_options(containers.InfiniBand(("?",))) for arg in option.args)
         if ib else None,
-    }
+    )
 
 
 def required_modules(plan: Plan) -> list[str]:

@@ -24,6 +24,7 @@ import sys
 import time
 
 from . import pythons
+from .protocol import ContainerCheck, FactsRequest, RequestError
 
 IB_CLASS_DIR = "/sys/class/infiniband"
 IB_DEVICES = "/dev/infiniband"
@@ -202,24 +203,24 @@ def _lowered(argv: list[str], memlock_max: int) -> list[str]:
     return [f"memlock={memlock_max}:{memlock_max}" if arg == MEMLOCK_OPTION else arg for arg in argv]
 
 
-def container_facts(req: dict, hcas: list[str], memlock_max: int) -> dict:
+def container_facts(req: ContainerCheck, hcas: list[str], memlock_max: int) -> dict:
     """The container runtime's state on this node, the image (pulled as the request says), and the facts
     of the interpreter inside the image (``inside``: a facts command run in a container of it)."""
     out: dict = {}
-    _, error = run(req["probe"], timeout=30)
+    _, error = run(list(req.probe), timeout=30)
     if error:
         return {"runtime_error": error}
-    present = subprocess.run(req["present"], capture_output=True, timeout=60).returncode == 0
-    if req["pull"] == "always" or (not present and req["pull"] == "missing"):
-        _, error = run(req["pull_argv"], timeout=PULL_TIMEOUT_S)
+    present = subprocess.run(req.present, capture_output=True, timeout=60).returncode == 0
+    if req.pull_argv is not None and (req.pull == "always" or (not present and req.pull == "missing")):
+        _, error = run(list(req.pull_argv), timeout=PULL_TIMEOUT_S)
         if error:
             return {"image_error": f"pulling the image failed: {error}"}
     elif not present:
         return {"image_error": "the image is not on this node (pull: never)"}
-    ib = bool(hcas and req.get("ib_options"))  # run as the job's container will be: with what IB needs
-    inside = req["inside"]
-    if ib:  # right after `docker run` / `podman run`
-        inside = [*inside[:2], *_lowered(req["ib_options"], memlock_max), *inside[2:]]
+    ib = bool(hcas and req.ib_options)  # run as the job's container will be: with what IB needs
+    inside = list(req.inside)
+    if ib and req.ib_options:  # right after `docker run` / `podman run`
+        inside = [*inside[:2], *_lowered(list(req.ib_options), memlock_max), *inside[2:]]
     text, error = run(inside, timeout=INSIDE_TIMEOUT_S)
     lines = [line for line in (text or "").splitlines() if line.startswith("{")]
     if error or not lines:
@@ -251,7 +252,7 @@ def build_locks(root: str | None) -> list[dict]:
     return [{"path": path, "age_s": age} for age, path in oldest]
 
 
-def collect(req: dict) -> dict:
+def collect(req: FactsRequest) -> dict:
     """The answer to a facts request (see the module docstring)."""
     out: dict = {
         "hostname": socket.gethostname(), "python": sys.version.split()[0], "executable": sys.executable,
@@ -259,62 +260,64 @@ def collect(req: dict) -> dict:
         "launch": version("launch"), "cpus": len(os.sched_getaffinity(0)),
     }
     out["mem_total_bytes"], out["mem_available_bytes"] = memory_bytes()
-    out["missing"] = [m for m in req.get("modules", []) if not importable(m)]
-    workdir = req.get("workdir")
+    out["missing"] = [m for m in req.modules if not importable(m)]
+    workdir = req.workdir
     out["workdir_ok"] = workdir is None or os.path.isdir(workdir)
     out["disk_free_gb"] = shutil.disk_usage(workdir if workdir and out["workdir_ok"] else os.path.expanduser("~")).free / 1e9
-    out["missing_ifaces"] = [n for n in req.get("ifaces", []) if not os.path.exists("/sys/class/net/" + n)]
+    out["missing_ifaces"] = [n for n in req.ifaces if not os.path.exists("/sys/class/net/" + n)]
     out["hcas"] = sorted(os.listdir(IB_CLASS_DIR)) if os.path.isdir(IB_CLASS_DIR) else []
     out["memlock"], out["memlock_max"] = memlock()
     out["ib_devices"] = ib_devices()
-    if req.get("resolve_self"):
+    if req.resolve_self:
         try:
             socket.getaddrinfo(socket.gethostname(), None)
             out["hostname_resolves"] = True
         except OSError as exc:
             out["hostname_resolves"] = str(exc)
-    if req.get("gpus"):
+    if req.gpus:
         out["gpus"], out["gpu_error"] = gpus()
         out["gpu_processes"] = gpu_processes() if out["gpus"] else 0
-    if req.get("master"):
-        out["dev"], out["source"], out["route_error"] = route_to(req["master"])
-    port = req.get("port")
-    if port and req.get("listen_s"):
-        accepted = listen(port, req["listen_s"], req.get("expect", 0))
+    if req.master:
+        out["dev"], out["source"], out["route_error"] = route_to(req.master)
+    port = req.port
+    if port and req.listen_s:
+        accepted = listen(port, req.listen_s, req.expect)
         out["port_free"], out["accepted"] = accepted is not None, accepted
-    elif port and req.get("connect"):
-        out["reached"] = reach(req["connect"], port, req.get("wait_s", 5.0))
+    elif port and req.connect:
+        out["reached"] = reach(req.connect, port, req.wait_s)
     elif port:
         out["port_free"] = port_free(port)
-    if req.get("kernel_log"):
+    if req.kernel_log:
         out["kernel_log"] = kernel_log()
-    if "build_locks" in req:
-        out["build_locks"] = build_locks(req["build_locks"])
-    if req.get("container"):
-        out["container"] = container_facts(req["container"], out["hcas"], out["memlock_max"])
+    if req.build_locks:
+        out["build_locks"] = build_locks(req.extensions_dir)
+    if req.container is not None:
+        out["container"] = container_facts(req.container, out["hcas"], out["memlock_max"])
         inside = out["container"].get("inside")
         if inside:  # what the job will run with is the image's, not this host's
             out.update({key: inside.get(key) for key in ("python", "executable", "torch", "deepspeed", "nccl", "missing")})
-    if req.get("pythons") is not None:
-        out["pythons"] = pythons.survey(req["pythons"])
+    if req.pythons is not None:
+        out["pythons"] = pythons.survey(req.pythons)
     out["time"] = time.time()
     return out
 
 
-def answer(req: dict) -> dict:
+def answer(req: FactsRequest) -> dict:
     """The facts of ``collect``; with a ``leases`` request, the answer of ``leases`` too (one probe a host, not two)."""
     out = collect(req)
-    if isinstance(req.get("leases"), dict):
+    if req.leases is not None:
         from . import waiting
-        from .protocol import LeaseRequest, RequestError
 
-        try:
-            out["leases"] = waiting.answer(LeaseRequest.from_json(req["leases"]))
-        except RequestError as exc:
-            out["leases"] = {"error": str(exc)}
+        out["leases"] = waiting.answer(req.leases)
     return out
 
 
 def main(argv: list[str]) -> int:
-    print(json.dumps(answer(json.loads(argv[0]))), flush=True)
+    """``facts REQUEST_JSON`` (``protocol.FactsRequest``); a request this node side cannot read exits 2, saying why."""
+    try:
+        req = FactsRequest.from_json(argv[0])
+    except RequestError as exc:
+        print(f"launch node side: facts: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(answer(req)), flush=True)
     return 0

@@ -436,11 +436,61 @@ class SlurmRun(Request):
 
 
 @dataclass(frozen=True)
+class ContainerCheck(Request):
+    """How a node checks the job's container (``facts.container_facts``): the runtime's probe, whether the image is
+    present, the pull policy (always, missing, never) and its command, the facts command run in a container of the
+    image, and the InfiniBand options put right after ``docker run``/``podman run`` on a node with HCAs."""
+
+    probe: tuple[str, ...]
+    present: tuple[str, ...]
+    pull: str
+    pull_argv: tuple[str, ...] | None
+    inside: tuple[str, ...]
+    ib_options: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class PythonsSurvey(Request):
+    """Which interpreters a node has (``pythons.survey``): ``paths`` asked first, with ``search`` the usual places."""
+
+    paths: tuple[str, ...] = ()
+    search: bool = True
+
+
+@dataclass(frozen=True)
+class FactsRequest(Request):
+    """``facts``: what a node is asked before a job runs (``launcher.node.facts``). Its interpreter, memory and disk
+    always; ``modules`` it must import, the ``workdir``, network ``ifaces`` that must exist; with ``resolve_self``
+    whether its host name resolves, with ``gpus`` its GPUs and their processes, with ``master`` its route there; a
+    ``port``: free, or listened on for ``listen_s`` (``expect`` peers), or reached at ``connect`` within ``wait_s``;
+    its ``kernel_log``; torch's JIT ``build_locks`` (under ``extensions_dir``, None: torch's default); the job's
+    ``container``; a ``pythons`` survey; its host's ``leases`` in the same probe."""
+
+    modules: tuple[str, ...] = ()
+    workdir: str | None = None
+    ifaces: tuple[str, ...] = ()
+    resolve_self: bool = False
+    gpus: bool = False
+    master: str | None = None
+    port: int | None = None
+    listen_s: float = 0.0
+    expect: int = 0
+    connect: str | None = None
+    wait_s: float = 5.0
+    kernel_log: bool = False
+    build_locks: bool = False
+    extensions_dir: str | None = None
+    container: ContainerCheck | None = None
+    pythons: PythonsSurvey | None = None
+    leases: LeaseRequest | None = None
+
+
+@dataclass(frozen=True)
 class SlurmRequest(Request):
     """``slurm``: a Slurm node's side of the job (``launcher.node.slurmnode``): the attempt's shared directory, each
     node's facts request (by SLURM_NODEID), node 0's rendezvous port, how long to wait for its ``SlurmRun``."""
 
     dir: str
-    facts: tuple[dict, ...]
+    facts: tuple[FactsRequest, ...]
     port: int | None = None
     wait_s: float = 600.0

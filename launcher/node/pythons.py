@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+from .protocol import PythonsSurvey
 from .safepath import SAFE_PATH
 
 ASK_TIMEOUT_S = 20.0
@@ -90,9 +91,9 @@ def imports_torch(path: str) -> tuple[bool, str | None]:
     return out is not None, error
 
 
-def survey(request: dict) -> list[dict]:
+def survey(request: PythonsSurvey) -> list[dict]:
     """Every candidate with its answers; ``imports_torch`` is set for those whose metadata lists torch."""
-    paths = candidates([str(p) for p in request.get("paths", [])], bool(request.get("search", True)))
+    paths = candidates(list(request.paths), request.search)
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         answers = list(pool.map(ask, paths))
         seen, unique = set(), []

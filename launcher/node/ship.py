@@ -6,8 +6,8 @@ command's stdin (``stdin_argv`` and ``stdin_request``): Linux refuses a single a
 PAYLOAD is the package's module sources, zlib-compressed and base64-encoded; BOOT, a few lines
 of Python, makes them importable as the package ``launch_node`` in that one process (the modules
 import each other relatively) and runs COMMAND. A module is compiled when it is first imported, so
-a command pays for the modules it uses (``facts`` compiles 3 of the 21; compiling all of them took
-about 35 ms of every node command). No file is written and nothing needs installing on the node but
+a command pays for the modules it uses (``facts`` compiles 4 of them, ``protocol`` for its typed request; compiling
+all of them took about 35 ms of every node command). No file is written and nothing needs installing on the node but
 a Python 3.10+; a ``launcher`` the node may have installed is left alone. BOOT first takes the current directory
 (``''``, first on ``sys.path`` under ``-c``) off the path (``safepath``): the agent starts in the job's workdir, where
 a co-tenant's ``json.py`` would otherwise run as the job's user (the ranks' own program still sees its directory). Every command but ``facts`` and ``slurm``
@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 
 from launcher.node.main import REQUEST_ON_STDIN
-from launcher.node.protocol import Request
+from launcher.node.protocol import FactsRequest, Request
 from launcher.node.safepath import SAFE_PATH
 
 NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
@@ -58,7 +58,7 @@ sys.exit(main.main(sys.argv[2:]))
 
 # What the facts probe alone reads (no leases asked): what a container's probe ships, inside another node command's
 # request, whose one argument Linux caps at 128 KiB (the whole node side twice went over it).
-FACTS_MODULES = ("main", "facts", "pythons", "safepath")
+FACTS_MODULES = ("main", "facts", "pythons", "safepath", "protocol")
 
 
 @functools.cache
@@ -84,11 +84,11 @@ def _text(request: Request | dict) -> str:
 
 def node_argv(python: str, command: str, request: Request | dict) -> list[str]:
     """The argv that runs ``command`` (facts, agent, follow, slurm, list, end, stacks) with ``request`` (typed in
-    ``launcher.node.protocol``; the facts probe's is a dict) under ``python`` on a node."""
+    ``launcher.node.protocol``; a plain dict only where a test sends what no launcher would) under ``python``."""
     return [*_interpreter(python, command), "-c", BOOT, payload(), command, _text(request)]
 
 
-def facts_argv(python: str, request: dict) -> list[str]:
+def facts_argv(python: str, request: FactsRequest) -> list[str]:
     """``node_argv`` of the facts probe shipping only FACTS_MODULES: the probe a container of the job's image runs,
     carried inside the node's own facts request (a ``leases`` key would not be answered)."""
     return [*_interpreter(python, "facts"), "-c", BOOT, payload(FACTS_MODULES), "facts", _text(request)]

@@ -17,6 +17,7 @@ Standard library only: it runs on nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -65,8 +66,7 @@ def main(argv: list[str]) -> int:
     folder = req.dir
     index = int(os.environ.get("SLURM_NODEID", "0"))
     master = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
-    ask = {**req.facts[index], "master": master, "port": req.port if index == 0 else None}
-    found = facts.collect(ask)
+    found = facts.collect(dataclasses.replace(req.facts[index], master=master, port=req.port if index == 0 else None))
     found["slurm_node"] = os.environ.get("SLURMD_NODENAME") or found["hostname"]
     found["master"] = master
     write_private(os.path.join(folder, f"node{index}.facts.json"), found)

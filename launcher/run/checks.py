@@ -9,15 +9,16 @@ node's error.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from launcher.backends.base import Backend
 from launcher.backends.facts import NodeFacts
 from launcher.backends.nodechecks import parse_facts
+from launcher.node.protocol import FactsRequest
 from launcher.plan.netenv import AUTO
 from launcher.spec.cluster import ClusterSpec
 
@@ -104,11 +105,11 @@ def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 
     reach = listen_s > 0 and len(hosts) > 1
 
     def one(index: int) -> CheckedNode:
-        request: dict[str, Any] = {"workdir": cluster.workdir, "gpus": True}
+        request = FactsRequest(workdir=cluster.workdir, gpus=True)
         if index == 0:
-            request.update(port=port, listen_s=listen_s if reach else 0, expect=len(hosts) - 1)
+            request = dataclasses.replace(request, port=port, listen_s=listen_s if reach else 0, expect=len(hosts) - 1)
         elif reach:
-            request.update(port=port, connect=master_address, wait_s=listen_s)
+            request = dataclasses.replace(request, port=port, connect=master_address, wait_s=listen_s)
         sent = time.time()
         answer, error = backend.node_command(None, index, "facts", request, timeout=listen_s + 30)
         received = time.time()

@@ -80,7 +80,8 @@ def test_before_the_probe_the_dry_run_shows_the_ib_options_as_pending_and_runs_n
             in plan_text(plan))
     # preflight checks the image with them: the node runs that probe when it has HCAs, memlock lowered by the node
     request = container_request(plan, plan.container, 0)
-    assert set(IB_ARGS) <= _pairs(request["ib_options"]) and "/dev/infiniband" not in request["inside"]
+    assert request.ib_options is not None and set(IB_ARGS) <= _pairs(list(request.ib_options))
+    assert "/dev/infiniband" not in request.inside
 
 
 def test_a_pinned_hca_gets_the_options_without_a_probe_and_null_gets_none() -> None:
@@ -88,7 +89,7 @@ def test_a_pinned_hca_gets_the_options_without_a_probe_and_null_gets_none() -> N
     assert set(IB_ARGS) <= _pairs(pinned.nodes[1].argv)
     none = plan_job(_job(), _cluster(ib_hca=None), "ib-00000001", rdzv_port=29500, probes=_probes())
     assert "/dev/infiniband" not in none.nodes[0].argv and "/dev/infiniband" not in plan_text(none)
-    assert container_request(none, none.container, 0)["ib_options"] is None
+    assert container_request(none, none.container, 0).ib_options is None
 
 
 def test_apptainer_adds_nv_only_it_shares_dev_and_the_hosts_limits() -> None:

@@ -3,6 +3,7 @@ the facts probe answered in process under the CLI's own interpreter, and agents 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _prepared(tmp_path: Path):
 def test_the_facts_answered_in_process_are_those_a_probe_process_gives(tmp_path: Path) -> None:
     prepared = _prepared(tmp_path)
     backend = get_backend(prepared.cluster)
-    request = {**facts_request(prepared.plan, 0), "modules": ["torch", "no_such_module_here"]}
+    request = dataclasses.replace(facts_request(prepared.plan, 0), modules=("torch", "no_such_module_here"))
     here, error = backend._facts_answer(prepared.plan, request)
     probed, probe_error = backend.node_command(prepared.plan, 0, "facts", request)
     assert error is None and probe_error is None, probe_error

@@ -7,6 +7,7 @@ from pathlib import Path
 from launcher.backends import load_cluster, plan_job
 from launcher.backends.facts import NodeFacts
 from launcher.backends.nodechecks import node_problems
+from launcher.node.protocol import FactsRequest
 from launcher.spec.load import load_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def test_a_torch_build_lock_left_by_a_killed_build_stops_a_deepspeed_job_and_a_f
     from launcher.node import facts as node_facts
 
     plan = _offload_plan()
-    assert "build_locks" in facts_request(plan, 1)  # a DeepSpeed job asks every node for them
+    assert facts_request(plan, 1).build_locks  # a DeepSpeed job asks every node for them
     left = tmp_path / "cpu_adam" / "lock"  # TORCH_EXTENSIONS_DIR/<op>/lock
     building = tmp_path / "py311_cu121" / "fused_adam" / "lock"  # torch's default layout: <root>/py<ver>_<cuda>/<op>/lock
     for lock in (left, building):
@@ -53,7 +54,7 @@ def test_a_torch_build_lock_left_by_a_killed_build_stops_a_deepspeed_job_and_a_f
         lock.touch()
     two_hours_ago = time.time() - 2 * 3600
     os.utime(left, (two_hours_ago, two_hours_ago))
-    answer = node_facts.collect({"build_locks": str(tmp_path)})
+    answer = node_facts.collect(FactsRequest(build_locks=True, extensions_dir=str(tmp_path)))
     assert [lock["path"] for lock in answer["build_locks"]] == [str(left), str(building)]
     assert answer["build_locks"][0]["age_s"] >= 2 * 3600 and answer["build_locks"][1]["age_s"] < 60
     problems = node_problems("gpu-03", plan, NodeFacts.parse(answer))
@@ -67,4 +68,4 @@ def test_a_job_without_deepspeed_does_not_ask_for_build_locks() -> None:
 
     job = load_job(ROOT / "jobs" / "cifar10_convnet.yaml")
     plan = plan_job(job, load_cluster(ROOT / "examples" / "clusters" / "a800.yaml"), "convnet-1", rdzv_port=29500)
-    assert "build_locks" not in facts_request(plan, 0)
+    assert not facts_request(plan, 0).build_locks

@@ -151,3 +151,20 @@ def test_the_other_node_requests_read_back_and_keep_their_optional_fields() -> N
                     SignalRequest(pid=5, signal=15, start_ticks=None, job_id="j", node=0, generation=1)):
         assert type(request).from_json(json.loads(json.dumps(request.to_json()))) == request
     assert SweepRequest.from_json({"job_id": "j", "grace": 1}).generation is None  # `launch cancel`: never fenced
+
+
+def test_a_facts_request_with_a_misspelt_key_is_refused_by_the_node_not_answered_without_it() -> None:
+    """The facts probe reads a typed request: a key it does not know (``kernel_logs``) is an error naming the one
+    meant, where a dict read with ``get`` answered as if nothing had been asked."""
+    import subprocess
+    import sys
+
+    from launcher.node.protocol import FactsRequest
+    from launcher.node.ship import node_argv
+
+    done = subprocess.run(node_argv(sys.executable, "facts", {"kernel_logs": True}), capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "unknown key 'kernel_logs' (did you mean 'kernel_log'?)" in done.stderr
+    assert FactsRequest.from_json(FactsRequest(kernel_log=True, ifaces=("ib0",)).to_json()) == FactsRequest(
+        kernel_log=True, ifaces=("ib0",))

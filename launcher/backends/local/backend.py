@@ -6,6 +6,7 @@ process may use and ``local.gpus`` to the GPUs found (see ``launcher.backends.lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from launcher.backends.local.spec import LocalCluster
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
-from launcher.node.protocol import Frame, FrameKind, Request, early_output, parse
+from launcher.node.protocol import FactsRequest, Frame, FrameKind, Request, early_output, parse
 from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.planner import NodePlan, Plan
 
@@ -175,7 +176,7 @@ class LocalBackend(Backend[LocalCluster]):
     def _facts(self, plan: Plan) -> Preflight:
         """This machine's facts and, in the same probe, who holds the slots or GPUs the job needs."""
         wanted = leasing.preflight_request(self, plan, 0)
-        request = {**facts_request(plan, 0), **({"leases": wanted} if wanted else {})}
+        request = dataclasses.replace(facts_request(plan, 0), leases=wanted)
         answer, error = self._facts_answer(plan, request)
         if answer is None:
             return Preflight(problems=[f"localhost: interpreter '{plan.python}' cannot run the node probe: {error}"
@@ -188,7 +189,7 @@ class LocalBackend(Backend[LocalCluster]):
             problems = leasing.preflight_problems("localhost", plan, answer)
         return Preflight(problems=problems, facts={0: facts}, hint=leasing.hint(problems))
 
-    def _facts_answer(self, plan: Plan, request: dict) -> tuple[dict | None, str | None]:
+    def _facts_answer(self, plan: Plan, request: FactsRequest) -> tuple[dict | None, str | None]:
         """The facts probe's answer. Under this process's own interpreter it runs here, in process: the node is this
         machine and the interpreter the same, so the answer is the one a probe process would give, without the
         ~0.1 s of starting one on the way to the job's start. Any other interpreter is probed by running it."""

@@ -19,6 +19,7 @@ watch for; they pass SIGUSR1 on to the ranks that handle it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 import time
@@ -130,8 +131,9 @@ class SlurmBackend(Backend[SlurmCluster]):
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SlurmNode]]:
         folder = self._attempt_dir(plan.job_id)
-        request = SlurmRequest(str(folder), tuple({**facts_request(plan, index, gpus=self.spec.gpus_per_node), "port": None,
-                                                   "resolve_self": plan.launcher == "torchrun"} for index in range(plan.nnodes)),
+        request = SlurmRequest(str(folder), tuple(dataclasses.replace(
+            facts_request(plan, index, gpus=bool(self.spec.gpus_per_node), resolve_self=plan.launcher == "torchrun"),
+            port=None) for index in range(plan.nnodes)),
                                plan.rendezvous.port, FACTS_TIMEOUT_S)
         script = folder / "job.sh"
         script.write_text(batch_script(node_argv(plan.python, "slurm", request), folder))

@@ -13,6 +13,7 @@ preflight, the version comparison, sync, setup, start and watch.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -227,14 +228,12 @@ class SSHBackend(Backend[SSHCluster]):
         node = plan.nodes[index]
         pinned = node.env.get("GLOO_SOCKET_IFNAME")  # absent: probed (node.unprobed)
         request = facts_request(
-            plan, index, ifaces=[] if pinned is None else [name for name in pinned.split(",") if name],
-            gpus=spec.gpus, master=master.result() if self.cluster.network.interface == AUTO else None,
+            plan, index, ifaces=() if pinned is None else tuple(name for name in pinned.split(",") if name),
+            gpus=bool(spec.gpus), master=master.result() if self.cluster.network.interface == AUTO else None,
         )
-        if self.cluster.sync_workdir:
-            request["workdir"] = None  # made by the sync at start
-        wanted = leasing.preflight_request(self, plan, index)
-        if wanted:
-            request["leases"] = wanted  # who holds what the job needs here, in the same probe
+        wanted = leasing.preflight_request(self, plan, index)  # who holds what the job needs here, in the same probe
+        workdir = None if self.cluster.sync_workdir else request.workdir  # made by the sync at start
+        request = dataclasses.replace(request, workdir=workdir, leases=wanted)
         host = self.targets[index].alias
         answer, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
         if answer is None:

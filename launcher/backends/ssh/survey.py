@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.backends.facts import FactsError, NodeFacts
+from launcher.node.protocol import FactsRequest, PythonsSurvey
 
 if TYPE_CHECKING:
     from launcher.backends.ssh.backend import SSHBackend
@@ -225,10 +226,8 @@ def probe(backend: SSHBackend, python: str | None,
     addresses = {i: r.got for i, r in zip(indexes, connected) if r.ok}
     if not addresses:
         return [], problems
-    request = {
-        "gpus": True, "resolve_self": True, "master": next(iter(addresses.values())),
-        "pythons": {"paths": [python], "search": False} if python else {"paths": [sys.executable], "search": True},
-    }
+    request = FactsRequest(gpus=True, resolve_self=True, master=next(iter(addresses.values())),
+                           pythons=PythonsSurvey((python,), search=False) if python else PythonsSurvey((sys.executable,)))
     answers = fan_out(lambda i: backend.node_command(None, i, "facts", request, timeout=PROBE_TIMEOUT_S),
                       list(addresses), backend.pool.settings.fanout)
     reports = []
