@@ -6,14 +6,17 @@ Light: no backend is imported until the nodes of one job whose supervisor is gon
 
 from __future__ import annotations
 
+import re
+
 from launcher.errors import LaunchError
 from launcher.run import identity
 from launcher.store.db import Store
 from launcher.store.rows import JobRow
-from launcher.store.states import Supervision, SupervisorState
+from launcher.store.states import JobState, Supervision, SupervisorState
 from launcher.views.jobstatus import AgentsLeft, JobStatus, job_summary
 from launcher.views.stacks import latest
 
+_HOLDER = re.compile(r"\bjob (\S+) \(user ")  # a holder as ``leasing.who`` names it in a waiting reason
 AGENTS_ASKED_S = 8  # how long `status JOB` waits for each node's answer about a job whose supervisor is gone
 CHECK_JOB_NAME = "launch-check"  # the all-reduce job of `launch check`: left out of the job list unless asked
 
@@ -44,7 +47,17 @@ def one(store: Store, ref: str) -> JobStatus:
     said = supervision(store, row)
     agents = agents_left(store, row) if said is not None and said.state == SupervisorState.LOST else None
     return JobStatus(row, job_summary(store, row), said, agents, nodes=tuple(store.nodes(row.id)),
-                     events=tuple(store.events(row.id)), stacks=latest(store.run_dir(row.id)))
+                     events=tuple(store.events(row.id)), stacks=latest(store.run_dir(row.id)), holders=holders(row))
+
+
+def holders(row: JobRow) -> dict[str, str] | None:
+    """A QUEUED job: the progress of the jobs its waiting reason names as holders, where this user's store knows them
+    (None for a job not queued; the lease module imported only then)."""
+    if row.state != JobState.QUEUED or not row.queue_reason:
+        return None
+    from launcher.backends.leasing import holders_progress
+
+    return holders_progress(_HOLDER.findall(row.queue_reason))
 
 
 def supervision(store: Store, row: JobRow) -> Supervision | None:

@@ -47,6 +47,9 @@ class JobStatus:
     nodes: tuple[NodeRow, ...] | None = None
     events: tuple[dict[str, Any], ...] = ()
     stacks: StackReport | None = None
+    #: a QUEUED job: how far each job holding what it waits for is (``step 120/1000, ETA 14:32``), where this store
+    #: supervises it
+    holders: dict[str, str] | None = None
 
     @property
     def lost(self) -> bool:
@@ -231,7 +234,7 @@ def detail_json(status: JobStatus) -> dict[str, Any]:
     from launcher.views.verdict import verdict_json
 
     kept, events = status.stacks, list(status.events)
-    return {**job_object(status), **submitted_as(status.job), "events": events,
+    return {**job_object(status), **submitted_as(status.job), "holders_progress": status.holders, "events": events,
             "stacks": json_entries(kept) if kept else [], "verdict": verdict_json(kept, status.job, events) if kept else None}
 
 
@@ -427,6 +430,8 @@ def job_detail(status: JobStatus, events_shown: int | None = 12) -> list[Any]:
     Text = _safe_text_class()
     obj, m, events = job_object(status), status.summary, list(status.events)
     waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == JobState.QUEUED and obj.get("queue_reason") else ""
+    if waiting and status.holders:
+        waiting += "; now " + "; ".join(f"job {job}: {said}" for job, said in sorted(status.holders.items()))
     scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
     header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], supervisor_said(status)),
                            Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))

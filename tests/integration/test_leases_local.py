@@ -124,6 +124,8 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     text = run_cli(home, "status", detached).stdout
     assert re.search(r"submitted \d\d:\d\d:\d\d, queued \d\d:\d\d:\d\d \(waited \d+\.\d s\)", text), text
     assert "stage            queued: running\n" in text and "as submitted: --set queue=wait" in text, text
+    assert re.search(rf"; now job {held['id']}: step \d+/100000, ETA \d\d:\d\d", text), text  # the holder's pace
+    assert re.fullmatch(r"step \d+/100000, ETA \d\d:\d\d", told["holders_progress"][held["id"]]), told
     waiting.send_signal(signal.SIGINT)
     code, err = _done(waiting)
     assert code == 130, err
