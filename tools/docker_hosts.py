@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +135,40 @@ def build_image(daemon: HostDocker, name: str = ci.DEFAULT_IMAGE) -> None:
         archive = Path(tmp) / "rootfs.tar"
         ci.write_rootfs_tar(archive)
         _run(daemon.docker("import", "--change", 'CMD ["/bin/sh"]', str(archive), name))
+
+
+IB_DEVICES = "/dev/infiniband"
+FAKE_HCA = "mlx5_0"
+
+
+@contextlib.contextmanager
+def fake_infiniband(hosts: Sequence[tb.Host]) -> Iterator[None]:
+    """``hosts`` look like InfiniBand nodes to launch's probe inside the block, in their mount namespaces only: an HCA
+    in /sys/class/infiniband (a tmpfs over /sys/class, the host's /sys/class/net moved back into it) and a device
+    node /dev/infiniband/uverbs0 (a tmpfs on a directory made in the machine's /dev; the node is /dev/null's: no
+    verbs work, the container only has to see it)."""
+    made = not os.path.lexists(IB_DEVICES)
+    if made:
+        os.mkdir(IB_DEVICES, 0o755)
+    done: list[tb.Host] = []
+    try:
+        for host in hosts:
+            keep = _root(host) / "sys-class-net"
+            keep.mkdir(parents=True, exist_ok=True)
+            done.append(host)
+            for argv in (["mount", "--bind", "/sys/class/net", str(keep)], ["mount", "-t", "tmpfs", "fake-class", "/sys/class"],
+                         ["mkdir", "-p", "/sys/class/net", f"/sys/class/infiniband/{FAKE_HCA}"],
+                         ["mount", "--move", str(keep), "/sys/class/net"],
+                         ["mount", "-t", "tmpfs", "fake-ib", IB_DEVICES], ["mknod", f"{IB_DEVICES}/uverbs0", "c", "1", "3"]):
+                ci.in_host(host, argv)
+        yield
+    finally:
+        for host in done:
+            for target in (IB_DEVICES, "/sys/class/net", "/sys/class", str(_root(host) / "sys-class-net")):
+                ci.in_host(host, ["umount", target], check=False)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(IB_DEVICES)
 
 
 def containers(host: tb.Host, label: str) -> list[str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import resource
 import signal
 import subprocess
 import sys
@@ -24,14 +26,18 @@ from tools import testbed as tb
 pytestmark = [needs_root, needs_docker, pytest.mark.testbed, pytest.mark.slow]
 
 RANK = """\
-import json, os, socket, time
+import json, os, resource, socket, time
 import torch
 import torch.distributed as dist
 from launcher.metrics import Reporter
 
 dist.init_process_group("gloo")
+caps = next(int(l.split()[1], 16) for l in open("/proc/self/status") if l.startswith("CapEff:"))
 print("INSIDE " + json.dumps({"rank": dist.get_rank(), "host": socket.gethostname(),
-                               "docker": os.path.exists("/.dockerenv")}), flush=True)
+                               "docker": os.path.exists("/.dockerenv"),
+                               "ib": sorted(os.listdir("/dev/infiniband")) if os.path.isdir("/dev/infiniband") else None,
+                               "memlock": resource.getrlimit(resource.RLIMIT_MEMLOCK)[0], "ipc_lock": bool(caps >> 14 & 1)}),
+      flush=True)
 reporter = Reporter(every=1, warmup=0)
 for _ in range(int(os.environ.get("STEPS", "3"))):
     time.sleep(float(os.environ.get("STEP_S", "0.1")))
@@ -70,18 +76,28 @@ def _nothing_left(docker, job_id: str) -> bool:
 
 
 def test_a_two_host_docker_job_succeeds_with_metrics_and_cancel_leaves_nothing(tmp_path, home, docker_hosts, testbed):
+    """On hosts that look like InfiniBand nodes (an HCA in /sys/class/infiniband, /dev/infiniband/uverbs0), as the
+    A800 clusters' nodes do: the containers get the device, IPC_LOCK and the memlock the node allows (8 MiB here:
+    the machine's hard limit cannot be raised), and preflight says what they got."""
     cluster = _cluster(tmp_path, testbed)
-    result = run_cli(home, "submit", str(_job(tmp_path, docker_hosts, "dkr")), "--cluster", str(cluster), timeout=240)
+    with dh.fake_infiniband(docker_hosts.hosts):
+        dry = run_cli(home, "submit", str(_job(tmp_path, docker_hosts, "dkr")), "--cluster", str(cluster), "--dry-run")
+        result = run_cli(home, "submit", str(tmp_path / "dkr.yaml"), "--cluster", str(cluster), timeout=240)
+    assert "docker run --rm --name launch-" in dry.stdout and "--network host --ipc host" in dry.stdout
+    assert "adds  --device /dev/infiniband (probed at launch)  # if the node's probe finds InfiniBand HCAs" in dry.stdout
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     inside = [json.loads(line.split("INSIDE ", 1)[1]) for line in result.stdout.splitlines() if "INSIDE " in line]
-    assert sorted((r["rank"], r["host"], r["docker"]) for r in inside) == [(0, "lt-h1", True), (1, "lt-h2", True)]
-    job_id = result.stderr.split()[1].rstrip(":")
+    assert sorted((r["rank"], r["host"], r["docker"], r["ib"], r["memlock"], r["ipc_lock"]) for r in inside) == [
+        (0, "lt-h1", True, ["uverbs0"], hard, True), (1, "lt-h2", True, ["uverbs0"], hard, True)]
+    if hard != resource.RLIM_INFINITY:  # what a machine without CAP_SYS_RESOURCE gets, said before the start
+        assert f"lt-h2: the container got memlock {hard // 1024} KiB, not unlimited" in result.stderr + result.stdout
+    job_id = re.search(r"\b(dkr-[0-9a-f]{8})\b", result.stderr).group(1)
     obj = status_json(home, job_id)
+    assert [n["env"].get("NCCL_IB_HCA") for n in obj["network"]] == [dh.FAKE_HCA, dh.FAKE_HCA]
     assert obj["state"] == "SUCCEEDED"
     assert sorted(r["rank"] for r in obj["metrics"]["per_rank"]) == [0, 1] and obj["metrics"]["samples_per_sec"] > 0
     assert _nothing_left(docker_hosts, job_id), "no container is left, running or stopped"
-    dry = run_cli(home, "submit", str(tmp_path / "dkr.yaml"), "--cluster", str(cluster), "--dry-run")
-    assert "docker run --rm --name launch-" in dry.stdout and "--network host --ipc host" in dry.stdout
 
     job = _job(tmp_path, docker_hosts, "dkr-cancel", steps=2000)
     job_id = run_cli(home, "submit", str(job), "--cluster", str(cluster), "--detach").stdout.strip()
