@@ -16,6 +16,8 @@ from launcher.views.verdict import verdict_lines
 
 #: The figures of a rank plotted on a job's page, by their metric record's name.
 SERIES = ("samples_per_sec", "step_time_s", "loss", "mem_peak_bytes")
+#: Above this many ranks, the plots show the min, mean and max over the ranks instead of a line a rank.
+RANKS_PLOTTED = 32
 
 
 def jobs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
@@ -66,16 +68,24 @@ def job(store: Store, ref: str) -> dict[str, Any]:
 
 
 def series(store: Store, ref: str) -> dict[str, Any]:
-    """The plotted figures of a job's latest attempt, per rank: {"ranks": {rank: {"step": [...], name: [...]}}}."""
+    """The plotted figures of a job's latest attempt: {"ranks": {rank: {"step": [...], name: [...]}}}; a job of more
+    than ``RANKS_PLOTTED`` ranks is plotted as the min, mean and max over its ranks at each step (keys "min", "mean",
+    "max", computed by the store), which a browser draws at once for 1,000 ranks."""
     row = store.job(ref)
+    attempt = row.attempt or 0
+    if store.metric_ranks(row.id, attempt) > RANKS_PLOTTED:
+        spread = store.metric_spread(row.id, attempt, SERIES)
+        steps = [step for step, _ in spread]
+        shown = {label: {"step": steps, **{name: [values[3 * i + at] for _, values in spread]
+                                           for i, name in enumerate(SERIES)}}
+                 for at, label in enumerate(("min", "mean", "max"))}
+        return {"job": row.id, "state": row.state, "ranks": shown}
     ranks: dict[int, dict[str, list[Any]]] = {}
-    for record in store.metrics(row.id):
-        if record.attempt != (row.attempt or 0) or record.warmup:
-            continue
-        points = ranks.setdefault(record.rank, {"step": [], **{name: [] for name in SERIES}})
-        points["step"].append(record.step)
-        for name in SERIES:
-            points[name].append(getattr(record, name))
+    for rank, step, values in store.metric_points(row.id, attempt, SERIES):
+        line = ranks.setdefault(rank, {"step": [], **{name: [] for name in SERIES}})
+        line["step"].append(step)
+        for name, value in zip(SERIES, values):
+            line[name].append(value)
     return {"job": row.id, "state": row.state, "ranks": {str(rank): ranks[rank] for rank in sorted(ranks)}}
 
 

@@ -160,6 +160,37 @@ class RecordsStore(TallyStore):
                 records.append(record)
         return records
 
+    def metric_points(self, job_id: str, attempt: int, names: tuple[str, ...]) -> list[tuple[int, int, list[float | None]]]:
+        """(rank, step, the figures ``names``) of each record of an attempt but warm-up ones, in arrival order: the
+        dashboard's plots, read by SQLite's JSON functions without building each record (50,000 records in a
+        fraction of a second). A figure that is not a finite number reads as None."""
+        if not all(name.isidentifier() for name in names):
+            raise ValueError(f"not figure names: {names}")
+        figures = ", ".join(f"json_extract(record, '$.{name}')" for name in names)
+        rows = self._query(
+            f"SELECT rank, step, {figures} FROM metrics WHERE job_id = ? AND attempt = ? AND json_valid(record) "
+            "AND coalesce(json_extract(record, '$.warmup'), 0) = 0 ORDER BY id", (job_id, attempt))
+        return [(row[0], row[1], [finite_or_none(value) for value in row[2:]]) for row in rows
+                if isinstance(row[0], int) and isinstance(row[1], int)]
+
+    def metric_ranks(self, job_id: str, attempt: int) -> int:
+        """How many ranks reported in an attempt."""
+        return self._query("SELECT count(DISTINCT rank) FROM metrics WHERE job_id = ? AND attempt = ?",
+                           (job_id, attempt))[0][0]
+
+    def metric_spread(self, job_id: str, attempt: int, names: tuple[str, ...]) -> list[tuple[int, list[float | None]]]:
+        """Per step of an attempt (warm-up records left out), the min, mean and max over the ranks of each figure in
+        ``names`` (three values a name, in that order), computed by SQLite."""
+        if not all(name.isidentifier() for name in names):
+            raise ValueError(f"not figure names: {names}")
+        extracted = ", ".join(f"json_extract(record, '$.{name}') AS f{i}" for i, name in enumerate(names))
+        figures = ", ".join(f"{how}(f{i})" for i in range(len(names)) for how in ("min", "avg", "max"))
+        rows = self._query(  # each figure read once a record (SQLite 3.40 parses the JSON again for each read)
+            f"SELECT step, {figures} FROM (SELECT step, {extracted} FROM metrics WHERE job_id = ? AND attempt = ? "
+            "AND json_valid(record) AND coalesce(json_extract(record, '$.warmup'), 0) = 0) GROUP BY step ORDER BY step",
+            (job_id, attempt))
+        return [(row[0], [finite_or_none(value) for value in row[1:]]) for row in rows if isinstance(row[0], int)]
+
     def metrics_after(self, job_id: str, after: int, limit: int = 10_000) -> list[tuple[int, MetricRecord]]:
         """The job's records stored after row ``after`` (at most ``limit``), each with its row id, in order."""
         rows = self._query("SELECT id, attempt, record FROM metrics WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",

@@ -218,3 +218,20 @@ def test_metrics_only_serves_metrics_alone_and_behind_the_token(home):
     assert client.get("/metrics").status_code == 403
     assert client.get("/metrics", headers={"Authorization": "Bearer t0ken"}).status_code == 200
     assert client.get("/", params={"token": "t0ken"}).status_code == 404
+
+
+def test_the_plots_of_a_job_of_many_ranks_are_its_ranks_min_mean_and_max(home):
+    from launcher.dashboard import data
+    from launcher.metrics.record import MetricRecord
+    from launcher.store.records import Batch
+
+    store = make_job(home)
+    run(store)
+    _report(store, ranks=2)
+    assert set(data.series(Store(home, read_only=True), "dash-00000001")["ranks"]) == {"0", "1"}
+    store.add_batch("dash-00000001", 0, Batch(records=[
+        MetricRecord(rank=rank, step=6, samples_per_sec=float(rank), step_time_s=0.1) for rank in range(data.RANKS_PLOTTED + 1)]))
+    ranks = data.series(Store(home, read_only=True), "dash-00000001")["ranks"]
+    assert set(ranks) == {"min", "mean", "max"} and ranks["max"]["step"] == [2, 4, 6]
+    assert ranks["min"]["samples_per_sec"][-1] == 0.0 and ranks["max"]["samples_per_sec"][-1] == data.RANKS_PLOTTED
+    assert ranks["mean"]["samples_per_sec"][0] == 32.0

@@ -66,7 +66,7 @@ function launchJob(id) {
       if (p && p.series.length === names.length + 1) { p.setData(d); continue; }
       if (p) p.destroy();
       const div = document.createElement("div"); div.dataset.plot = key; box.appendChild(div);
-      plots[key] = new uPlot({ title: label, width: 420, height: 220, scales: { x: { time: false } }, axes: [{ label: "step" }, { size: 60 }], series: [{ label: "step" }, ...names.map((r, i) => ({ label: "rank " + r, stroke: `hsl(${(i * 67) % 360},70%,45%)`, spanGaps: true }))] }, d, div);
+      plots[key] = new uPlot({ title: label, width: 420, height: 220, scales: { x: { time: false } }, axes: [{ label: "step" }, { size: 60 }], series: [{ label: "step" }, ...names.map((r, i) => ({ label: /^\d+$/.test(r) ? "rank " + r : r + " of the ranks", stroke: `hsl(${(i * 67) % 360},70%,45%)`, spanGaps: true }))] }, d, div);
     }
     box.dataset.points = String(steps.length);
   };
