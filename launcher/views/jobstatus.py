@@ -7,6 +7,7 @@ stays light.
 from __future__ import annotations
 
 import functools
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -234,8 +235,35 @@ def detail_json(status: JobStatus) -> dict[str, Any]:
     from launcher.views.verdict import verdict_json
 
     kept, events = status.stacks, list(status.events)
-    return {**job_object(status), **submitted_as(status.job), "holders_progress": status.holders, "events": events,
+    return {**job_object(status), **submitted_as(status.job), "holders_progress": status.holders,
+            "attempts": attempts_told(status.job, status.nodes or (), events), "events": events,
             "stacks": json_entries(kept) if kept else [], "verdict": verdict_json(kept, status.job, events) if kept else None}
+
+
+_RESTARTING = re.compile(r"^attempt (\d+) failed \((.*)\); restart \d+ of \d+")
+_REPLANNED = re.compile(r"^attempt (\d+): ")
+REPLAN_KINDS = ("elastic_restart", "node_left_out")
+
+
+def attempts_told(job: JobRow, nodes: tuple[NodeRow, ...], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each attempt of a job: its hosts, how it ended (its failure, or the job's end for the last one) and what the
+    next attempt changed (a re-plan: the node lost, the new grad_accum), from its node rows and events."""
+    ended: dict[int, str] = {}
+    changed: dict[int, str] = {}
+    for event in events:
+        message = str(event.get("message") or "")
+        if event.get("kind") == "restarting" and (match := _RESTARTING.match(message)):
+            ended[int(match[1])] = match[2]
+        elif event.get("kind") in REPLAN_KINDS and (match := _REPLANNED.match(message)):
+            changed[int(match[1]) - 1] = message
+    last = job.attempt or 0
+    told = []
+    for attempt in range(last + 1):
+        hosts = [n.host or "?" for n in nodes if n.attempt == attempt]
+        end = ended.get(attempt) or (str(job.reason or job.state) if attempt == last and job.terminal else
+                                     "running" if attempt == last else "?")
+        told.append({"attempt": attempt, "hosts": hosts, "ended": end, "next": changed.get(attempt)})
+    return told
 
 
 def submitted_as(job: JobRow) -> dict[str, Any]:
@@ -443,6 +471,9 @@ def job_detail(status: JobStatus, events_shown: int | None = 12) -> list[Any]:
         Text(_times_line(status.job, events)),
         Text(f"  batch: {batch_text(obj['global_batch'], obj['micro_batch'], obj['grad_accum'], obj['world_size'])}"),
         *_submitted_lines(status.job),
+        *(Text(f"  attempt {a['attempt']}: {', '.join(a['hosts']) or '(no nodes)'}: {a['ended']}"
+               + (f"; next {a['next']}" if a["next"] else "")) for a in attempts_told(status.job, status.nodes or (), events)
+          if (status.job.attempt or 0) > 0),
         *(Text(f"  elastic: {e['message']}") for e in events if e["kind"] == "elastic_restart"),
         Text(f"  metrics: {steps_text(m.steps, obj['max_steps'])} steps, {_fmt(m.steps_per_sec, '.2f')} steps/s, "
              f"{_fmt(m.samples_per_sec)} samples/s{'' if m.samples_per_sec is not None or not m.steps else ' (batch not seen)'}, "

@@ -64,8 +64,12 @@ def test_a_killed_local_node_ends_succeeded_on_two_with_the_global_batch_exact(t
     restarted, succeeded = (body for _, body in hook.posts)  # the pager hears the truth: it goes on, re-planned
     assert (restarted["event"], restarted["state"], restarted["replan"]) == ("restarted", "RESTARTING", shrunk[0])
     assert succeeded["state"] == "SUCCEEDED" and succeeded["steps"] == STEPS and succeeded["attempt"] == 1
+    first_try, second_try = status["attempts"]  # every attempt: its nodes, why it ended, what the next one changed
+    assert len(first_try["hosts"]) == 3 and len(second_try["hosts"]) == 2 and first_try["next"] == shrunk[0]
+    assert "node 2" in first_try["ended"] and second_try["ended"] in ("SUCCEEDED", status["reason"]), status["attempts"]
     shown = subprocess.run(launch_argv("status", job_id), capture_output=True, text=True, env=cli_env(home), cwd=ROOT)
     assert f"  elastic: {shrunk[0]}" in shown.stdout.splitlines()  # in the header, however many events follow
+    assert any(line.startswith("  attempt 0: ") and line.endswith(f"; next {shrunk[0]}") for line in shown.stdout.splitlines())
     final = max((r for r in Store(home).metrics(job_id) if r.attempt == 1), key=lambda r: r.step)
     assert final.step == STEPS and final.extra["samples_consumed"] == STEPS * 12
 
