@@ -7,6 +7,11 @@ helpers). It imports nothing but what ``site`` already loaded and adds one meta-
 ``LOCAL_RANK`` set: not torchrun's own agent) imports torch, the finder runs torch's own loader and then installs
 launch's step hooks (``launch_stephooks``, beside this file). ``LAUNCH_METRICS=0`` turns them off.
 A ``sitecustomize`` of the user's own (later on ``sys.path``: a virtualenv's, the system's) still runs, after this.
+
+In a rank it also sends stderr where stdout goes (``os.dup2(1, 2)``, whatever ``LAUNCH_METRICS`` says): torchrun's
+``--tee`` writes each stream of a rank to a file of its own and tails the two apart, which loses their order (a
+last line printed before earlier warnings); as one stream, lines keep the order the program wrote them, Python's and
+C's alike. The node agent read the two as one anyway. Under DeepSpeed's launcher they are one pipe already.
 Standard library only: it runs in the user's interpreter, where launch need not be installed.
 """
 
@@ -76,7 +81,18 @@ def _chain():
     spec.loader.exec_module(module)
 
 
-if os.environ.get("LAUNCH_METRICS", "1") != "0" and os.environ.get("LOCAL_RANK") is not None \
-        and "torch" not in sys.modules:
-    sys.meta_path.insert(0, _TorchWatch())
+def _one_stream():
+    """This rank's stderr onto its stdout, unless they are one file already (or either is closed)."""
+    try:
+        out, err = os.fstat(1), os.fstat(2)
+        if (out.st_dev, out.st_ino) != (err.st_dev, err.st_ino):
+            os.dup2(1, 2)
+    except OSError:
+        pass
+
+
+if os.environ.get("LOCAL_RANK") is not None:
+    _one_stream()
+    if os.environ.get("LAUNCH_METRICS", "1") != "0" and "torch" not in sys.modules:
+        sys.meta_path.insert(0, _TorchWatch())
 _chain()

@@ -87,7 +87,7 @@ class Plan(Frozen):
     cluster_name: str
     launcher: str
     strategy: str | None
-    precision: str
+    precision: str | None  # None: an entrypoint's own (the spec said none; its DeepSpeed config may say bf16)
     dist_backend: str
     nnodes: int
     nproc_per_node: int
@@ -157,7 +157,7 @@ def make_plan(
         cluster_name=cluster.name,
         launcher=job.launcher,
         strategy=job.strategy if job.recipe else None,
-        precision=job.precision,
+        precision=job.precision if job.recipe or "precision" in job.model_fields_set else None,  # else the program's
         dist_backend="nccl" if all(node.gpus for node in chosen) else "gloo",
         nnodes=len(chosen),
         nproc_per_node=min(procs),

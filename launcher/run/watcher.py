@@ -31,6 +31,7 @@ from pathlib import Path
 from launcher.backends import failures
 from launcher.backends.base import NodeHandle
 from launcher.backends.follow import fenced_record
+from launcher.metrics.logged import read_logged, with_logged
 from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
 from launcher.node import nccl, torchelastic
 from launcher.node.protocol import Frame, FrameKind, NodeTime, OutputLine, Unparsable, parse
@@ -134,6 +135,14 @@ class NodeSeen:
     recorded: failures.RecordedError | None = None  # what its torchrun's error file said (``@error_file``)
 
 
+def last_state(text: str) -> str:
+    """What a terminal would show of a line that redraws itself with carriage returns (a tqdm bar): its last state."""
+    if "\r" not in text:
+        return text
+    states = [state for state in text.split("\r") if state.strip()]
+    return states[-1] if states else ""
+
+
 def _wall(stamp: NodeTime | None, at: float) -> float:
     """The time a log line shows: the node's wall clock when it wrote the line (``at`` for an unstamped one)."""
     return stamp.wall if stamp is not None else at
@@ -162,6 +171,7 @@ class NodeWatcher:
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._pids: set[int] = set()
         self._samples: dict[int, ProcessSample] = {}
+        self._program_logged: dict[int, dict[str, float]] = {}  # a rank's numbers from its latest Trainer-style log line
         self._agent_exit: int | None = None
         self._recorded: failures.RecordedError | None = None
         self._reported: int | None = None
@@ -327,6 +337,8 @@ class NodeWatcher:
             relay.handed.put(RejectedLine(node, record))
             return
         if record is not None:
+            if record.observed and record.rank in self._program_logged:
+                record = with_logged(record, self._program_logged.pop(record.rank))
             relay.handed.put(Progress(node, record.rank, record.step, at, parsed.at, ended=record.ended))
             interval = record.steps or not record.ended  # an end with no steps since the last record is no interval
             relay.handed.put(ToStore(self._seen(log), records=(record,) if interval else ()))
@@ -337,8 +349,11 @@ class NodeWatcher:
         if quiet and self._barrier.lines == 1:
             self._echo(f"[{node}] torchrun's exit barrier failed after every rank of this node exited 0 (another node's "
                        f"agent ended first); its trace is kept in the node's log (launch logs --node {node})")
-        self._show(f"[{node}/{match[1]}] {text[match.end():]}" if match else f"[{node}] {text}", text, log,
-                   _wall(parsed.at, at), echo=not quiet)
+        where, content = (f"{node}/{match[1]}", text[match.end():]) if match else (str(node), text)
+        content = last_state(content)
+        if match and (logged := read_logged(content)) is not None:
+            self._program_logged[int(match[1])] = logged
+        self._show(f"[{where}] {content}", text, log, _wall(parsed.at, at), echo=not quiet)
 
     def _echo(self, shown: str) -> None:
         try:

@@ -20,7 +20,7 @@ from launcher.metrics.columns import fmt, fmt_mem, fmt_pct
 from launcher.metrics.record import MetricRecord, RankUsage
 from launcher.store.rows import JobRow
 from launcher.store.states import JobState
-from launcher.views.render import batch_text, steps_text
+from launcher.views.render import PROGRAMS_PRECISION, batch_text, steps_text
 
 STRAGGLER_SLOWDOWN = 1.10
 
@@ -297,7 +297,7 @@ def metrics_renderables(job: JobRow, metrics: Mapping[str, Any]) -> list[Any]:
     on_gpus = runs_on_gpus(job)
     out: list[Any] = [
         f"[bold]{escape(str(job.id))}[/]  {escape(str(job.state or '?'))}  "
-        + escape(f"{job.strategy or '(entrypoint)'}, {job.precision}, "
+        + escape(f"{job.strategy or '(entrypoint)'}, {job.precision or PROGRAMS_PRECISION}, "
                  f"{job.nnodes} node(s) x {job.nproc_per_node} = {job.world_size} ranks"),
         Text(f"  batch       {batch_text(job.global_batch, job.micro_batch, job.grad_accum, job.world_size)}"),
         f"  steps       {escape(steps_text(m['steps'], job.max_steps))}  ({m['records']} records, warm-up excluded)",

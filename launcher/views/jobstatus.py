@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.node.nccl import Transport
 from launcher.store.states import JobState, Supervision, SupervisorState
 from launcher.views.nccl import node_transports
-from launcher.views.render import batch_text, shown_env, steps_text
+from launcher.views.render import PROGRAMS_PRECISION, batch_text, shown_env, steps_text
 from launcher.views.terminal import safe_lines, safe_text
 
 if TYPE_CHECKING:
@@ -466,7 +466,7 @@ def job_detail(status: JobStatus, events_shown: int | None = 12) -> list[Any]:
     out: list[Any] = [
         header,
         Text(f"  {obj['backend']} cluster '{obj['cluster']}', {obj['launcher']}, strategy {obj['strategy'] or '(entrypoint)'}, "
-             f"{obj['precision']}, {obj['nnodes']} node(s) x {_each(obj)} = {obj['world_size']} ranks, "
+             f"{obj['precision'] or PROGRAMS_PRECISION}, {obj['nnodes']} node(s) x {_each(obj)} = {obj['world_size']} ranks, "
              f"attempt {obj['attempt']}"),
         Text(_times_line(status.job, events)),
         Text(f"  batch: {batch_text(obj['global_batch'], obj['micro_batch'], obj['grad_accum'], obj['world_size'])}"),

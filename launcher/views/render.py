@@ -19,6 +19,8 @@ _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVA
 MASK = "****"
 UNPROBED_TEXT = "auto"  # how a value that a probe on the node gives at launch reads until then
 
+PROGRAMS_PRECISION = "the program's precision"  # an entrypoint whose spec named none: launch does not know it
+
 
 def json_text(value: Any) -> str:
     """Indented strict JSON for `--json` output: never a bare NaN or Infinity (unknown figures are null)."""
@@ -88,7 +90,7 @@ def plan_text(plan: Any, notes: Sequence[str] = ()) -> str:
     lines = [
         f"job {plan.job_id}  (dry run: nothing was contacted or started)",
         f"  cluster     {plan.cluster_name} (backend {plan.backend})",
-        f"  launcher    {plan.launcher}   strategy {plan.strategy or '(entrypoint)'}   precision {plan.precision}"
+        f"  launcher    {plan.launcher}   strategy {plan.strategy or '(entrypoint)'}   precision {plan.precision or PROGRAMS_PRECISION}"
         f"   process group {plan.dist_backend}",
         f"  world       {world_text(plan)}",
         f"  batch       {batch}",

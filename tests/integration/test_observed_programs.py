@@ -45,6 +45,8 @@ def runs(tmp_path_factory):
         "exit_hang": _submit(home, folder, "exit_hang", [str(PROGRAMS / "plain_loop.py"), "--ddp", "--hang-at-exit", "1",
                                                          "--steps", str(STEPS)],
                              watch={"stall_timeout": 8, "grace_period": 2}),
+        "output": _submit(home, folder, "output", [str(PROGRAMS / "output_forms.py")],
+                          resources={"nodes": 1, "nproc_per_node": 1}),
     }
     return home, out, jobs
 
@@ -77,6 +79,9 @@ def test_samples_from_the_dataloader_and_tokens_from_the_token_batches(runs):
     trainer = _metrics(home, jobs["trainer"][0])
     assert trainer["samples_per_sec"] > 0 and trainer["tokens_per_sec"] == pytest.approx(16 * trainer["samples_per_sec"])
     assert _metrics(home, jobs["accelerate"][0])["samples_per_sec"] > 0
+    assert 0 < trainer["loss"] < 10, "the loss as the Trainer logged it (its own, divided by the tokens, is left out)"
+    header = run_cli(home, "metrics", jobs["trainer"][0], "--csv").stdout.splitlines()[0].split(",")
+    assert {"learning_rate", "epoch"} <= set(header), "from the Trainer's log lines"
 
 
 def test_a_program_without_a_dataloader_or_a_batch_shows_steps_per_second_only(runs):
@@ -87,6 +92,8 @@ def test_a_program_without_a_dataloader_or_a_batch_shows_steps_per_second_only(r
     shown = run_cli(home, "status", job_id).stdout
     assert f"metrics: {STEPS} steps," in shown, "no total invented: the spec gave no max_steps"
     assert "samples/s (batch not seen)" in shown
+    assert status_json(home, job_id)["precision"] is None and "(entrypoint), the program's precision," in shown, \
+        "the spec named no precision: the program's own, not an invented fp32"
 
 
 def test_a_program_failing_after_its_first_steps_is_restarted_and_the_reason_names_the_step(runs):
@@ -111,3 +118,13 @@ def test_a_program_that_trained_then_hangs_in_exit_is_called_hung_in_exit_at_its
     stacks = run_cli(home, "stacks", job_id).stdout
     assert "stacks of 1 of 2 rank(s) in 2 class(es)" in stacks, "rank 0 had exited: no stack, and counted so"
     assert "_shutdown" in stacks, "rank 1's main thread waits in Python's shutdown for the thread it left running"
+
+
+def test_a_ranks_output_shows_as_it_wrote_it_a_tqdm_bar_and_stderr_in_order(runs):
+    home, _, jobs = runs
+    job_id, result = jobs["output"]
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = [line for line in run_cli(home, "logs", job_id).stdout.splitlines() if line.startswith("[0/0]")]
+    assert "[0/0] epoch: 3/3" in lines and not any("\\x0d" in line or "\r" in line for line in lines)
+    assert [line for line in lines if "in order" in line] == [
+        f"[0/0] in order {i}" + (" (stderr)" if i % 2 else "") for i in range(10)], "stdout and stderr as written"

@@ -97,6 +97,8 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
     assert metrics["steps"] == 2, "4 engine steps, 2 micro-batches a step: 2 optimizer steps, observed by launch's hooks"
     assert [(r["rank"], r["steps"]) for r in metrics["per_rank"]] == [(0, 2), (1, 2)]
     assert metrics["samples_per_sec"] > 0 and metrics["step_time_ms_p50"] > 0, "samples from the spec's batch: 8 a rank"
+    logs = run_cli(home, "logs", _job_id(result)).stdout
+    assert "[0/0] train: 4/4" in logs and "\\x0d" not in logs and "\r" not in logs, "a tqdm bar's last state, as a terminal shows it"
     seen = _seen(out)
     assert sorted(seen) == [0, 1]
     for rank, entry in seen.items():

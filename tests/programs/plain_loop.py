@@ -9,6 +9,7 @@ It writes its optimizer steps to ``--out/rank<R>.json``.
 """
 
 import argparse
+import gc
 import json
 import os
 import queue
@@ -74,7 +75,10 @@ def main():
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as handle:
             json.dump({"steps": steps}, handle)
     uploads.put("rank-state")
-    if args.ddp:
+    if args.ddp:  # as PyTorch asks: the model freed, then the group (left to exit, gloo aborts a rank now and then)
+        dist.barrier()
+        del model, optimizer
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -19,6 +19,7 @@ import socket
 import deepspeed
 import torch
 import torch.nn as nn
+from tqdm import tqdm
 
 
 def parse():
@@ -42,7 +43,10 @@ def main():
         has_optimizer = "optimizer" in json.load(handle)
     optimizer = None if has_optimizer else torch.optim.SGD(net.parameters(), lr=0.01)
     engine, _, _, _ = deepspeed.initialize(args=args, model=net, model_parameters=net.parameters(), optimizer=optimizer)
-    for step in range(args.steps):
+    steps = range(args.steps)
+    if engine.global_rank == 0:  # a progress bar, as DeepSpeedExamples' scripts show one
+        steps = tqdm(steps, desc="train", mininterval=0, ascii=True, bar_format="{desc}: {n_fmt}/{total_fmt}")
+    for step in steps:
         x = torch.randn(engine.train_micro_batch_size_per_gpu(), 16)
         loss = ((engine(x) - 1.0) ** 2).mean()
         engine.backward(loss)
