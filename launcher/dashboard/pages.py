@@ -38,7 +38,7 @@ def jobs_page(token: str | None) -> str:
 
 def job_page(job: dict[str, Any], token: str | None) -> str:
     """A job: what `launch status JOB` shows, its plan per node, events, live logs and plots."""
-    facts = [("state", job.get("state")), ("reason", job.get("reason")), ("first failure", job.get("first_failure")),
+    facts = [("state", job.get("state")), ("reason", job.get("reason")), ("first failure", _failure(job.get("first_failure"))),
              ("backend", job.get("backend")), ("cluster", job.get("cluster")), ("strategy", job.get("strategy")),
              ("nodes x ranks", f"{job.get('nnodes')} x {job.get('nproc_per_node')}"), ("attempt", job.get("attempt")),
              ("created", _when(job.get("created_at"))), ("started", _when(job.get("started_at"))),
@@ -71,6 +71,15 @@ def cluster_page(cluster: str | None, token: str | None) -> str:
 <table id="cluster"><thead><tr><th>node</th><th>kind</th><th>device</th><th>held by</th></tr></thead><tbody></tbody></table>
 <h2>Waiting, in the order they start</h2><ol id="waiting"></ol>"""
     return page(f"Cluster {cluster}", body, token, "launchCluster();")
+
+
+def _failure(failure: Any) -> Any:
+    """A stored first failure as one line: its kind, where, and its reason (or the line it names)."""
+    if not isinstance(failure, dict):
+        return failure
+    where = " ".join(f"{k} {failure[k]}" for k in ("node", "rank", "step") if failure.get(k) is not None)
+    said = failure.get("reason") or failure.get("line") or ""
+    return " ".join(str(p) for p in (failure.get("kind"), f"({where})" if where else "", said) if p) or None
 
 
 def compare_page(table: dict[str, Any] | None, refs: list[str], token: str | None) -> str:
