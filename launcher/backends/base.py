@@ -27,7 +27,7 @@ from launcher.backends.facts import FactsError, NodeFacts
 from launcher.backends.failures import LOST_NODE_EXIT, Failure
 from launcher.backends.planning import C, Capabilities, Planning
 from launcher.errors import LaunchError, SupervisorFenced
-from launcher.node.protocol import FactsRequest, FenceRequest, RecordRequest, Request, SignalRequest, StacksRequest, SweepRequest
+from launcher.node.protocol import CleanRequest, FactsRequest, FenceRequest, RecordRequest, Request, SignalRequest, StacksRequest, SweepRequest
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import NodeNetwork
 from launcher.plan.planner import Plan
@@ -252,6 +252,11 @@ class Backend(ABC, Generic[C]):
         if answer is not None and "error" in answer:
             return None, str(answer["error"])[:300]
         return answer, error
+
+    def clean(self, index: int, request: CleanRequest) -> tuple[dict | None, str | None]:
+        """`launch clean` on node ``index`` of the cluster: (``{"removed": [...], "kept": {...}}``, None) or (None,
+        why not)."""
+        return self.node_command(None, index, "clean", request, timeout=120)
 
     def job_record(self, index: int, job_id: str) -> tuple[dict | None, str | None]:
         """The job as its supervisor recorded it in node ``index``'s run directory (of the cluster, plan or not):

@@ -111,6 +111,7 @@ class NodeFacts(_Facts):
     mem_available_bytes: Count | None = None
     missing: tuple[Name, ...] = Field((), max_length=NAMES_LIMIT)
     workdir_ok: StrictBool = True
+    run_root_error: Text | None = None  # why the root of the job's run directories cannot be used
     disk_free_gb: Amount | None = None
     missing_ifaces: tuple[Name, ...] = Field((), max_length=NAMES_LIMIT)
     hcas: tuple[Name, ...] = Field((), max_length=NAMES_LIMIT)

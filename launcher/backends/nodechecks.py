@@ -28,7 +28,7 @@ def facts_request(plan: Plan, index: int, *, ifaces: tuple[str, ...] = (), gpus:
     modules = tuple(required_modules(plan))
     deepspeed = plan.container is None and "deepspeed" in modules  # its ranks load JIT-built ops through torch's
     # build lock (in an image: its own cache)
-    return FactsRequest(modules=modules, workdir=node.cwd, port=plan.rendezvous.port if index == 0 else None,
+    return FactsRequest(modules=modules, workdir=node.cwd, run_root=True, port=plan.rendezvous.port if index == 0 else None,
                         ifaces=ifaces, gpus=gpus, master=master, resolve_self=resolve_self,
                         container=container_request(plan, plan.container, index) if plan.container is not None else None,
                         build_locks=deepspeed, extensions_dir=node.env.get("TORCH_EXTENSIONS_DIR") if deepspeed else None)
@@ -78,6 +78,10 @@ def node_problems(host: str, plan: Plan, facts: NodeFacts, node: NodePlan | None
             f"{host}: {plan.python} cannot import {', '.join(facts.missing)} "
             "(install it on the node, or point cluster.yaml python at an interpreter that has it)"
         )
+    if facts.run_root_error:
+        problems.append(f"{host}: the job's run directory cannot be made there: {facts.run_root_error} (another user "
+                        "may have created it first: ask them or an administrator to remove it; docs/JOURNALS.md "
+                        "\"Run directories\")")
     if not facts.workdir_ok:
         problems.append(f"{host}: workdir '{node.cwd}' does not exist (cluster.yaml workdir, or set sync_workdir)")
     for name in facts.missing_ifaces:

@@ -30,6 +30,7 @@ COMMANDS = {
     "validate": "launcher.cli.specs:validate",
     "schema": "launcher.cli.specs:schema",
     "queue": "launcher.cli.queue:queue_command",
+    "clean": "launcher.cli.clean:clean_command",
     "trust": "launcher.cli.trust:trust",
     "init": "launcher.cli.init:init",
     "metrics": "launcher.cli.metrics:metrics",

@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable
 
 from . import leases, proctree, torchelastic
+from .follow import RETENTION_S, clean_dirs
 from .journal import (
     DEFAULT_LIMIT,
     RECORD_FILE,
@@ -162,6 +163,10 @@ class Agent:
         req = self.req
         self.mask = masker(secrets)
         self.run_dir = run_dir = job_run_dir(self.job_id)
+        try:  # the retention of run directories (docs/JOURNALS.md): this user's that no agent used for a week go
+            clean_dirs(None, RETENTION_S, skip=self.job_id)
+        except OSError:
+            pass
         newer = fenced_by(run_dir, req.node, req.generation)
         if newer is not None:
             raise Fenced(f"a newer supervisor (generation {newer['generation']}) is in charge of the job")

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from . import pythons
+from . import pythons, rundir
 from .protocol import ContainerCheck, FactsRequest, RequestError
 
 IB_CLASS_DIR = "/sys/class/infiniband"
@@ -252,6 +252,16 @@ def build_locks(root: str | None) -> list[dict]:
     return [{"path": path, "age_s": age} for age, path in oldest]
 
 
+def run_root_error() -> str | None:
+    """Why this user's root of run directories cannot be used (another user made it first, it is a symlink or open
+    to others), naming it and its owner; None when it can (made now, mode 0700, if missing)."""
+    try:
+        rundir.private_dir(rundir.run_root())
+    except (rundir.RunDirError, OSError) as exc:
+        return str(exc)[:500]
+    return None
+
+
 def collect(req: FactsRequest) -> dict:
     """The answer to a facts request (see the module docstring)."""
     out: dict = {
@@ -263,6 +273,8 @@ def collect(req: FactsRequest) -> dict:
     out["missing"] = [m for m in req.modules if not importable(m)]
     workdir = req.workdir
     out["workdir_ok"] = workdir is None or os.path.isdir(workdir)
+    if req.run_root:  # a job's preflight or check: the root of its run directories must be this user's, closed to others
+        out["run_root_error"] = run_root_error()
     out["disk_free_gb"] = shutil.disk_usage(workdir if workdir and out["workdir_ok"] else os.path.expanduser("~")).free / 1e9
     out["missing_ifaces"] = [n for n in req.ifaces if not os.path.exists("/sys/class/net/" + n)]
     out["hcas"] = sorted(os.listdir(IB_CLASS_DIR)) if os.path.isdir(IB_CLASS_DIR) else []

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
+import shutil
 import time
 
 from . import proctree
@@ -34,6 +36,7 @@ from .journal import (
     write_atomically,
 )
 from .protocol import (
+    CleanRequest,
     FenceRequest,
     FollowRequest,
     FrameKind,
@@ -50,6 +53,8 @@ POLL_S = 0.1
 TOUCH_S = 1.0
 READ_CHUNK = 1 << 20
 EXIT = frame_mark(FrameKind.EXIT)
+RETENTION_S = 7 * 86400  # a new agent removes its user's run directories untouched this long (no agent in them)
+PID_FILE = re.compile(r"node\d{1,7}\.pid")
 RECORD_LIMIT = 16 * 2**20  # a job record past this is not one launch wrote
 
 
@@ -219,6 +224,58 @@ def fence(req: FenceRequest) -> int:
     except OSError:
         contact_s = None
     return _answer({**current, "taken": taken, "contact_s": contact_s, "agent_gone": agent_gone(run_dir, node)})
+
+
+def clean(req: CleanRequest) -> int:
+    """Remove this user's run directories (``req.job_id``'s only, when given) in which no agent runs (every
+    ``node<N>.pid``'s agent gone) and nothing changed for ``older_than_s`` seconds: ``{"removed": [job ids], "kept":
+    {job id: why}}``. Never follows a symlink; a directory it cannot check is kept, saying why."""
+    try:
+        removed, kept = clean_dirs(req.job_id, req.older_than_s, req.dry_run)
+    except OSError as exc:
+        return _answer({"removed": [], "kept": {}, "error": f"cannot list {run_root()}: {exc}"})
+    return _answer({"removed": removed, "kept": kept})
+
+
+def clean_dirs(job_id: str | None, older_than_s: float, dry_run: bool = False,
+               skip: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """(the job ids whose run directories were removed, those kept and why): see ``clean``; ``skip``: a job id left
+    alone (the calling agent's own)."""
+    try:
+        names = [job_id] if job_id else [name for name in sorted(os.listdir(run_root())) if name != skip]
+    except FileNotFoundError:
+        names = []
+    removed: list[str] = []
+    kept: dict[str, str] = {}
+    for name in names:
+        try:
+            run_dir = _existing_run_dir(name)
+        except (RunDirError, OSError) as exc:
+            kept[name] = str(exc)[:300]
+            continue
+        if run_dir is None:
+            continue
+        why = _kept(run_dir, older_than_s)
+        if why is not None:
+            kept[name] = why
+            continue
+        if not dry_run:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        removed.append(name)
+    return removed, kept
+
+
+def _kept(run_dir: str, older_than_s: float) -> str | None:
+    """Why ``run_dir`` stays: an agent of the job runs there, or something in it changed too recently."""
+    running = [name for name in sorted(os.listdir(run_dir)) if PID_FILE.fullmatch(name)
+               and agent_gone(run_dir, name[len("node"):-len(".pid")]) is None]
+    if running:
+        return f"an agent of the job still runs ({', '.join(running)})"
+    newest = max((entry.stat(follow_symlinks=False).st_mtime for entry in os.scandir(run_dir)),
+                 default=os.stat(run_dir).st_mtime)
+    if time.time() - newest < older_than_s:
+        return f"changed {time.time() - newest:.0f} s ago (kept for {older_than_s:.0f} s)"
+    return None
 
 
 def record(req: RecordRequest) -> int:

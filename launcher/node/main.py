@@ -41,9 +41,11 @@ def _run(command: str, rest: list[str]) -> int:
         from . import slurmnode
 
         return slurmnode.main(rest)
-    if command in ("follow", "fence", "record"):
+    if command in ("follow", "fence", "record", "clean"):
         from . import follow
 
+        if command == "clean":
+            return follow.clean(protocol.CleanRequest.from_json(rest[0]))
         if command == "follow":
             return follow.follow(protocol.FollowRequest.from_json(rest[0]))
         if command == "fence":

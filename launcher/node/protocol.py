@@ -375,6 +375,16 @@ class FollowRequest(Request):
 
 
 @dataclass(frozen=True)
+class CleanRequest(Request):
+    """``clean``: this user's run directories on the node (only ``job_id``'s, when given) in which no agent runs and
+    nothing changed for ``older_than_s`` seconds, removed; ``dry_run``: only listed."""
+
+    job_id: str | None = None
+    older_than_s: float = 0.0
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
 class FenceRequest(Request):
     """``fence``: node ``node``'s generation record; with a newer ``generation``, recorded first (``pid``, ``host``:
     who takes the job)."""
@@ -468,6 +478,7 @@ class FactsRequest(Request):
 
     modules: tuple[str, ...] = ()
     workdir: str | None = None
+    run_root: bool = False  # whether this user's root of run directories can be used (another user made it first?)
     ifaces: tuple[str, ...] = ()
     resolve_self: bool = False
     gpus: bool = False

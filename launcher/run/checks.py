@@ -105,7 +105,7 @@ def gather(backend: Backend, cluster: ClusterSpec, port: int, listen_s: float = 
     reach = listen_s > 0 and len(hosts) > 1
 
     def one(index: int) -> CheckedNode:
-        request = FactsRequest(workdir=cluster.workdir, gpus=True)
+        request = FactsRequest(workdir=cluster.workdir, gpus=True, run_root=True)
         if index == 0:
             request = dataclasses.replace(request, port=port, listen_s=listen_s if reach else 0, expect=len(hosts) - 1)
         elif reach:
@@ -137,6 +137,8 @@ def node_problems(nodes: list[CheckedNode], cluster: ClusterSpec) -> list[str]:
         f = n.facts
         if not f.torch:
             problems.append(f"{n.host}: torch is not installed for {f.executable or cluster.python or 'python3'}")
+        if f.run_root_error:
+            problems.append(f"{n.host}: a job's run directory cannot be made there: {f.run_root_error}")
         if not f.workdir_ok and not cluster.sync_workdir:
             problems.append(f"{n.host}: workdir '{cluster.workdir}' does not exist")
         if n.index == 0 and f.port_free is False:

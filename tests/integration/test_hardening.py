@@ -74,6 +74,8 @@ def test_cancel_never_signals_a_process_that_took_over_the_supervisors_pid(tmp_p
 
 
 def test_a_run_directory_made_by_another_user_stops_the_launch_with_nothing_started(tmp_path, home):
+    """Issue 39, item 6: a co-tenant who made the run root first once failed the job at start with `launch check`
+    silent; preflight now names the directory and its owner (exit 3), and so does `launch check`."""
     if os.geteuid() != 0:
         pytest.skip("making a directory owned by another user needs root")
     runtime = tmp_path / "runtime"
@@ -85,13 +87,14 @@ def test_a_run_directory_made_by_another_user_stops_the_launch_with_nothing_star
     script.write_text("print('ran')\n")
     job = write_yaml(tmp_path / "job.yaml", {"name": "dir", "entrypoint": ["python", str(script)],
                                               "resources": {"nodes": 1, "nproc_per_node": 1}})
-    result = run_cli(home, "submit", str(job), env=cli_env(home, XDG_RUNTIME_DIR=str(runtime)))
-    assert result.returncode == 1
-    assert "belongs to uid 12345" in result.stderr and "refusing to use it" in result.stderr
+    env = cli_env(home, XDG_RUNTIME_DIR=str(runtime))
+    result = run_cli(home, "submit", str(job), env=env)
+    assert result.returncode == 3, result.stderr
+    said = f"{theirs} belongs to uid 12345, not to this user (0): refusing to use it"
+    assert said in result.stderr and "another user may have created it first" in result.stderr
     assert "ran" not in result.stdout
-    job_id = result.stderr.split()[1].rstrip(":")
-    assert status_json(home, job_id)["first_failure"]["kind"] == "start"
-    assert proctree.job_pids(job_id) == []
+    checked = run_cli(home, "check", "--no-bandwidth", env=env, timeout=120)
+    assert checked.returncode == 3 and said in checked.stdout + checked.stderr, checked.stdout + checked.stderr
 
 
 def test_a_host_that_does_not_speak_ssh_gets_launchs_one_line_not_paramikos_traceback(tmp_path, home):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -89,3 +91,45 @@ def test_a_rank_writing_its_launch_run_dir_touches_none_of_the_agents_files(tmp_
     assert f"wrote into {run_dir / 'ranks'}" in result.stdout
     assert not (run_dir / "node0.generation").exists()
     assert (run_dir / "node0.journal").read_text().count("@exit") == 1
+
+
+def test_run_directories_are_kept_for_attach_then_cleaned_by_launch_clean_or_the_retention(tmp_path, home):
+    """Issue 39, item 10: node run directories were never removed (91 of them, two 256 MiB journals in an hour)."""
+    from launcher.node import proctree
+
+    runtime = tmp_path / "runtime"
+    (runtime / "launch").mkdir(parents=True, mode=0o700)
+    os.chmod(runtime, 0o700)
+    old = runtime / "launch" / "old-00000000"  # a week and a day untouched, no agent: the retention removes it
+    old.mkdir(mode=0o700)
+    (old / "node0.journal").write_text("|1.0 1.0 old\n")
+    for path in (old / "node0.journal", old):
+        os.utime(path, (time.time() - 8 * 86400,) * 2)
+    busy = runtime / "launch" / "busy-00000000"  # an agent still runs in it: never removed
+    busy.mkdir(mode=0o700)
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (busy / "node0.pid").write_text(f"{agent.pid} {proctree.start_ticks(agent.pid)}\n")
+        env = cli_env(home, XDG_RUNTIME_DIR=str(runtime))
+        program = tmp_path / "hello.py"
+        program.write_text("print('hello')\n")
+        job = write_yaml(tmp_path / "job.yaml", {"name": "clean", "resources": {"nodes": 1, "nproc_per_node": 1},
+                                                  "entrypoint": ["python", str(program)]})
+        result = run_cli(home, "submit", str(job), env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        job_id = result.stderr.split()[1].rstrip(":")
+        ran = runtime / "launch" / job_id
+        assert not old.exists(), "the new agent removed a run directory untouched for 8 days"
+        assert (ran / "node0.journal").exists(), "kept after the job: `launch attach --cluster` reads it back"
+        listed = run_cli(home, "clean", "--dry-run", env=env)
+        assert listed.returncode == 0 and f"would remove 1 run directory ({job_id})" in listed.stdout, listed.stdout
+        assert "kept busy-00000000: an agent of the job still runs (node0.pid)" in listed.stdout
+        recent = run_cli(home, "clean", "--older-than", "1d", env=env)
+        assert "removed 0 run directories" in recent.stdout and f"kept {job_id}: changed" in recent.stdout
+        assert ran.exists()
+        cleaned = run_cli(home, "clean", env=env)
+        assert cleaned.returncode == 0 and f"removed 1 run directory ({job_id})" in cleaned.stdout, cleaned.stdout
+        assert not ran.exists() and busy.exists()
+    finally:
+        agent.kill()
+        agent.wait()
