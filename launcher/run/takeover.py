@@ -104,9 +104,13 @@ def take(backend: Backend, plan: Plan, nodes: list[NodeGeneration], *, every_nod
     asked = [node.index for node in nodes if node.answer is not None]
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(asked)))) as pool:
         written = list(pool.map(one, asked))
-    problems = [f"node {n.index} ({n.host}): {n.error}" if n.answer is None else
-                f"node {n.index} ({n.host}) was taken by another supervisor meanwhile ({who(n)})"
-                for n in written if n.answer is None or not n.answer.get("taken")]
+    taken_meanwhile = [f"node {n.index} ({n.host}) was taken by another supervisor meanwhile ({who(n)})"
+                       for n in written if n.answer is not None and not n.answer.get("taken")]
+    if taken_meanwhile:  # two attaches at once: the one whose generation a node did not record decides nothing
+        raise LaunchError(f"job {plan.job_id}: not attached: " + "; ".join(taken_meanwhile),
+                          hint=f"`launch status {plan.job_id}` names the supervisor in charge; "
+                               f"`launch attach {plan.job_id} --takeover` takes the job from it")
+    problems = [f"node {n.index} ({n.host}): {n.error}" for n in written if n.answer is None]
     problems += [f"node {n.index} ({n.host}) cannot be asked: {n.error}" for n in unread]
     if problems and every_node:
         raise LaunchError(f"job {plan.job_id}: the takeover did not reach every node: " + "; ".join(problems),

@@ -206,6 +206,34 @@ def test_the_next_generation_and_a_reader_in_contact() -> None:
     assert takeover.who(fresh) == "generation 3, process 7 on login-2"
 
 
+def test_of_two_attaches_at_once_the_one_whose_generation_the_nodes_did_not_record_does_not_decide() -> None:
+    """Issue 39, item 7: two `launch attach --cluster` from two stores both read generation 0, both asked for 1;
+    the second was only warned and supervised too (a restart then lost)."""
+    from types import SimpleNamespace
+
+    class Nodes:
+        """Two nodes' generation records, answering ``fence`` as the node command does."""
+
+        def __init__(self) -> None:
+            self.records = [{"generation": 0}, {"generation": 0}]
+
+        def fence(self, plan, index, job_id, generation=None, who=None):
+            record = self.records[index]
+            taken = generation is not None and generation > record["generation"]
+            if taken:
+                record = self.records[index] = {"generation": generation, **(who or {}), "since": 1.0}
+            return {**record, "taken": taken, "contact_s": None, "agent_gone": None}, None
+
+    backend = Nodes()
+    plan = SimpleNamespace(job_id="two-00000000", nodes=[SimpleNamespace(host="h1"), SimpleNamespace(host="h2")])
+    read = [takeover.NodeGeneration(i, f"h{i + 1}", backend.fence(plan, i, plan.job_id)[0], None) for i in (0, 1)]
+    warned: list[str] = []
+    assert takeover.take(backend, plan, read, every_node=False, warn=warned.append) == 1  # the first attach
+    with pytest.raises(LaunchError, match="not attached: node 0 \\(h1\\) was taken by another supervisor meanwhile"):
+        takeover.take(backend, plan, read, every_node=False, warn=warned.append)  # the second, read before
+    assert warned == []
+
+
 # a supervisor taken over (fake backend: no process)
 
 NEWER = {"generation": 1, "pid": 4242, "host": "login-2"}
