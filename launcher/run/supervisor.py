@@ -136,10 +136,13 @@ class Supervisor:
         """A decision or a finding of launch's own: an event, and one ``[launch]`` line in the foreground output, with
         the relayed lines (terminal or pipe, even while a teardown quiets them; supervisor.log when detached).
         ``held``: filed with the loop's round (held while another process locks the store), not at once."""
+        if not held:
+            try:
+                self.store.add_event(self.plan.job_id, kind, text, data)
+            except StoreLocked:  # locked past the busy timeout: it waits with the round's records
+                held = True
         if held:
             self._intake.event(kind, text, data or {})
-        else:
-            self.store.add_event(self.plan.job_id, kind, text, data)
         show = self.echo or self._warn
         if show is not None and not self._terminal_lost.is_set():
             try:
