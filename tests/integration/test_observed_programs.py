@@ -2,7 +2,7 @@
 ranks, 2 processes on the local backend (gloo on CPU).
 
 The programs in tests/programs/ are written in other people's conventions (a plain loop with a DataLoader under DDP,
-a nanoGPT-style loop with its own get_batch, Hugging Face's Trainer, Accelerate; DeepSpeed's engine in
+a nanoGPT-style loop with its own get_batch, Hugging Face's Trainer, Accelerate, FSDP2's fully_shard; DeepSpeed's engine in
 test_user_programs.py) and never import ``launcher``. Each job runs once, in one module fixture.
 """
 
@@ -41,10 +41,11 @@ def runs(tmp_path_factory):
         "nanogpt": _submit(home, folder, "nanogpt", [str(PROGRAMS / "nanogpt_loop.py")]),
         "trainer": _submit(home, folder, "trainer", [str(PROGRAMS / "hf_trainer.py")]),
         "accelerate": _submit(home, folder, "accelerate", [str(PROGRAMS / "accelerate_loop.py")]),
+        "fsdp2": _submit(home, folder, "fsdp2", [str(PROGRAMS / "fsdp2_loop.py")]),
         # rank 1 leaves a thread running: its training ends, then its Python waits for that thread for ever
         "exit_hang": _submit(home, folder, "exit_hang", [str(PROGRAMS / "plain_loop.py"), "--ddp", "--hang-at-exit", "1",
                                                          "--steps", str(STEPS)],
-                             watch={"stall_timeout": 8, "grace_period": 2}),
+                             watch={"stall_timeout": 20, "grace_period": 2}),  # 20 s: a loaded start is silent too
         "output": _submit(home, folder, "output", [str(PROGRAMS / "output_forms.py")],
                           resources={"nodes": 1, "nproc_per_node": 1}),
     }
@@ -57,7 +58,7 @@ def _metrics(home: Path, job_id: str) -> dict:
     return obj["metrics"]
 
 
-@pytest.mark.parametrize("name", ["ddp", "nanogpt", "trainer", "accelerate"])
+@pytest.mark.parametrize("name", ["ddp", "nanogpt", "trainer", "accelerate", "fsdp2"])
 def test_steps_step_time_and_memory_of_a_program_without_the_reporter(runs, name):
     home, _, jobs = runs
     job_id, result = jobs[name]
@@ -79,6 +80,8 @@ def test_samples_from_the_dataloader_and_tokens_from_the_token_batches(runs):
     trainer = _metrics(home, jobs["trainer"][0])
     assert trainer["samples_per_sec"] > 0 and trainer["tokens_per_sec"] == pytest.approx(16 * trainer["samples_per_sec"])
     assert _metrics(home, jobs["accelerate"][0])["samples_per_sec"] > 0
+    fsdp2 = _metrics(home, jobs["fsdp2"][0])
+    assert fsdp2["samples_per_sec"] > 0 and fsdp2["loss"] > 0, "FSDP2's loss is the loss function's: read by the hooks"
     assert 0 < trainer["loss"] < 10, "the loss as the Trainer logged it (its own, divided by the tokens, is left out)"
     header = run_cli(home, "metrics", jobs["trainer"][0], "--csv").stdout.splitlines()[0].split(",")
     assert {"learning_rate", "epoch"} <= set(header), "from the Trainer's log lines"
@@ -128,3 +131,15 @@ def test_a_ranks_output_shows_as_it_wrote_it_a_tqdm_bar_and_stderr_in_order(runs
     assert "[0/0] epoch: 3/3" in lines and not any("\\x0d" in line or "\r" in line for line in lines)
     assert [line for line in lines if "in order" in line] == [
         f"[0/0] in order {i}" + (" (stderr)" if i % 2 else "") for i in range(10)], "stdout and stderr as written"
+
+
+def test_compare_and_report_work_for_programs_without_the_reporter(runs, tmp_path):
+    home, _, jobs = runs
+    ids = [jobs[name][0] for name in ("ddp", "fsdp2", "trainer", "nanogpt")]
+    shown = run_cli(home, "compare", *ids)
+    assert shown.returncode == 0, shown.stderr
+    assert all(job_id in shown.stdout for job_id in ids) and "failed" not in shown.stdout
+    out = tmp_path / "report.html"
+    made = run_cli(home, "report", *ids, "--out", str(out))
+    assert made.returncode == 0, made.stderr
+    assert all(job_id in out.read_text() for job_id in ids)

@@ -108,6 +108,20 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
         assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (16, 4, 2)
         assert config["zero_optimization"]["stage"] == 2
 
+    zero3 = tmp_path / "zero3.json"  # the same program on ZeRO-3's engine, unchanged: the hooks see its steps too
+    zero3.write_text(json.dumps({"zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True}))
+    z3_out = tmp_path / "out-zero3"
+    z3_out.mkdir()
+    job = _job(tmp_path / "zero3.yaml", "user_deepspeed.py", "--out", str(z3_out), "--steps", "4", launcher="deepspeed",
+               batch={"global_batch": 16, "micro_batch": 4}, deepspeed={"config": str(zero3)})
+    result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
+    assert result.returncode == 0, result.stderr + result.stdout
+    obj = status_json(home, _job_id(result))
+    assert [(r["rank"], r["steps"]) for r in obj["metrics"]["per_rank"]] == [(0, 2), (1, 2)], "ZeRO-3's optimizer steps"
+    assert obj["metrics"]["step_time_ms_p50"] > 0 and obj["metrics"]["peak_mem_mb"] > 50
+    assert obj["precision"] is None, "the spec named none: the program's (its DeepSpeed config may say bf16)"
+    assert all(entry["launch_ds_config"]["zero_optimization"]["stage"] == 3 for entry in _seen(z3_out).values())
+
     torchrun_out = tmp_path / "out-ddp"
     torchrun_out.mkdir()
     job = _job(tmp_path / "ddp.yaml", "user_ddp.py", "--out", str(torchrun_out), "--epochs", "20", "--hold-mb", "300",
