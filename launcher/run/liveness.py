@@ -39,6 +39,7 @@ from launcher.views.stackclasses import ranges
 
 CPU_BUSY = 0.02  # a rank gaining more than 2% of a core between two samples is working
 GPU_BUSY = 0.05  # GPU utilisation above 5% is working
+AGENT_SILENT_S = 30.0  # a node agent samples its ranks every few seconds, idle or not: this long without one, it is stopped
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,15 @@ class Liveness:
             self.longest_gap = max(self.longest_gap, t - self.newest_report)
         self.newest_report = max(self.newest_report or t, t)
 
+    def unsampled_nodes(self, now: float, silent_s: float = AGENT_SILENT_S) -> dict[int, float]:
+        """The nodes whose agent sent no sample of a live rank for ``silent_s`` (a SIGSTOPped agent, a stalled
+        host): node -> seconds since its last sample. Idle ranks are still sampled; these are not measured."""
+        last: dict[int, float] = {}
+        for seen in self.ranks.values():
+            if not seen.gone and seen.cpu_at is not None:
+                last[seen.node] = max(last.get(seen.node, seen.cpu_at), seen.cpu_at)
+        return {node: now - at for node, at in sorted(last.items()) if now - at >= silent_s}
+
     def nodes_with_ranks(self) -> set[int]:
         """The nodes on which a rank process has been seen (sampled or reporting) in this attempt."""
         return {seen.node for seen in self.ranks.values()}
@@ -233,6 +243,10 @@ class HangDetector:
         what = ("every rank alive but silent and idle" if not gone else
                 f"rank(s) {ranges(live.alive())} alive but silent and idle, rank(s) {ranges(gone)} exited")
         what += " (no output, no CPU time gained, no GPU activity)"
+        if silent := live.unsampled_nodes(now):  # the agent itself is stopped: its ranks are not known to be idle
+            what = (f"no output, and no sample from the agent of node(s) {ranges(silent)} for "
+                    f"{max(silent.values()):.0f} s (stopped, e.g. by SIGSTOP, or its host stalled): its ranks cannot be "
+                    "measured")
         if exiting := live.in_exit():
             return self._in_exit(live, exiting, idle)
         laggard = live.laggard()  # None until a rank reports a step

@@ -96,3 +96,17 @@ def test_a_rank_still_training_while_another_has_returned_is_not_in_exit() -> No
     live.sampled(0, frozenset({1}))
     verdict = detector.check(live, 5.5 + HangDetector.FLOOR_S + 1)
     assert "rank(s) 1 alive but silent and idle, rank(s) 0 exited" in verdict.reason and "every rank" not in verdict.reason
+
+
+def test_a_stopped_node_agent_is_named_not_reported_as_idle_ranks() -> None:
+    """Issue 39 (Low): a SIGSTOPped agent sends no sample; its ranks were called 'alive but silent and idle'."""
+    live, detector = Liveness(started=0.0), HangDetector(TIMEOUT, max_steps=100)
+    for t in range(0, 400, 2):
+        live.sample(0, 0, cpu_s=10.0, gpu_util=0.0, t=float(t))  # node 0's agent samples its idle rank on
+        if t <= 10:
+            live.sample(1, 1, cpu_s=10.0, gpu_util=0.0, t=float(t))  # node 1's agent was stopped at t=10
+    verdict = detector.check(live, 400.0)
+    assert verdict is not None and verdict.kind == FailureKind.HANG
+    assert "no sample from the agent of node(s) 1 for 390 s (stopped, e.g. by SIGSTOP" in verdict.reason
+    assert "silent and idle" not in verdict.reason
+    assert live.unsampled_nodes(400.0) == {1: 390.0}
