@@ -204,7 +204,9 @@ def preflight_problems(host: str, plan: Plan, facts_answer: dict) -> list[str]:
     leases = facts_answer.get("leases")
     if not isinstance(leases, dict):
         return [f"{host}: cannot read its leases: the probe did not say"]
-    if leases.get("error") or leases.get("ready"):
+    if leases.get("error"):  # an unusable lock path or directory: not a lease held, nothing to wait for
+        return _answer_problems(host, leases, None, plan.allow_shared_gpus)
+    if leases.get("ready"):
         return [BusyLine(line) for line in _answer_problems(host, leases, None, plan.allow_shared_gpus)]
     progress = holders_progress(device.get("holder", {}).get("job") for device in leases.get("devices", [])
                                 if isinstance(device, dict) and isinstance(device.get("holder"), dict))

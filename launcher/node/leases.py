@@ -59,6 +59,19 @@ def lease_dir(path: str | None = None) -> str:
     return path
 
 
+def unusable(path: str, info: os.stat_result) -> None:
+    """LeaseError when what is at a lock path (another user may have put it there first) is not a lock file this
+    user can open: a symlink, a directory, a FIFO, or a file closed to it; named with its owner and the fix."""
+    what = ("a symlink" if stat.S_ISLNK(info.st_mode) else "a directory" if stat.S_ISDIR(info.st_mode) else
+            "a FIFO" if stat.S_ISFIFO(info.st_mode) else None if stat.S_ISREG(info.st_mode) else "not a regular file")
+    if what is None and (info.st_uid == os.getuid() or os.getuid() == 0 or info.st_mode & 0o004):
+        return
+    what = what or f"a file closed to this user (mode {oct(info.st_mode & 0o777)})"
+    raise LeaseError(f"{path} is {what}, owned by {records.user_name(info.st_uid)} (uid {info.st_uid}): that device "
+                     "cannot be leased by anyone; its owner or root must remove it (docs/LEASES.md: lock files made "
+                     "by root on shared nodes)")
+
+
 def _open_lock(path: str) -> int:
     """A read-only fd on the lock file at ``path``, made if missing (a regular file, never followed as a link)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -217,11 +230,14 @@ def survey(kind: str, capacity: int, directory: str | None = None) -> Survey:
     held = locked_pids()
     holders: dict[int, Holder | None] = {}
     for index in range(capacity):
+        path = os.path.join(directory, f"{host_name()}.{kind}{index}.lock")
         try:
-            inode = os.lstat(os.path.join(directory, f"{host_name()}.{kind}{index}.lock")).st_ino
+            info = os.lstat(path)
         except OSError:
             holders[index] = None
             continue
+        unusable(path, info)
+        inode = info.st_ino
         pids = held.get(inode, [])
         holders[index] = holder(directory, pids[0], index, kind) if pids else None
     foreign = foreign_gpu_processes() if kind == "gpu" else {}

@@ -201,3 +201,23 @@ def test_jobs_wait_their_turn_in_the_order_they_were_submitted(tmp_path: Path, d
     assert isinstance(first, leases.Lease), "the job submitted first lost its turn to one that asked before it"
     first.release()
     later.close()
+
+
+def test_something_another_user_planted_at_a_lock_path_is_named_not_shown_free(tmp_path: Path) -> None:
+    """Issue 39, item 5 (part): a directory, symlink or FIFO planted at a lock path blocked that device for everyone
+    ("Permission denied" at start) while `launch queue` and preflight said "free"."""
+    directory = tmp_path / "leases"
+    directory.mkdir(mode=0o1777)
+    os.chmod(directory, 0o1777)
+    host = leases.host_name()
+    (directory / f"{host}.slot0.lock").mkdir()
+    os.mkfifo(directory / f"{host}.slot1.lock")
+    (directory / f"{host}.slot2.lock").symlink_to(tmp_path / "elsewhere")
+    for index, what in ((0, "a directory"), (1, "a FIFO"), (2, "a symlink")):
+        path = directory / f"{host}.slot{index}.lock"
+        if os.geteuid() == 0:
+            os.chown(path, 12345, 12345, follow_symlinks=False)
+        with pytest.raises(leases.LeaseError, match=f"{path} is {what}, owned by .*: that device cannot be leased"):
+            leases.survey("slot", index + 1, str(directory))
+        path.unlink() if index else path.rmdir()
+    assert leases.survey("slot", 3, str(directory)).holders == {0: None, 1: None, 2: None}
