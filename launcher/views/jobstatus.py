@@ -420,13 +420,13 @@ def duration_text(seconds: float) -> str:
 
 
 def timeline(job: JobRow, events: list[dict[str, Any]]) -> dict[str, float | None]:
-    """When the job was queued (its first ``queued`` event), how long it waited to start, and how long it ran
-    (until its end, or until now): ``queued_at``, ``queued_s``, ``duration_s``."""
+    """When the job was queued (its first ``queued`` event), how long it waited to start (so far, while it waits),
+    and how long it ran, once it ended: ``queued_at``, ``queued_s``, ``duration_s``."""
     queued = next((e["t"] for e in events if e.get("kind") == "queued" and isinstance(e.get("t"), (int, float))), None)
     started, ended = job.started_at, job.ended_at
     waited = (started if started is not None else ended if ended is not None else time.time()) - queued \
         if queued is not None else None
-    ran = ((ended if ended is not None else time.time()) - started) if started is not None else None
+    ran = ended - started if started is not None and ended is not None else None  # a running job: its start says it
     return {"queued_at": queued, "queued_s": waited, "duration_s": ran}
 
 
@@ -442,7 +442,7 @@ def _times_line(job: JobRow, events: list[dict[str, Any]]) -> str:
     if job.ended_at is not None:
         parts.append(f"ended {_clock(job.ended_at, first)}")
     if told["duration_s"] is not None:
-        parts.append(f"{'ran' if job.ended_at is not None else 'running for'} {duration_text(told['duration_s'])}")
+        parts.append(f"ran {duration_text(told['duration_s'])}")
     elif job.ended_at is not None:
         parts.append("never started")
     return "  " + ", ".join(parts)
