@@ -58,7 +58,7 @@ sys.exit(main.main(sys.argv[2:]))
 
 # What the facts probe alone reads (no leases asked): what a container's probe ships, inside another node command's
 # request, whose one argument Linux caps at 128 KiB (the whole node side twice went over it).
-FACTS_MODULES = ("main", "facts", "pythons", "safepath", "protocol")
+FACTS_MODULES = ("main", "facts", "pythons", "rundir", "safepath", "protocol")
 
 
 @functools.cache
