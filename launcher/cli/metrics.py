@@ -86,8 +86,10 @@ def compare(jobs, as_json):
     Columns: strategy, precision, world size, global batch, step time (p50),
     steps/s, samples/s, tokens/s, peak memory (per GPU on GPU nodes, per rank on
     CPU), GPU util, MFU, speed-up (samples/s) and memory ratio vs the first job,
-    wall time, time to the first step and the number of timed steps. Jobs that
-    differ in global batch, world size, precision or recipe are warned about.
+    wall time, time to the first step, the number of timed steps, and the
+    run's attempts and goodput (a restarted job's figures are its last
+    attempt's). Jobs that differ in global batch, world size, precision or
+    recipe are warned about.
 
     \b
     Examples:

@@ -31,7 +31,8 @@ HEAD_COLUMNS: tuple[tuple[str, str], ...] = (("job", "JOB"), ("strategy", "STRAT
                                              ("world_size", "WORLD"), ("global_batch", "GLOBAL BATCH"))
 TAIL_COLUMNS: tuple[tuple[str, str], ...] = (("mfu", "MFU"), ("speedup", "SPEED-UP"), ("mem_ratio", "MEM RATIO"),
                                              ("wall_s", "WALL"), ("first_step_s", "1ST STEP"),
-                                             ("timed_steps", "TIMED STEPS"))
+                                             ("timed_steps", "TIMED STEPS"), ("attempts", "ATTEMPTS"),
+                                             ("goodput", "GOODPUT"))
 #: what must be alike for a speed-up to mean anything: (row key, how a warning names it)
 ALIKE = (("global_batch", "global batch"), ("world_size", "world size"), ("precision", "precision"), ("recipe", "recipe"))
 TEXT_HEADERS = ("JOB", "STRATEGY", "PRECISION")
@@ -162,7 +163,9 @@ def run_times(job: JobRow, records: list[MetricRecord]) -> dict[str, Any]:
 
 
 def compare_row(job: JobRow, metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """One job's row of the comparison (before the ratios against the baseline); ``metrics`` from ``job_metrics``."""
+    """One job's row of the comparison (before the ratios against the baseline); ``metrics`` from ``job_metrics``:
+    the whole run's attempts and goodput beside the last attempt's figures."""
+    run = metrics.get("run") or {}
     row = {
         "job": job.id,
         "name": job.name,
@@ -177,6 +180,9 @@ def compare_row(job: JobRow, metrics: Mapping[str, Any]) -> dict[str, Any]:
         "wall_s": metrics.get("wall_s"),
         "first_step_s": metrics.get("first_step_s"),
         "timed_steps": metrics.get("timed_steps"),
+        "attempts": run.get("attempts"),
+        "goodput": run.get("goodput"),
+        "steps_redone": run.get("steps_redone"),
     }
     row.update({column.row_key: metrics.get(column.name) for column in registry.columns() if column.row_key})
     row["mfu"] = metrics.get("mfu")
@@ -242,19 +248,21 @@ def row_cells(row: Mapping[str, Any]) -> list[str]:
     """The text of one comparison row, in ``table_headers()`` order."""
     figures = registry.table_columns()
     if row["state"] == JobState.FAILED and row.get("samples_per_sec") is None:
-        metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 4) + _time_cells(row)
+        run_cells = _run_cells(row)
+        metrics = ["failed"] + ["-"] * (len(figures) + len(TAIL_COLUMNS) - 1 - len(run_cells)) + run_cells
     else:
         metrics = [column.cell(row.get(column.row_key) if column.row_key else None) for column in figures] + [
-            fmt_pct(row["mfu"]), fmt(row["speedup"], ".2f", "x"), fmt(row["mem_ratio"], ".2f", "x"), *_time_cells(row),
+            fmt_pct(row["mfu"]), fmt(row["speedup"], ".2f", "x"), fmt(row["mem_ratio"], ".2f", "x"), *_run_cells(row),
         ]
     head = [row["job"] or "-", row["strategy"] or "(entrypoint)", row["precision"] or "-", fmt(row["world_size"], "d"),
             fmt(row.get("global_batch"), "d")]
     return [str(cell) for cell in head] + metrics
 
 
-def _time_cells(row: Mapping[str, Any]) -> list[str]:
-    """WALL, 1ST STEP and TIMED STEPS of a row."""
-    return [fmt(row.get("wall_s"), ".1f", " s"), fmt(row.get("first_step_s"), ".1f", " s"), fmt(row.get("timed_steps"), "d")]
+def _run_cells(row: Mapping[str, Any]) -> list[str]:
+    """WALL, 1ST STEP, TIMED STEPS, ATTEMPTS and GOODPUT of a row."""
+    return [fmt(row.get("wall_s"), ".1f", " s"), fmt(row.get("first_step_s"), ".1f", " s"), fmt(row.get("timed_steps"), "d"),
+            fmt(row.get("attempts"), "d"), fmt_pct(row.get("goodput"))]
 
 
 def comparison_table(rows: list[dict[str, Any]]):
@@ -279,6 +287,9 @@ def comparison_table(rows: list[dict[str, Any]]):
     ]
     notes += [Text(f"{row['job']}: straggler rank(s) {', '.join(map(str, row['stragglers']))}", style="yellow")
               for row in rows if row.get("stragglers")]
+    notes += [Text(f"{row['job']}: {row['attempts']} attempts, goodput {fmt_pct(row.get('goodput'))} "
+                   f"({row.get('steps_redone') or 0} step(s) redone); its figures are its last attempt's", style="dim")
+              for row in rows if (row.get("attempts") or 0) > 1]
     return Group(table, *notes)
 
 

@@ -154,6 +154,27 @@ def test_unlike_jobs_are_warned_and_each_shows_its_global_batch_wall_time_first_
     assert not compare.unlike(compare.comparison([(big, {}), (dataclasses.replace(big, id="again"), {})]))
 
 
+def test_a_job_restarted_once_shows_its_two_attempts_and_goodput_beside_a_job_of_one() -> None:
+    """compare tells a job's story in attempts: the restarted job's row says 2 attempts and its goodput (the time lost
+    between its attempts counts against it), the other job 1 attempt and every second kept."""
+    import dataclasses
+
+    once = dataclasses.replace(_job("once", world=2), started_at=1000.0, ended_at=1040.0)
+    twice = dataclasses.replace(_job("twice", world=2), started_at=1000.0, ended_at=1100.0)
+    # attempt 0 reports steps 10-40 at t 1010-1040; attempt 1 resumes at step 30 (10 steps redone) 20 s later
+    second = [dict(r, attempt=1, t=r["t"] + 50.0) for rank in range(2) for r in _records(rank, 0.2) if r["step"] > 20]
+    first = [r for rank in range(2) for r in _records(rank, 0.2)]
+    rows = compare.comparison([(once, compare.job_metrics(once, first)),
+                               (twice, compare.job_metrics(twice, first + [dict(r, step=r["step"] + 10) for r in second]))])
+    assert (rows[0]["attempts"], rows[1]["attempts"]) == (1, 2)
+    assert rows[0]["goodput"] == 1.0 and rows[1]["steps_redone"] == 10
+    # lost: 10 steps redone at 0.2 s, and 38 s from attempt 0's last record (1040) to attempt 1's first step (1078)
+    assert rows[1]["goodput"] == pytest.approx(1 - (10 * 0.2 + 38) / 100)
+    text = _text(compare.comparison_table(rows))
+    assert "ATTEMPTS" in text and "GOODPUT" in text
+    assert "twice: 2 attempts, goodput" in text and "(10 step(s) redone)" in text and "once: 1 attempts" not in text
+
+
 def test_metrics_renderables_name_the_straggler() -> None:
     records = [r for rank in range(3) for r in _records(rank, 0.3 if rank == 0 else 0.2)]
     parts = compare.metrics_renderables(_job("j", world=3), compare.job_metrics(_job("j", world=3), records))
