@@ -46,8 +46,8 @@ def main(lines: int) -> None:
     body = [f'@started {json.dumps({"pid": 1, "child": 2, "host": "localhost", "run_dir": run_dir})}']
     for k in range(lines):
         step = k // 10 + 1
-        body.append(f'|[0]:@@launch {json.dumps({"v": 1, "rank": 0, "step": step, "samples": 8})}' if k % 10 == 9
-                    else f"|[0]:step {step} line {k} of rank 0")
+        body.append(f'|[0]: @@launch {json.dumps({"v": 1, "rank": 0, "step": step, "samples": 8})}' if k % 10 == 9
+                    else f"|[0]: step {step} line {k} of rank 0")
     body.append('@exit {"code":0}')
     Path(journal.journal_path(run_dir, 0)).write_text("\n".join(body) + "\n")
     home = Path(tempfile.mkdtemp(prefix="replay-home-"))

@@ -69,7 +69,7 @@ PROXY_PORT0 = 30000
 # (the job's PYTHONPATH puts it first). On this bed every host shares the same 2 cores, so 64 real torchruns
 # importing torch (~3 s of CPU each) slow the start of the hosts still waiting for theirs: the stand-in
 # keeps the measurement on launch's own fan-out. Real torchrun runs with the default. With ``--tee`` (as launch
-# plans it) each rank's lines come out behind ``[RANK]:``, as torchrun's tee writes them (metric records need it).
+# plans it) each rank's lines come out behind ``[RANK]: ``, as torchrun's tee writes them (metric records need it).
 FAKE_RUN = """import os, subprocess, sys, threading
 args, i, opts = sys.argv[1:], 0, {}
 while i < len(args) and args[i].startswith("--"):
@@ -82,7 +82,7 @@ world, tee, lock = int(opts.get("--nnodes", 1)) * nproc, "--tee" in opts, thread
 def relay(stream, rank):
     for line in stream:
         with lock:
-            sys.stdout.buffer.write(b"[%d]:" % rank + line); sys.stdout.buffer.flush()
+            sys.stdout.buffer.write(b"[%d]: " % rank + line); sys.stdout.buffer.flush()
 procs = [subprocess.Popen([sys.executable, "-u", *args[i:]], env={**os.environ, "RANK": str(node * nproc + r),
          "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)}, stdout=subprocess.PIPE if tee else None,
          stderr=subprocess.STDOUT if tee else None) for r in range(nproc)]

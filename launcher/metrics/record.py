@@ -8,7 +8,7 @@ every value is of its type and within its bounds (finite numbers, counts within
 SQLite's integers and below sane caps, short strings, a few program-added extra
 keys), else into a ``Rejected`` with a one-line reason. Who reported it comes from
 the channel, never from the JSON: the rank is the one whose stream the line came
-on (the ``[rank]:`` prefix torchrun and the node side put on each rank's lines, or
+on (the ``[rank]: `` prefix torchrun and the node side put on each rank's lines, or
 the caller's ``rank=`` when it reads one rank's stream), the node and host are the
 caller's, and the store sets the job and attempt. A record whose ``rank`` names
 another rank than its stream is dropped.
@@ -58,9 +58,11 @@ from launcher.metrics.bounds import (
     clean_value,
     read_fields,
 )
+from launcher.node import rankrelay
 
 MARKER = "@@launch "
-RANK_PREFIX = re.compile(r"\[(\d{1,7})\]:")  # what torchrun (its prefix template) and the node side put before each rank's line
+# what torchrun (the plan's prefix template) and the node side (rankrelay) put before each rank's line
+RANK_PREFIX = re.compile(re.escape(rankrelay.PREFIX).replace(re.escape("{rank}"), r"(\d{1,7})"))
 RECORD_VERSION = 1
 
 MAX_RECORD_CHARS = 16 * 1024  # the JSON text of one record; a valid record is far smaller
@@ -215,7 +217,7 @@ def parse_line(
     """The metric record a line of rank output carries; None for ordinary output.
 
     ``rank`` is the rank whose own stream ``text`` was read from, when the caller knows it; else the
-    line's ``[rank]:`` prefix says it, and a marked line with neither is dropped (it came on no rank's
+    line's ``[rank]: `` prefix says it, and a marked line with neither is dropped (it came on no rank's
     stream). Only a whole line is a record: the marker first, after the prefix. ``world_size`` bounds
     the rank; ``node`` and ``host`` are those of the channel (the line's own ``node``, ``host`` and
     ``job`` are ignored). Never raises.

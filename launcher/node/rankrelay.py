@@ -2,8 +2,8 @@
 the launcher's interpreter (``python -u -c PROGRAM ...``), with ``linecut`` beside it.
 
 DeepSpeed's launcher starts its ranks with ``subprocess.Popen``; here its module sees a ``Popen`` that gives each
-rank a pipe of its own (stdout and stderr) and a thread that writes the rank's whole lines, each behind ``[RANK]:``
-(as torchrun's tee does) and cut at ``LINE_LIMIT`` bytes (``linecut``), a read's lines in one write under a lock.
+rank a pipe of its own (stdout and stderr) and a thread that writes the rank's whole lines, each behind ``PREFIX``
+(as torchrun's tee does with the plan's template) and cut at ``LINE_LIMIT`` bytes (``linecut``), a read's lines in one write under a lock.
 The rest of the launcher is DeepSpeed's own (``--enable_each_rank_log``, files a rank, is left as DeepSpeed does it).
 Standard library only, besides DeepSpeed's launcher, imported when ``main`` runs.
 """
@@ -19,6 +19,9 @@ import types
 
 from .linecut import LINE_LIMIT, READ_CHUNK, bounded_lines
 
+# Before each line of a rank, here and (the plan's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE) in torchrun's tee. The space
+# sets a rank's empty line ("[1]: ") apart from the keys of torchrun's own failure report ("[1]:" alone).
+PREFIX = "[{rank}]: "
 DRAIN_S = 5.0  # a process a rank left may hold its pipe open: the agent ends it
 _lock = threading.Lock()
 _relays: list[threading.Thread] = []
@@ -56,7 +59,7 @@ class Popen(subprocess.Popen):
         finally:
             os.close(write_end)
         rank = (kwargs.get("env") or os.environ).get("RANK", "?")
-        thread = threading.Thread(target=relay, args=(read, f"[{rank}]:".encode()), daemon=True)
+        thread = threading.Thread(target=relay, args=(read, PREFIX.format(rank=rank).encode()), daemon=True)
         thread.start()
         _relays.append(thread)
 

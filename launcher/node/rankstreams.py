@@ -3,7 +3,7 @@
 Unchanged, DeepSpeed's launcher lets every rank inherit its stdout: one pipe, no rank on a line, and
 two ranks' lines merged where print() wrote a text and its newline apart. ``with_rank_streams`` runs
 the launcher through ``rankrelay`` instead (a ``-c`` program that carries it and ``linecut``): each rank's
-whole lines behind ``[RANK]:``, as torchrun's tee does. Standard library only: it runs on nodes.
+whole lines behind ``[RANK]: ``, as torchrun's tee does. Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations

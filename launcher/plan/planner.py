@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from launcher.catalog.strategies import get_strategy
 from launcher.errors import PlanError
-from launcher.node import torchelastic
+from launcher.node import rankrelay, torchelastic
 from launcher.plan import commands, containers
 from launcher.plan.batch import BatchPlan, resolve_batch
 from launcher.plan.elastic import Elastic, elastic_env, elastic_plan
@@ -25,7 +25,7 @@ from launcher.spec.cluster import ClusterSpec, NodeSpec
 from launcher.spec.container import ContainerSpec, Runtime, effective_container
 from launcher.spec.job import JobSpec
 
-LOG_PREFIX_TEMPLATE = "[${rank}]:"
+LOG_PREFIX_TEMPLATE = rankrelay.PREFIX.format(rank="${rank}")  # torchrun's tee puts it before each rank's line
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # the node agent puts the ranks' directory (in the node's run directory) in its place
 DS_CONFIG_FILE = "ds_config.json"
 LEASED_GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # the node agent's, for the GPUs it leased

@@ -32,7 +32,7 @@ from launcher.backends import failures
 from launcher.backends.base import NodeHandle
 from launcher.backends.follow import fenced_record
 from launcher.metrics.logged import read_logged, with_logged
-from launcher.metrics.record import ProcessSample, Rejected, parse_line, parse_samples
+from launcher.metrics.record import RANK_PREFIX, ProcessSample, Rejected, parse_line, parse_samples
 from launcher.node import nccl, torchelastic
 from launcher.node.protocol import Frame, FrameKind, NodeTime, OutputLine, Unparsable, parse
 from launcher.plan.shell import mask
@@ -45,7 +45,6 @@ from launcher.store.records import Seen
 from launcher.views.nccl import NCCL_EVENT
 from launcher.views.terminal import safe_text
 
-_RANK_PREFIX = re.compile(r"^\[(\d{1,7})\]:(?=.)")
 _EXIT_BARRIER = re.compile(r"\bError waiting on exit barrier\b")
 _TRACE_LINE = re.compile(r"^(Traceback \(most recent call last\):|\s|$|The above exception|During handling of the above|"
                          r"[\w.]+(Error|Exception)\b)")
@@ -344,7 +343,7 @@ class NodeWatcher:
             relay.handed.put(ToStore(self._seen(log), records=(record,) if interval else ()))
             self._marked = self.count
             return
-        match = _RANK_PREFIX.match(text)
+        match = RANK_PREFIX.match(text)
         quiet = match is None and self._barrier.quiet(text)
         if quiet and self._barrier.lines == 1:
             self._echo(f"[{node}] torchrun's exit barrier failed after every rank of this node exited 0 (another node's "

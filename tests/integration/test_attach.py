@@ -37,7 +37,7 @@ def _job(path: Path, heard: Path) -> Path:
 def _step_lines(journal: Path) -> int:
     """How many 'step K of rank R' lines node 0's journal holds (0 before it exists)."""
     try:
-        return sum(1 for text in output_texts(journal.read_bytes().splitlines()) if text.startswith("[") and "]:step " in text)
+        return sum(1 for text in output_texts(journal.read_bytes().splitlines()) if text.startswith("[") and "]: step " in text)
     except FileNotFoundError:
         return 0
 

@@ -107,6 +107,10 @@ def test_a_program_failing_after_its_first_steps_is_restarted_and_the_reason_nam
     assert [json.loads(p.read_text())["steps"] for p in sorted(out.glob("rank*.json"))] == [STEPS, STEPS]
     text = run_cli(home, "status", job_id).stdout
     assert "exit code 1: it failed after step 6, the last step observed" in text and "restart 1 of 1" in text
+    failed = run_cli(home, "logs", job_id, "--attempt", "0").stdout.splitlines()
+    keys = failed.index("[0] Root Cause (first observed failure):") + 1
+    assert failed[keys] in ("[0] [0]:", "[0] [1]:"), "torchrun's own report, keyed by rank: a line of the node's"
+    assert not any(line.rstrip() in ("[0/0]", "[0/1]") for line in failed), "its keys are no rank's empty line"
 
 
 def test_a_program_that_trained_then_hangs_in_exit_is_called_hung_in_exit_at_its_last_step(runs):
@@ -123,12 +127,15 @@ def test_a_program_that_trained_then_hangs_in_exit_is_called_hung_in_exit_at_its
     assert "_shutdown" in stacks, "rank 1's main thread waits in Python's shutdown for the thread it left running"
 
 
-def test_a_ranks_output_shows_as_it_wrote_it_a_tqdm_bar_and_stderr_in_order(runs):
+def test_a_ranks_output_shows_as_it_wrote_it_a_tqdm_bar_an_empty_line_and_stderr_in_order(runs):
     home, _, jobs = runs
     job_id, result = jobs["output"]
     assert result.returncode == 0, result.stderr + result.stdout
-    lines = [line for line in run_cli(home, "logs", job_id).stdout.splitlines() if line.startswith("[0/0]")]
+    logs = run_cli(home, "logs", job_id).stdout.splitlines()
+    lines = [line for line in logs if line.startswith("[0/0]")]
     assert "[0/0] epoch: 3/3" in lines and not any("\\x0d" in line or "\r" in line for line in lines)
+    assert lines[lines.index("[0/0] in order 0") - 1].rstrip() == "[0/0]", "the rank's empty line, behind its rank"
+    assert not any(line.startswith("[0] [0]:") for line in logs), "not the node's line of a bare prefix"
     assert [line for line in lines if "in order" in line] == [
         f"[0/0] in order {i}" + (" (stderr)" if i % 2 else "") for i in range(10)], "stdout and stderr as written"
 

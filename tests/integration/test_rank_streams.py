@@ -1,4 +1,4 @@
-"""Every rank's line reaches the supervisor whole and behind its ``[rank]:`` prefix under DeepSpeed's launcher
+"""Every rank's line reaches the supervisor whole and behind its ``[rank]: `` prefix under DeepSpeed's launcher
 (real ``deepspeed.launcher.launch`` on CPU, through the node agent), and a record is filed as the rank whose
 stream it came on: two ranks print at once, one of them hostile."""
 
@@ -51,10 +51,10 @@ def test_two_deepspeed_ranks_printing_at_once_arrive_as_whole_lines_each_behind_
 
     for rank in (0, 1):
         printed = [line for line in output if re.search(r"rank \d (line|err) ", line)]
-        mine = [line for line in printed if line.startswith(f"[{rank}]:")]
-        assert [line for line in mine if " line " in line] == [f"[{rank}]:rank {rank} line {i} {'x' * 40}" for i in range(LINES)]
-        assert [line for line in mine if " err " in line] == [f"[{rank}]:rank {rank} err {i}" for i in range(0, LINES, 50)]
-    assert all(re.fullmatch(r"\[(\d)\]:rank \1 (line \d+ x{40}|err \d+)", line)
+        mine = [line for line in printed if line.startswith(f"[{rank}]: ")]
+        assert [line for line in mine if " line " in line] == [f"[{rank}]: rank {rank} line {i} {'x' * 40}" for i in range(LINES)]
+        assert [line for line in mine if " err " in line] == [f"[{rank}]: rank {rank} err {i}" for i in range(0, LINES, 50)]
+    assert all(re.fullmatch(r"\[(\d)\]: rank \1 (line \d+ x{40}|err \d+)", line)
                for line in output if re.search(r"rank \d (line|err) ", line)), "a line merged with another, or lost its rank"
 
     parsed = [parse_line(line, world_size=2, node=0, host="h") for line in output]
@@ -62,7 +62,8 @@ def test_two_deepspeed_ranks_printing_at_once_arrive_as_whole_lines_each_behind_
     assert [(record.rank, record.step) for record in records] == [(0, 1)]
     assert [result.reason for result in parsed if isinstance(result, Rejected)] == [
         "a record claiming rank 0 on the stream of rank 1"]
-    assert "[1]:debug: sending @@launch " in "\n".join(output), "a print that contains the marker is output, not a record"
+    assert output.count("[1]: ") == 1, "rank 1's empty line, behind its prefix like any other"
+    assert "[1]: debug: sending @@launch " in "\n".join(output), "a print that contains the marker is output, not a record"
     assert rankstreams.DEEPSPEED_LAUNCH == ("-m", argv[argv.index("-m") + 1]), "the agent knows the plan's spelling"
 
 
@@ -76,10 +77,10 @@ def test_the_relay_is_the_shipped_module_and_cuts_a_ranks_lines_with_linecut(cap
     with open(write, "wb") as rank:  # more than a pipe holds: the relay reads while the rank writes
         writer = threading.Thread(target=rank.write, args=(b"first\n" + b"x" * (linecut.LINE_LIMIT + 10) + b"\nlast",))
         writer.start()
-        relaying = threading.Thread(target=rankrelay.relay, args=(read, b"[3]:"))
+        relaying = threading.Thread(target=rankrelay.relay, args=(read, rankrelay.PREFIX.format(rank=3).encode()))
         relaying.start()
         writer.join()
     relaying.join(30)
     assert capfd.readouterr().out.splitlines() == [
-        "[3]:first", "[3]:" + "x" * linecut.LINE_LIMIT + f" [launch: line cut at {linecut.LINE_LIMIT} bytes; 10 more dropped]",
-        "[3]:last"]
+        "[3]: first", "[3]: " + "x" * linecut.LINE_LIMIT + f" [launch: line cut at {linecut.LINE_LIMIT} bytes; 10 more dropped]",
+        "[3]: last"]

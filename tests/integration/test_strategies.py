@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from launcher.catalog.strategies import get_strategy
-from launcher.metrics.record import MetricRecord, parse_line
+from launcher.metrics.record import RANK_PREFIX, MetricRecord, parse_line
+from launcher.plan.planner import LOG_PREFIX_TEMPLATE
 from tests.helpers import TORCH_EXTENSIONS_DIR
 
 pytestmark = pytest.mark.slow
@@ -43,7 +44,7 @@ def _env(job_id: str = "test") -> dict[str, str]:
     env.update(
         PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=EXTENSIONS_CACHE,
         OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", LAUNCH_JOB_ID=job_id,
-        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[${rank}]:",  # records are read from each rank's own stream
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=LOG_PREFIX_TEMPLATE,  # records are read from each rank's own stream
     )
     env.pop("LAUNCH_METRICS", None)
     env.pop("LAUNCH_METRICS_EVERY", None)
@@ -68,7 +69,7 @@ def run_ranks(args: list[str], timeout: float = 180, nproc: int = 2, job_id: str
         pytest.fail(f"ranks did not finish in {timeout}s:\n{output[-6000:]}\n{stacks}")
     parsed = (parse_line(line, world_size=1024, node=None, host=None) for line in output.splitlines())
     records = [r for r in parsed if isinstance(r, MetricRecord)]
-    return proc.returncode, re.sub(r"^\[\d+\]:", "", output, flags=re.M), records
+    return proc.returncode, re.sub("^" + RANK_PREFIX.pattern, "", output, flags=re.M), records
 
 
 def _stacks(pid: int) -> str:

@@ -20,4 +20,5 @@ if rank == 0:
     print("@@launch " + json.dumps({"v": 1, "rank": 0, "step": 1, "samples": 4, "interval_s": 1.0}))
 else:
     print("@@launch " + json.dumps({"v": 1, "rank": 0, "step": 99, "samples": 4, "interval_s": 1.0}))
+    print()
     print("debug: sending @@launch " + json.dumps({"v": 1, "rank": rank, "step": 98}))

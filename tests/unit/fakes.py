@@ -46,8 +46,8 @@ def sample(t: float, *ranks: dict) -> str:
 
 
 def record(rank: int, step: int) -> str:
-    """A metric record on rank ``rank``'s stream (torchrun's ``[rank]:`` prefix)."""
-    return output(f"[{rank}]:@@launch " + json.dumps({"v": 1, "rank": rank, "step": step, "samples": 8, "interval_s": 0.1,
+    """A metric record on rank ``rank``'s stream (torchrun's ``[rank]: `` prefix)."""
+    return output(f"[{rank}]: @@launch " + json.dumps({"v": 1, "rank": rank, "step": step, "samples": 8, "interval_s": 0.1,
                                             "step_time_s": 0.1, "mem_peak_bytes": 1}))
 
 

@@ -62,7 +62,7 @@ def test_a_watcher_shows_one_line_for_the_trace_and_keeps_it_whole_in_the_nodes_
     echoed: list[str] = []
     relay = Relay(world_size=2, secrets={}, echo=echoed.append, note=lambda text: None,
                   sequence=iter(range(10**6)).__next__, handed=queue.SimpleQueue())
-    lines = ["[1]:rank 1 done", *TRACE.splitlines(), AFTER]
+    lines = ["[1]: rank 1 done", *TRACE.splitlines(), AFTER]
     watcher = NodeWatcher(_Node1(lines), "h2", tmp_path / "n1.log", relay)
     watcher.join(10)
     assert echoed[0] == "[1/1] rank 1 done" and echoed[-1] == f"[1] {AFTER}"

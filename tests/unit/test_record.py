@@ -23,7 +23,7 @@ def _line(**fields) -> str:
     return MARKER + json.dumps({"v": 1, "rank": 0, "step": 1, **fields})
 
 
-def _parse(text: str, world_size: int = 4, stream: str = "[0]:"):
+def _parse(text: str, world_size: int = 4, stream: str = "[0]: "):
     """``text`` as it reaches the supervisor: on rank 0's stream, behind the prefix torchrun and the node side put."""
     return parse_line(stream + text, world_size=world_size, node=2, host="node-2")
 
@@ -38,21 +38,21 @@ def test_ordinary_output_is_not_a_record():
 def test_only_a_whole_line_is_a_record_a_print_that_contains_the_marker_is_output():
     assert _parse("debug: sending " + _line(step=3, samples=8, interval_s=0.5)) is None
     assert _parse(" " + _line(step=3)) is None
-    assert _parse("[1]:" + _line(step=3)) is None, "a prefix the rank printed itself is its text, not its stream"
+    assert _parse("[1]: " + _line(step=3)) is None, "a prefix the rank printed itself is its text, not its stream"
     record = _parse(_line(step=3, samples=8, interval_s=0.5))
     assert isinstance(record, MetricRecord) and record.step == 3 and record.samples == 8
 
 
 def test_the_rank_is_the_stream_the_line_came_on_never_the_json():
-    assert _parse(_line(rank=3, step=4), stream="[3]:").rank == 3
-    assert _parse(MARKER + '{"v":1,"step":4}', stream="[2]:").rank == 2, "the JSON need not say it"
+    assert _parse(_line(rank=3, step=4), stream="[3]: ").rank == 3
+    assert _parse(MARKER + '{"v":1,"step":4}', stream="[2]: ").rank == 2, "the JSON need not say it"
     assert parse_line(_line(rank=1, step=4), world_size=4, node=0, host="h", rank=1).rank == 1, "a caller that reads one rank's stream"
-    forged = _parse(_line(rank=0, step=4), stream="[1]:")
+    forged = _parse(_line(rank=0, step=4), stream="[1]: ")
     assert isinstance(forged, Rejected) and forged.reason == "a record claiming rank 0 on the stream of rank 1"
-    assert isinstance(_parse(_line(rank=True, step=4), stream="[1]:"), Rejected)
+    assert isinstance(_parse(_line(rank=True, step=4), stream="[1]: "), Rejected)
     nowhere = _parse(_line(step=4), stream="")
     assert isinstance(nowhere, Rejected) and "no rank's stream" in nowhere.reason
-    outside = _parse(_line(rank=4, step=4), stream="[4]:")
+    outside = _parse(_line(rank=4, step=4), stream="[4]: ")
     assert isinstance(outside, Rejected) and "rank 4, which is not in this job (world size 4)" in outside.reason
 
 

@@ -68,7 +68,7 @@ valid_record = st.fixed_dictionaries(
 ).map(lambda extra: {**extra, **record}))
 
 
-STREAMS = ["[0]:", "[1]:", "[3]:", "[4]:", "[12]:", ""]  # the ranks' streams as they reach the supervisor, and no stream
+STREAMS = ["[0]: ", "[1]: ", "[3]: ", "[4]: ", "[12]: ", ""]  # the ranks' streams as they reach the supervisor, and no stream
 
 
 def _marked(payload: str) -> st.SearchStrategy[str]:
@@ -76,7 +76,7 @@ def _marked(payload: str) -> st.SearchStrategy[str]:
 
 
 def _on_its_stream(record: dict) -> str:
-    return f"[{record['rank']}]:{MARKER}{json.dumps(record)}"
+    return f"[{record['rank']}]: {MARKER}{json.dumps(record)}"
 
 
 lines = st.one_of(
@@ -130,7 +130,7 @@ def test_any_rank_output_parses_without_error_and_accepted_records_pass_every_re
     event(f"records accepted: {min(len(records), 3)}{'+' if len(records) > 3 else ''}")
     for line, result in zip(text_lines, results, strict=True):
         if isinstance(result, MetricRecord):
-            assert line.startswith(f"[{result.rank}]:{MARKER}"), "a record is a whole line, filed as the rank of its stream"
+            assert line.startswith(f"[{result.rank}]: {MARKER}"), "a record is a whole line, filed as the rank of its stream"
     for record in records:
         assert _finite_numbers(record) and 0 <= record.rank < WORLD and (record.node, record.host) == (1, "node-1")
         json.dumps(record.to_wire(), allow_nan=False)

@@ -71,7 +71,7 @@ def test_a_job_whose_nodes_exit_zero_succeeds_and_is_swept(tmp_path: Path) -> No
 
 
 def test_the_rank_that_failed_is_named_not_the_peer_that_saw_it_go(tmp_path: Path) -> None:
-    echo = NodeScript([output("[0]:RuntimeError: [pair.cc:534] Connection closed by peer [10.0.0.2]:4321"),
+    echo = NodeScript([output("[0]: RuntimeError: [pair.cc:534] Connection closed by peer [10.0.0.2]:4321"),
                        output("Root Cause (first observed failure):"), output("  rank      : 0 (local_rank: 0)"),
                        output("  exitcode  : 1 (pid: 99)")], code=1)
     state, row, *_ = _run(tmp_path, [[echo, NodeScript(TORCHRUN_FAILED, code=1)]])
@@ -189,11 +189,11 @@ def test_a_job_that_keeps_printing_is_alive(tmp_path: Path) -> None:
 
 
 def test_untrusted_records_are_dropped_and_counted_and_node_comes_from_the_channel(tmp_path: Path) -> None:
-    hostile = [output('[0]:@@launch {"v":1,"rank":0,"step":1,"samples":"x","interval_s":1}'),
-               output('[0]:@@launch {"v":1,"rank":"x","step":1}'),
-               output('[0]:@@launch {"v":1,"rank":0,"step":99999999999999999999999}'),
-               output('[0]:@@launch {"v":1,"rank":0,"step":2,"loss":NaN}'),
-               output('[0]:@@launch {"v":1,"rank":0,"step":3,"node":7,"host":"evil"}')]
+    hostile = [output('[0]: @@launch {"v":1,"rank":0,"step":1,"samples":"x","interval_s":1}'),
+               output('[0]: @@launch {"v":1,"rank":"x","step":1}'),
+               output('[0]: @@launch {"v":1,"rank":0,"step":99999999999999999999999}'),
+               output('[0]: @@launch {"v":1,"rank":0,"step":2,"loss":NaN}'),
+               output('[0]: @@launch {"v":1,"rank":0,"step":3,"node":7,"host":"evil"}')]
     state, row, store, _, warnings = _run(tmp_path, [[NodeScript(hostile), NodeScript()]])
     assert state == JobState.SUCCEEDED
     [accepted] = store.metrics(row.id)

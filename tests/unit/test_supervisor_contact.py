@@ -160,8 +160,8 @@ def filed(relay: Relay, filer: Filer) -> Store:
     return filer.store
 
 
-JOURNAL = ['@started {"pid":4242,"start_ticks":99}', output("[2]:hello"), record(2, 1), sample(1.0),
-           output("[2]:between"), record(2, 2), output("[2]:bye"), '@exit {"code":0}']
+JOURNAL = ['@started {"pid":4242,"start_ticks":99}', output("[2]: hello"), record(2, 1), sample(1.0),
+           output("[2]: between"), record(2, 2), output("[2]: bye"), '@exit {"code":0}']
 
 
 def test_a_broken_stream_is_followed_again_from_the_lines_received(relay, tmp_path, monkeypatch):

@@ -120,8 +120,8 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
             ranks = range(node * PER_NODE, (node + 1) * PER_NODE)
             alive = sample(time.time(), *({"rank": r, "pid": 40000 + r, "pids": [40000 + r], "cpu_s": 12.5,
                                           "rss_bytes": 1, "rss_peak_bytes": 1, "gpu_util": 0.0} for r in ranks))
-            said = output(f"[{ranks[0]}]:epoch 3 iteration 41 loss 2.3170" if node != ODD_NODE
-                          else f"[{ODD_RANK}]:warning: loss scale reduced to 1024")
+            said = output(f"[{ranks[0]}]: epoch 3 iteration 41 loss 2.3170" if node != ODD_NODE
+                          else f"[{ODD_RANK}]: warning: loss scale reduced to 1024")
             scripts.append(NodeScript([alive, said], code=None))
         backend = FakeBackend(CLUSTER, [scripts], stacks=answers)
         state = Supervisor(store, plan, backend, grace=0.1, stall_timeout=spec.watch.stall_timeout).run()
