@@ -42,7 +42,8 @@ BED_NAMES = {"a": tb.Names(), "b": tb.Names(prefix="lu-", subnet="10.81.0")}
 BED_OF_MODULE = {
     **dict.fromkeys(("test_check", "test_container_image", "test_containers", "test_docker", "test_init", "test_leases",
                      "test_ssh_backend", "test_ssh_known_hosts_markers", "test_testbed", "test_user_programs_ssh"), "a"),
-    **dict.fromkeys(("test_elastic", "test_ray_backend", "test_slurm_backend", "test_slurm_testbed"), "b"),
+    **dict.fromkeys(("test_dashboard_live", "test_elastic", "test_ray_backend", "test_slurm_backend", "test_slurm_testbed"),
+                   "b"),
 }
 SLURM_BED = RAY_BED = "b"
 USERS_BED = "a"

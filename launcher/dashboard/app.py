@@ -57,8 +57,8 @@ class TokenGate(BaseHTTPMiddleware):
 def create_app(store: Store, token: str | None = None, leases: Leases | None = None, user: str = "",
                metrics_only: bool = False) -> Starlette:
     """The application over a (read-only) store; ``token``: required of every request when given; ``leases``: the
-    cluster file's nodes (the Cluster page, and lease series in /metrics); ``user``: the store's owner, as /metrics
-    labels its jobs; ``metrics_only``: /metrics and nothing else."""
+    cluster file's nodes (the Cluster page, and lease series in /metrics); ``user``: the store's owner, the user of its jobs
+    stored before launch recorded who submitted each; ``metrics_only``: /metrics and nothing else."""
 
     def _token(request: Request) -> str | None:
         return request.query_params.get("token") if token else None
@@ -75,11 +75,11 @@ def create_app(store: Store, token: str | None = None, leases: Leases | None = N
         return HTMLResponse(pages.compare_page(table, refs, _token(request)))
 
     async def jobs_json(request: Request) -> Response:
-        return JSONResponse(data.jobs(store, limit=_limit(request)))
+        return JSONResponse(data.jobs(store, limit=_limit(request), owner=user))
 
     async def jobs_events(request: Request) -> Response:
         limit = _limit(request)
-        return _sse(stream.changes(lambda: data.jobs(store, limit=limit), lambda _: False))
+        return _sse(stream.changes(lambda: data.jobs(store, limit=limit, owner=user), lambda _: False))
 
     async def job_json(request: Request) -> Response:
         return JSONResponse(data.job(store, request.path_params["job"]))

@@ -6,6 +6,7 @@ from typing import Any
 
 from launcher.run import status
 from launcher.store.db import Store
+from launcher.store.rows import JobRow
 from launcher.store.states import JobState
 from launcher.views import jobstatus
 from launcher.views.compare import comparison, job_metrics, row_cells, table_headers
@@ -20,14 +21,21 @@ SERIES = ("samples_per_sec", "step_time_s", "loss", "mem_peak_bytes")
 RANKS_PLOTTED = 32
 
 
-def jobs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
-    """Every job newest first, as `launch status --json` gives each, with the ETA of a running one."""
+def jobs(store: Store, limit: int | None = None, owner: str = "") -> list[dict[str, Any]]:
+    """Every job newest first, as `launch status --json` gives each, with the ETA of a running one; ``user`` is
+    ``owner`` (the store's) for a job stored before launch recorded who submitted it."""
     out = []
     for shown in status.listed(store, limit):
         obj = jobstatus.job_object(shown)
+        obj["user"] = submitter(shown.job, owner)
         obj["eta_s"] = eta_s(obj) if shown.job.state == JobState.RUNNING else None
         out.append(obj)
     return out
+
+
+def submitter(row: JobRow, owner: str) -> str:
+    """Who submitted the job: as the store recorded it, else the store's owner (a store is one user's)."""
+    return row.user or owner
 
 
 def eta_s(obj: dict[str, Any]) -> float | None:

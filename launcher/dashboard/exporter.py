@@ -1,9 +1,10 @@
 """``GET /metrics``: the store's jobs and the cluster's leases in Prometheus' text format (``prometheus-client``).
 
-Every series of a job carries ``job_id`` (``job`` is Prometheus' own: the scrape's) and ``user`` (the store's owner: a store is one user's); its name,
-cluster, backend and strategy are on ``launch_job_info`` alone. Label sets are bounded: the newest ``JOBS`` jobs,
-the states this launch knows, and per rank only when a scrape asks for it (``?ranks=1``). With a cluster file, each
-node's GPUs or slots: how many there are, and how many each job of each user holds.
+Every series of a job carries ``job_id`` (``job`` is Prometheus' own: the scrape's) and ``user`` (who submitted it, as
+the store recorded it; the store's owner for a job stored before launch recorded that); its name, cluster, backend and
+strategy are on ``launch_job_info`` alone. Label sets are bounded: the newest ``JOBS`` jobs, the states this launch
+knows, and per rank only when a scrape asks for it (``?ranks=1``). With a cluster file, each node's GPUs or slots: how
+many there are, and how many each job of each user holds.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from launcher.backends import leasing
+from launcher.dashboard.data import submitter
 from launcher.metrics.record import RankUsage
 from launcher.run import status
 from launcher.run.queue import NodeQueue
@@ -62,8 +64,9 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
-def job_metrics(store: Store, user: str, per_rank: bool) -> Iterator[Metric]:
-    """The figures of the newest ``JOBS`` jobs (their latest attempt), as `launch status` shows them."""
+def job_metrics(store: Store, owner: str, per_rank: bool) -> Iterator[Metric]:
+    """The figures of the newest ``JOBS`` jobs (their latest attempt), as `launch status` shows them; ``owner``: the
+    store's, the user of a job stored before launch recorded who submitted it."""
     key = ["job_id", "user"]
     info = _gauge("launch_job_info", "A job of the store: its name, cluster, backend and strategy (always 1).",
                   key + ["name", "cluster", "backend", "strategy"])
@@ -92,7 +95,7 @@ def job_metrics(store: Store, user: str, per_rank: bool) -> Iterator[Metric]:
     }
     for shown in status.listed(store, JOBS):
         job, summary = shown.job, shown.summary
-        labels = [job.id, user]
+        labels = [job.id, submitter(job, owner)]
         info.add_metric(labels + [job.name or "", job.cluster or "", job.backend or "", job.strategy or ""], 1)
         for each in JobState:
             state.add_metric(labels + [each.value], 1 if job.state == each else 0)

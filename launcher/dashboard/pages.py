@@ -30,7 +30,7 @@ def jobs_page(token: str | None) -> str:
     body = """<form id="filter">state <select name="state"><option value="">any</option>
 <option>QUEUED</option><option>PENDING</option><option>RUNNING</option><option>SUCCEEDED</option>
 <option>FAILED</option><option>CANCELLED</option></select> name <input name="name"></form>
-<table id="jobs"><thead><tr><th>job</th><th>state</th><th>cluster</th><th>nodes x ranks</th>
+<table id="jobs"><thead><tr><th>job</th><th>state</th><th>user</th><th>cluster</th><th>nodes x ranks</th>
 <th>progress</th><th>ETA</th><th>samples/s</th><th>peak mem</th><th>started</th><th>duration</th></tr></thead>
 <tbody></tbody></table>"""
     return page("Jobs", body, token, "launchJobs();")

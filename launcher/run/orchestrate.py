@@ -195,7 +195,7 @@ def submit(
     try:  # until a supervisor owns the job: a failure here closes the backend and ends a recorded job FAILED
         origin = dataclasses.replace(prepared.origin, overrides=tuple(mask(item, secret_values)
                                                                       for item in prepared.origin.overrides))
-        store.create_job(plan, stored_spec(job, cluster, run_check, origin))
+        store.create_job(plan, stored_spec(job, cluster, run_check, origin), user=identity.user_and_host()[0])
         created = True
         if not detach:  # this process supervises it: provable at once (`launch cancel` finds it)
             identity.record(store.run_dir(plan.job_id), plan.job_id)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from launcher.backends import Backend, cluster_spec
 from launcher.errors import LaunchError
 from launcher.plan.planner import Plan
+from launcher.run import identity
 from launcher.run.recorded import RecordedJob, stored_spec
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.job import JobSpec
@@ -201,7 +202,7 @@ def import_job(store: Store, found: NodeRecord, source: str) -> None:
     """Record the job in this store as RUNNING at its attempt, each node with no journal line received yet (its
     whole history is fetched from the journals), and an ``imported`` event."""
     job = found.job
-    store.create_job(job.plan, stored_spec(job.job, job.cluster, job.check))
+    store.create_job(job.plan, stored_spec(job.job, job.cluster, job.check), user=identity.user_and_host()[0])
     store.transition(job.id, JobState.LAUNCHING, attempt=found.attempt)
     store.transition(job.id, JobState.RUNNING)
     if found.created_at is not None:

@@ -34,22 +34,22 @@ class Store(RecordsStore):
 
     # jobs
 
-    def create_job(self, plan: Any, spec: dict[str, Any]) -> None:
-        """Record a planned job as PENDING; an id already in the store is refused."""
-        if not self._insert_job(plan, spec):
+    def create_job(self, plan: Any, spec: dict[str, Any], user: str | None = None) -> None:
+        """Record a planned job as PENDING, submitted by ``user``; an id already in the store is refused."""
+        if not self._insert_job(plan, spec, user):
             raise LaunchError(f"job id {plan.job_id} is already in the store; submit again for a new id")
 
-    def _insert_job(self, plan: Any, spec: dict[str, Any]) -> bool:
+    def _insert_job(self, plan: Any, spec: dict[str, Any], user: str | None) -> bool:
         return 1 == self._execute(
             """INSERT OR IGNORE INTO jobs (id, name, state, created_at, backend, cluster, launcher, strategy, precision,
                nnodes, nproc_per_node, world_size, micro_batch, grad_accum, global_batch, max_steps,
-               run_dir, plan, spec) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+               run_dir, plan, spec, user) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
             (
                 plan.job_id, plan.job_name, PENDING, time.time(), plan.backend, plan.cluster_name, plan.launcher,
                 plan.strategy, plan.precision, plan.nnodes, plan.nproc_per_node, plan.world_size,
                 *((plan.batch.micro_batch, plan.batch.grad_accum, plan.batch.global_batch) if plan.batch else (None,) * 3),
                 plan.max_steps,
-                str(self.run_dir(plan.job_id)), plan.model_dump_json(), json_text(spec),
+                str(self.run_dir(plan.job_id)), plan.model_dump_json(), json_text(spec), user,
             ),
         )
 
@@ -124,7 +124,7 @@ class Store(RecordsStore):
             "SELECT id, name, state, created_at, started_at, ended_at, backend, cluster, launcher, strategy,"
             " precision, nnodes, nproc_per_node, world_size, micro_batch, grad_accum, global_batch, max_steps,"
             " attempt, reason, failure_kind, queue_reason, scheduler_id, first_failure, summary, supervisor_pid,"
-            " supervisor_at"
+            " supervisor_at, user"
             " FROM jobs ORDER BY created_at DESC"
         )
         if limit:

@@ -114,6 +114,7 @@ class JobRow:
     failure_kind: FailureKind | None = None
     queue_reason: str | None = None
     scheduler_id: str | None = None
+    user: str | None = None
     first_failure: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None
     spec: dict[str, Any] | None = None

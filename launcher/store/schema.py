@@ -116,8 +116,9 @@ CREATE TABLE IF NOT EXISTS samples (
 # Version 4: the running summary of each rank's metric records (``store.tally``), for `launch status` of a running
 # job; a job's records stored before it are not tallied, and its summary is made from them. Version 5: the kind of the
 # job's first failure (``jobs.failure_kind``, a ``FailureKind``), which `launch submit` decides from; a job ended
-# before it has none.
-SCHEMA_VERSION = 5
+# before it has none. Version 6: who submitted the job (``jobs.user``: the user that ran `launch submit`, or took the
+# job over into this store); a job stored before it has none.
+SCHEMA_VERSION = 6
 MIGRATIONS: dict[int, str] = {
     0: SCHEMA,
     1: "ALTER TABLE jobs ADD COLUMN queue_reason TEXT; ALTER TABLE jobs ADD COLUMN scheduler_id TEXT",
@@ -157,6 +158,7 @@ CREATE TABLE IF NOT EXISTS tally_attempts (
     PRIMARY KEY (job_id, attempt)
 )""",
     4: "ALTER TABLE jobs ADD COLUMN failure_kind TEXT",
+    5: "ALTER TABLE jobs ADD COLUMN user TEXT",
 }
 
 

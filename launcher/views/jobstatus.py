@@ -164,6 +164,7 @@ def job_object(status: JobStatus) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "id": job.id,
         "name": job.name,
+        "user": job.user,
         "state": job.state,
         "backend": job.backend,
         "cluster": job.cluster,

@@ -1,5 +1,5 @@
-"""`launch dashboard` over a running 2-node job (local backend: two nodes on this machine, each leasing a slot),
-seen by a real Prometheus (Debian's) and a real headless Chromium (Debian's, driven by Playwright).
+"""`launch dashboard` over a running 2-node job on the SSH test bed (bed "b": two namespace hosts reached over real
+sshd, one slot each), seen by a real Prometheus (Debian's) and a real headless Chromium (Debian's, driven by Playwright).
 
 One job serves every check (the CI budget): it steps every 0.2 s, printing a line and reporting 8 samples a step on
 each rank, until the test creates its release file; then it hangs (tests/programs/dash_train.py) and is called hung.
@@ -8,10 +8,12 @@ Screenshots of each page are kept in the test's directory (``dashboard-*.png``).
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 import socket
 import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -19,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, cli_env, launch_argv, run_cli, status_json, wait_for, wait_for_state, write_yaml
+from tests.testbed_fixture import needs_root
+from tools import testbed as tb
 
-pytestmark = pytest.mark.slow
+pytestmark = [needs_root, pytest.mark.testbed, pytest.mark.slow]
 playwright = pytest.importorskip("playwright.sync_api", reason="Playwright drives Chromium (launch[dev])")
 
 PROGRAM = ROOT / "tests" / "programs" / "dash_train.py"
@@ -81,8 +85,14 @@ def scraped_by_prometheus(tmp_path: Path, port: int, job_id: str) -> tuple[float
 
 @pytest.mark.skipif(CHROMIUM is None or PROMETHEUS is None,
                     reason="needs Debian's chromium and prometheus (scripts/setup.sh --test installs them)")
-def test_a_running_two_node_job_in_prometheus_and_on_every_page_in_chromium(tmp_path: Path, home: Path) -> None:
-    cluster = write_yaml(tmp_path / "cluster.yaml", {"name": "dash-local", "backend": "local", "local": {"slots": 2}})
+def test_a_running_two_node_job_in_prometheus_and_on_every_page_in_chromium(testbed: tb.Testbed, tmp_path: Path,
+                                                                            home: Path) -> None:
+    hosts = testbed.hosts[-2:]  # the bed's last two: neither runs the session's Slurm daemons nor its Ray node
+    cluster = write_yaml(tmp_path / "cluster.yaml", {
+        "name": "dash-ssh", "backend": "ssh", "python": sys.executable, "workdir": str(tmp_path),
+        "ssh": {"user": "root", "key_file": str(testbed.key_file), "known_hosts": str(testbed.known_hosts),
+                "config_file": str(testbed.ssh_config)},
+        "nodes": [{"host": h.name, "gpus": 0, "slots": 1} for h in hosts]})
     release = tmp_path / "release"
     job = write_yaml(tmp_path / "job.yaml", {
         "name": "dash-live", "entrypoint": ["python", str(PROGRAM)], "resources": {"nodes": 2, "nproc_per_node": 1},
@@ -110,7 +120,8 @@ def test_a_running_two_node_job_in_prometheus_and_on_every_page_in_chromium(tmp_
             page.goto(f"{base}/")
             row = page.locator("#jobs tbody tr", has_text=job_id)
             row.wait_for(timeout=30_000)
-            assert "RUNNING" in row.inner_text() and "dash-local" in row.inner_text()
+            cells = row.locator("td").all_inner_texts()
+            assert cells[1:4] == ["RUNNING", getpass.getuser(), "dash-ssh"], cells  # state, who submitted it, cluster
             page.screenshot(path=str(tmp_path / "dashboard-jobs.png"), full_page=True)
 
             page.goto(f"{base}/jobs/{job_id}")
@@ -137,8 +148,8 @@ def test_a_running_two_node_job_in_prometheus_and_on_every_page_in_chromium(tmp_
             page.goto(f"{base}/jobs/{job_id}")
             verdict = page.locator("pre.verdict").inner_text()
             assert verdict.startswith("verdict: hung at step "), verdict
-            assert "rank 0 (node 0 localhost, local rank 0): barrier <- <module> dash_train.py" in verdict, verdict
-            assert "rank 1 (node 1 localhost, local rank 0): <module> dash_train.py" in verdict, verdict
+            assert f"rank 0 (node 0 {hosts[0].name}, local rank 0): barrier <- <module> dash_train.py" in verdict, verdict
+            assert f"rank 1 (node 1 {hosts[1].name}, local rank 0): <module> dash_train.py" in verdict, verdict
             page.screenshot(path=str(tmp_path / "dashboard-hung.png"), full_page=True)
             browser.close()
         for name in ("jobs", "job", "cluster", "hung"):

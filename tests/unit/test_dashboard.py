@@ -186,6 +186,18 @@ def test_metrics_exports_each_job_with_bounded_labels_and_ranks_only_when_asked(
     assert ranks[key("launch_rank_samples_per_second", **job, rank="1", node="0")] == 32.0
 
 
+def test_a_job_shows_who_submitted_it_and_one_stored_before_that_was_recorded_the_stores_owner(home):
+    store = make_job(home)  # stored without a user, as before launch recorded it
+    spec = JobSpec(name="bos", entrypoint=["python", "t.py"])
+    store.create_job(plan_job(spec, cluster_spec(name="local"), "dash-00000002", rdzv_port=29500), {}, user="bo")
+    client = TestClient(create_app(Store(home, read_only=True), user="ana"))
+    assert {j["id"]: j["user"] for j in client.get("/api/jobs").json()} == {"dash-00000001": "ana", "dash-00000002": "bo"}
+    values = metric_values(client.get("/metrics").text)
+    assert values[key("launch_job_state", job_id="dash-00000002", user="bo", state="PENDING")] == 1
+    assert values[key("launch_job_state", job_id="dash-00000001", user="ana", state="PENDING")] == 1
+    assert "<th>user</th>" in client.get("/").text
+
+
 def test_metrics_counts_the_devices_each_job_of_each_user_holds():
     from prometheus_client import generate_latest
     from prometheus_client.core import CollectorRegistry

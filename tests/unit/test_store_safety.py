@@ -140,9 +140,10 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     home = tmp_path / "home"
     path = _old_store(home)
     store = Store(home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     assert store.job("old-000001").summary["loss"] is None, "NaN written by old code reads as unknown"
     assert store.job("old-000001").failure_kind is None, "a job ended before failure kinds were kept has none"
+    assert store.job("old-000001").user is None, "a job stored before its submitter was kept has none"
     assert (store.job("old-000002").queue_reason, store.job("old-000002").scheduler_id) == (None, None)
     store.update_job("old-000002", queue_reason="Resources", scheduler_id="17")
     assert (store.job("old-000002").queue_reason, store.job("old-000002").scheduler_id) == ("Resources", "17")

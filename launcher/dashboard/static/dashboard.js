@@ -24,7 +24,7 @@ function launchJobs() {
       const m = j.metrics || {}, tr = body.insertRow();
       const a = document.createElement("a"); a.href = url("/jobs/" + encodeURIComponent(j.id)); a.textContent = j.id;
       tr.insertCell().appendChild(a);
-      cell(tr, j.state, "state-" + j.state); cell(tr, j.cluster);
+      cell(tr, j.state, "state-" + j.state); cell(tr, j.user); cell(tr, j.cluster);
       cell(tr, `${j.nnodes} x ${j.nproc_per_node}`);
       cell(tr, `${m.steps ?? 0} / ${j.max_steps ?? "?"}`); cell(tr, j.eta_s == null ? "-" : dur(0, j.eta_s));
       cell(tr, num(m.samples_per_sec, 1)); cell(tr, m.peak_mem_mb == null ? "-" : num(m.peak_mem_mb, 0) + " MB");
