@@ -1,6 +1,7 @@
 """A nanoGPT-style training loop, knowing nothing of `launch`: its own get_batch (no DataLoader), a tiny
 transformer, DDP over gloo, gradient accumulation divided into the loss, ``iter N: loss L, time T ms`` prints."""
 
+import gc
 import time
 
 import torch
@@ -45,6 +46,10 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         if dist.get_rank() == 0:
             print(f"iter {it}: loss {loss.item() * ACCUM:.4f}, time {(time.time() - t0) * 1000:.2f}ms", flush=True)
+    # as PyTorch asks: the model freed, then the group (left to exit, gloo aborted rank 1 now and then: SIGABRT)
+    dist.barrier()
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 
