@@ -120,9 +120,30 @@ def who(entry: dict, progress: Mapping[str, str] | None = None) -> str:
     if entry.get("job"):
         job = clean(entry["job"])
         known = (progress or {}).get(str(entry["job"]))
-        return (f"job {job} (user {clean(entry.get('user', '?'))}, from {clean(entry.get('from') or '?')}, since "
+        said = (f"job {job} (user {clean(entry.get('user', '?'))}, from {clean(entry.get('from') or '?')}, since "
                 f"{at(entry.get('since'))}{f'; {known}' if known else ''})")
-    return f"process {clean(entry.get('pid', '?'))} (user {clean(entry.get('user', '?'))}, no launch record)"
+    else:
+        said = f"process {clean(entry.get('pid', '?'))} (user {clean(entry.get('user', '?'))}, no launch record)"
+    return said + (", though its lock file was removed (docs/LEASES.md: shared nodes)" if entry.get("lock_removed") else "")
+
+
+def lock_file_removed(node: int, frame: Frame) -> str:
+    """The line (and event) that says a lock file of node ``node``'s lease was removed or replaced while the job
+    held it (its agent's ``@lease`` frame, ``launcher.node.leases.Moved``), and what became of the lease."""
+    device = devices_text(frame.get_text("kind", 10), [frame.get_int("device") or 0])
+    owners = frame.data.get("owners")
+    by = ", ".join(clean(o) for o in owners[:4]) if isinstance(owners, list) and owners else None
+    said = (f"launch: node {node}: the lock file of {device} ({clean(frame.get_text('path', 300) or '?')}) was "
+            f"{'replaced' if frame.get_text('what', 20) == 'replaced' else 'removed'} while this job held it "
+            f"({f'only {by} or root could' if by else 'only root could'})")
+    holder = frame.data.get("holder")
+    if frame.data.get("leased_again") is True:
+        said += f": leased again, no other job can take {device}"
+    elif isinstance(holder, dict):
+        said += f": {device} is now leased by {who(holder)} as well: two jobs share it"
+    else:
+        said += f": it cannot be leased again ({clean(frame.get_text('error', 300) or 'no reason given')})"
+    return said + "; `launch queue --set-up`, run once by root, makes lock files no user can remove (docs/LEASES.md)"
 
 
 def holders_progress(job_ids: Iterable[object]) -> dict[str, str]:

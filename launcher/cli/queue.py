@@ -12,7 +12,10 @@ from launcher.cli.output import CLUSTER_HELP
 @click.command("queue")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help=CLUSTER_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def queue_command(cluster_file, as_json):
+@click.option("--set-up", "set_up", is_flag=True,
+              help="As root, once on a shared node: make the lease directory and every lock file root's, so that no "
+                   "other user can remove or plant one (docs/LEASES.md).")
+def queue_command(cluster_file, as_json, set_up):
     """Who holds each GPU (or CPU slot) of every node, since when, and which jobs wait, in order.
 
     On local and SSH clusters each GPU or slot is leased to one job at a time by
@@ -24,12 +27,13 @@ def queue_command(cluster_file, as_json):
       launch queue
       launch queue --cluster examples/clusters/a800.yaml
       launch queue --cluster cluster.yaml --json
+      sudo launch queue --set-up                    once, on a shared node
     """
     from launcher.run import queue
     from launcher.run.orchestrate import load_cluster_spec
     from launcher.views.terminal import safe_text
 
-    nodes, waiting = queue.read_queue(load_cluster_spec(cluster_file))
+    nodes, waiting = queue.read_queue(load_cluster_spec(cluster_file), set_up)
     if as_json:
         click.echo(json.dumps(queue.queue_json(nodes, waiting), indent=2))
         return

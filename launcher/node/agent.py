@@ -16,7 +16,9 @@ stdout, which the backend carries to the supervisor:
 With a ``lease`` in the request (local and SSH clusters), the agent first takes its node's leases
 (``leases``: one GPU or CPU slot each, all or none, held until the agent exits) and says ``@leased``
 (``FrameKind.LEASED``: the devices) or ``@busy`` (who holds them; it then exits ``BUSY_EXIT``, having started
-nothing).
+nothing). While it holds them it checks every ``LEASE_CHECK_S`` that each lock path still names the file it locked
+(``Lease.verify``): a lock file removed or replaced (by its owner or the directory's) is one ``@lease`` frame
+(``FrameKind.LEASE``), leased again where it can be.
 With ``go_on_stdin`` it starts the command only once the backend writes ``go`` on its stdin: every
 node of the job holds its leases by then, or none starts a rank.
 
@@ -86,6 +88,7 @@ REAP_S = 1.0
 EXIT_SIGNAL_BASE = 128
 ORPHAN_WAIT_S = 5.0
 CONTACT_POLL_S = 1.0  # the unattended watchdog looks this often (more often under a short ``unattended_s``)
+LEASE_CHECK_S = 1.0  # how often a held lease's lock paths are checked (``Lease.verify``)
 RUN_DIR_TOKEN = "${LAUNCH_RUN_DIR}"  # in an env value or an argument: this node's run directory
 BUSY_EXIT = 75  # EX_TEMPFAIL: the leases were not free (or another node's were not): nothing was started
 RANKS_DIR = "ranks"  # in the run directory: the ranks' own (LAUNCH_RUN_DIR), apart from the agent's control files
@@ -213,6 +216,10 @@ class Agent:
             visible = f" (CUDA_VISIBLE_DEVICES={shown})" if self.lease.kind == "gpu" else ""
             self.out.note(f"launch: node {req.node}: {self.lease.kind}(s) {shown} leased on "
                           f"{leases.host_name()} for the job's life{visible}")
+            for why in self.lease.exposed:
+                self.out.note(f"launch: node {req.node}: warning: {why} and so let another job lease the same device "
+                              "(this agent would see it and say so); on a shared node root runs `launch queue --set-up` "
+                              "once (docs/LEASES.md)")
 
     def end(self, why: str) -> None:
         """End the command and everything of the job on this node, from any thread; a second call waits for
@@ -300,6 +307,16 @@ class Agent:
                 self.end("unattended")
                 return
 
+    def watch_lease(self, relayed: threading.Event) -> None:
+        """While the job runs, say each lock file of its lease that was removed or replaced (``@lease``)."""
+        while self.lease is not None and not relayed.wait(LEASE_CHECK_S):
+            try:
+                moved = self.lease.verify()
+            except OSError:  # released meanwhile (the agent is ending)
+                return
+            for found in moved:
+                self.out.event(FrameKind.LEASE, found.as_json())
+
     def run(self) -> int:
         """Relay and sample until the command exits and its output is drained; the agent's exit status."""
         assert self.proc is not None and self.proc.stdout is not None
@@ -307,7 +324,7 @@ class Agent:
                           self.run_dir)
         relayed = threading.Event()
         targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed),
-                   lambda: self.watch_contact(relayed)]
+                   lambda: self.watch_contact(relayed), lambda: self.watch_lease(relayed)]
         warn_file = self.req.warn_file
         if warn_file:
             targets.append(lambda: forward_warning(self.job_id, self.node, self.out, warn_file, relayed))

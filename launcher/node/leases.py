@@ -5,7 +5,11 @@ the node agent before any rank starts and held through its open file: when the a
 or the node reboots, the kernel drops it. ``DIR`` (``/var/tmp/launch-leases``) is made like /tmp
 (mode 1777): any user may create a lock file, and because a lock file is opened read-only, any user
 may lock a file another user made. Lock files are never unlinked (a lock on an unlinked file would
-guard nothing); after locking, the path is checked to still name the locked file.
+guard nothing); after locking, the path is checked to still name the locked file, and the holder checks it again
+while it holds the lease (``Lease.verify``): the owner of a lock file or of the directory could unlink it, so a
+lock file removed or replaced is said, and leased again where it can be. ``set_up`` (root, once a shared node) makes
+the directory and every lock file root's, so no user can. ``survey`` names the holder of a device whose lock file
+was removed under it, never "free".
 
 Who holds what: ``/proc/locks`` names the pid holding each lock file's inode; the holder's record
 (``HOST.holder.UID.PID``, JSON: job, from, since, devices) is believed only when it belongs to that
@@ -20,9 +24,11 @@ served per host; no priorities, no backfill). Standard library only: it runs on 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
+import shutil
 import socket
 import stat
 import time
@@ -57,6 +63,55 @@ def lease_dir(path: str | None = None) -> str:
         raise LeaseError(f"{path} may be changed by every user without the sticky bit (mode "
                          f"{oct(info.st_mode & 0o7777)}): `chmod 1777 {path}`")
     return path
+
+
+def set_up(kind: str, capacity: int, directory: str | None = None) -> list[str]:
+    """As root, once on a shared node: the lease directory root's (mode 1777, sticky) and a lock file of root's
+    (0644) for each of ``capacity`` devices of ``kind``, so that no other user can remove or plant one. A lock
+    file a user made is given to root as it is (a job may hold it: its inode is kept); anything else at a lock path
+    (a directory, a symlink, a FIFO) is removed first. What was changed, one line each ([] when nothing)."""
+    if os.geteuid() != 0:
+        raise LeaseError("setting up the lease directory needs root (`sudo launch queue --set-up`): only then can no "
+                         "other user remove or plant a lock file")
+    path = directory or DEFAULT_DIR
+    done = []
+    try:
+        os.mkdir(path, 0o700)
+        done.append(f"made {path}")
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise LeaseError(f"{path} is not a directory (a symlink or a file): remove it, then run the set-up again")
+    if info.st_uid != 0 or info.st_gid != 0:
+        done.append(f"{path} given to root (was {records.user_name(info.st_uid)}'s)")
+    os.chown(path, 0, 0, follow_symlinks=False)
+    os.chmod(path, 0o1777)
+    for index in range(capacity):
+        lock = os.path.join(path, f"{host_name()}.{kind}{index}.lock")
+        found: os.stat_result | None = None
+        with contextlib.suppress(FileNotFoundError):
+            found = os.lstat(lock)
+        if found is not None and not stat.S_ISREG(found.st_mode):
+            if stat.S_ISDIR(found.st_mode):
+                shutil.rmtree(lock)
+            else:
+                os.unlink(lock)
+            done.append(f"removed {lock} ({records.user_name(found.st_uid)}'s, not a lock file)")
+            found = None
+        # no O_CREAT on a user's file: fs.protected_regular refuses it, even to root
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                     | (os.O_CREAT | os.O_EXCL if found is None else 0), 0o644)
+        try:
+            if found is None:
+                done.append(f"made {lock}")
+            elif found.st_uid != 0:
+                done.append(f"{lock} given to root (was {records.user_name(found.st_uid)}'s)")
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+    return done
 
 
 def unusable(path: str, info: os.stat_result) -> None:
@@ -140,6 +195,7 @@ class Holder:
     origin: str | None = None  # the host the job was submitted from
     since: float | None = None
     command: str | None = None  # a foreign process's command (nvidia-smi)
+    lock_removed: bool | None = None  # True: it holds the device's lock file that was removed (another may lease it)
 
     def as_json(self) -> dict:
         return {("from" if k == "origin" else k): v for k, v in self.__dict__.items() if v is not None}
@@ -229,6 +285,7 @@ def survey(kind: str, capacity: int, directory: str | None = None) -> Survey:
     directory = lease_dir(directory)
     held = locked_pids()
     holders: dict[int, Holder | None] = {}
+    inodes: dict[int, int] = {}
     for index in range(capacity):
         path = os.path.join(directory, f"{host_name()}.{kind}{index}.lock")
         try:
@@ -237,16 +294,60 @@ def survey(kind: str, capacity: int, directory: str | None = None) -> Survey:
             holders[index] = None
             continue
         unusable(path, info)
-        inode = info.st_ino
-        pids = held.get(inode, [])
+        inodes[index] = info.st_ino
+        pids = held.get(info.st_ino, [])
         holders[index] = holder(directory, pids[0], index, kind) if pids else None
+    for index, found in _removed_under(directory, kind, held, inodes).items():
+        if holders.get(index) is None:
+            holders[index] = found
     foreign = foreign_gpu_processes() if kind == "gpu" else {}
     return Survey(kind, holders, foreign, tickets(directory))
+
+
+def _removed_under(directory: str, kind: str, held: dict[int, list[int]], inodes: dict[int, int]) -> dict[int, Holder]:
+    """Devices whose holder still holds a lock file that was removed (or replaced) under it: a process with a
+    believable holder record for them that holds a flock on an inode no lock path names any more."""
+    current = set(inodes.values())
+    removed: dict[int, int] = {}  # pid -> how many of its flocks are on inodes no lock path names
+    for inode, pids in held.items():
+        if inode not in current:
+            for pid in pids:
+                removed[pid] = removed.get(pid, 0) + 1
+    found: dict[int, Holder] = {}
+    for pid in removed:
+        record = _record_of(directory, pid, "holder")
+        if record is None or record.get("kind") != kind:
+            continue
+        devices = [i for i in record.get("devices") or [] if type(i) is int]
+        lost = [i for i in devices if pid not in held.get(inodes.get(i, -1), [])]
+        if lost and len(lost) <= removed[pid]:
+            for index in lost:
+                found[index] = dataclasses.replace(holder(directory, pid, index, kind), lock_removed=True)
+    return found
 
 
 def ahead(waiting: list[Ticket], job: str, order: float) -> list[Ticket]:
     """The live tickets of other jobs that came before (``order``, ``job``)."""
     return [t for t in waiting if t.job != job and (t.order, t.job) < (order, job)]
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A held device's lock file found removed or replaced (``Lease.verify``), and what became of the lease."""
+
+    kind: str
+    index: int
+    path: str
+    what: str  # "removed" or "replaced"
+    owners: list[str]  # who besides root could have done it: the lock file's owner, the directory's
+    leased_again: bool  # the path's new lock file is this process's now: the device is guarded again
+    holder: Holder | None = None  # else who holds the new lock file: two jobs share the device
+    error: str | None = None  # else why the path cannot be leased again
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "device": self.index, "path": self.path, "what": self.what, "owners": self.owners,
+                "leased_again": self.leased_again, **({"holder": self.holder.as_json()} if self.holder else {}),
+                **({"error": self.error} if self.error else {})}
 
 
 @dataclass
@@ -257,6 +358,9 @@ class Lease:
     devices: list[int]
     fds: list[int]
     record_path: str | None = None
+    paths: list[str] = field(default_factory=list)  # each device's lock path
+    exposed: list[str] = field(default_factory=list)  # why another user could remove its lock files (``exposure``)
+    _told: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # device -> what its path named when said
 
     def release(self) -> None:
         for fd in self.fds:
@@ -267,6 +371,70 @@ class Lease:
             with contextlib.suppress(OSError):
                 os.unlink(self.record_path)
             self.record_path = None
+
+    def verify(self) -> list[Moved]:
+        """Check that each lock path still names the file this process locked; each one removed or replaced (by
+        its owner or the directory's: only they can, the sticky bit stops the rest) is leased again when its new
+        file is free, else said with who holds it now. Each change is said once."""
+        moved = []
+        for slot, (index, path) in enumerate(zip(self.devices, self.paths)):
+            mine = os.fstat(self.fds[slot])
+            try:
+                info: os.stat_result | None = os.lstat(path)
+            except FileNotFoundError:
+                info = None
+            now = (info.st_dev, info.st_ino) if info else None
+            if now == (mine.st_dev, mine.st_ino) or (index in self._told and self._told[index] == now):
+                continue
+            self._told[index] = now
+            owners = _owners(os.path.dirname(path), mine.st_uid)
+            found = Moved(self.kind, index, path, "replaced" if info else "removed", owners, False)
+            try:
+                fd = _try_lock(os.path.dirname(path), self.kind, index)
+            except LeaseError as exc:
+                moved.append(dataclasses.replace(found, error=str(exc)))
+                continue
+            if fd is not None:
+                os.close(self.fds[slot])
+                self.fds[slot] = fd
+                self._told.pop(index, None)
+                moved.append(dataclasses.replace(found, leased_again=True))
+                continue
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                self._told[index] = (info.st_dev, info.st_ino)
+            pids = locked_pids().get(info.st_ino, []) if info else []
+            moved.append(dataclasses.replace(found, holder=holder(os.path.dirname(path), pids[0], index, self.kind)
+                                             if pids else None))
+        return moved
+
+
+def _owners(directory: str, file_uid: int) -> list[str]:
+    """The users other than this one and root who may unlink a lock file owned by ``file_uid`` in ``directory``."""
+    uids = [file_uid]
+    with contextlib.suppress(OSError):
+        uids.append(os.stat(directory).st_uid)
+    return list(dict.fromkeys(records.user_name(uid) for uid in uids if uid not in (0, os.getuid())))
+
+
+def exposure(directory: str, kind: str, devices: list[int], fds: list[int]) -> list[str]:
+    """Why the lock files of a lease could be removed by another user (each its own line; [] when only this user
+    and root can): owned by that user, or in a directory that user owns. ``set_up`` (as root) makes it []."""
+    said = []
+    with contextlib.suppress(OSError):
+        owner = os.stat(directory).st_uid
+        if owner not in (0, os.getuid()):
+            said.append(f"the lease directory {directory} belongs to {records.user_name(owner)}, who can remove "
+                        "any lock file in it")
+    by_owner: dict[int, list[int]] = {}
+    for index, fd in zip(devices, fds):
+        uid = os.fstat(fd).st_uid
+        if uid not in (0, os.getuid()):
+            by_owner.setdefault(uid, []).append(index)
+    noun = "GPU" if kind == "gpu" else "slot"
+    said += [f"the lock file(s) of {noun}(s) {','.join(map(str, held))} belong to {records.user_name(uid)}, who can "
+             "remove them" for uid, held in by_owner.items()]
+    return said
 
 
 @dataclass
@@ -334,7 +502,9 @@ def acquire(kind: str, count: int, capacity: int, record: dict, order: float, *,
         with contextlib.suppress(OSError):
             os.unlink(path)
         return Busy(survey(kind, capacity, directory), queue, count)
-    lease = Lease(kind, [i for i, _ in taken], [fd for _, fd in taken])
+    devices, fds = [i for i, _ in taken], [fd for _, fd in taken]
+    lease = Lease(kind, devices, fds, paths=[os.path.join(directory, f"{host_name()}.{kind}{i}.lock") for i in devices],
+                  exposed=exposure(directory, kind, devices, fds))
     _tidy(directory)
     if _write_record(path, {**holder, "devices": lease.devices}):
         lease.record_path = path

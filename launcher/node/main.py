@@ -1,5 +1,5 @@
 """The node side's commands: ``facts``, ``agent``, ``follow``, ``fence``, ``record``, ``slurm``, ``list``, ``end``, ``signal``, ``stacks``,
-``leases``, ``wait``
+``leases``, ``wait``, ``lease-setup``
 (see ``launcher.node.ship``)."""
 
 from __future__ import annotations
@@ -51,10 +51,12 @@ def _run(command: str, rest: list[str]) -> int:
         if command == "fence":
             return follow.fence(protocol.FenceRequest.from_json(rest[0]))
         return follow.record(protocol.RecordRequest.from_json(rest[0]))
-    if command in ("leases", "wait"):
+    if command in ("leases", "wait", "lease-setup"):
         from . import waiting
 
         lease = protocol.LeaseRequest.from_json(rest[0])
+        if command == "lease-setup":
+            return waiting.set_up(lease)
         return waiting.probe(lease) if command == "leases" else waiting.wait(lease)
     if command == "stacks":
         from . import stacks

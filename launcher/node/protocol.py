@@ -55,6 +55,7 @@ class FrameKind(str, Enum):
     FENCED = "fenced"  # a newer supervisor generation took the job: its record (to this reader only, not journaled)
     LOST = "lost"  # ``follow``: the agent is gone without an exit, or no journal: {"reason"}
     JOURNAL = "journal"  # the journal stopped keeping lines: {"state": "full", "limit"} or {"state": "unwritable", "error"}
+    LEASE = "lease"  # a held lease's lock file was removed or replaced: ``leases.Moved.as_json``
 
 
 _KINDS = {kind.value: kind for kind in FrameKind if kind is not FrameKind.OUTPUT}

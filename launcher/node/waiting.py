@@ -1,5 +1,6 @@
-"""The node side of waiting for leases: ``leases`` (who holds what here, and could a job have its devices now)
-and ``wait`` (hold the job's ticket in this host's queue and say, line by line, whether its turn has come).
+"""The node side of waiting for leases: ``leases`` (who holds what here, and could a job have its devices now),
+``lease-setup`` (as root: ``leases.set_up``) and ``wait`` (hold the job's ticket in this host's queue and say,
+line by line, whether its turn has come).
 
 ``wait`` prints a JSON line ``{"ready": bool, ...the survey...}`` at once and whenever that changes, and
 keeps its ticket until its stdin closes (the supervisor closes it once the job's agents hold their leases,
@@ -40,6 +41,18 @@ def answer(req: LeaseRequest) -> dict:
 
 def probe(req: LeaseRequest) -> int:
     print(json.dumps(answer(req)), flush=True)
+    return 0
+
+
+def set_up(req: LeaseRequest) -> int:
+    """``lease-setup`` (root): the lease directory and the request's lock files made root's (``leases.set_up``),
+    then ``answer``, with ``set_up``: what was changed."""
+    try:
+        done = leases.set_up(req.kind, req.capacity, req.dir)
+    except (leases.LeaseError, OSError) as exc:
+        print(json.dumps({"error": str(exc)}), flush=True)
+        return 0
+    print(json.dumps({**answer(req), "set_up": done}), flush=True)
     return 0
 
 

@@ -25,6 +25,7 @@ class NodeQueue:
     devices: list[dict] = field(default_factory=list)
     waiting: list[dict] = field(default_factory=list)
     error: str | None = None
+    set_up: list[str] | None = None  # what `--set-up` changed there (None: not asked)
 
 
 @dataclass
@@ -39,8 +40,9 @@ class Waiter:
     hosts: list[str]
 
 
-def read_queue(cluster: ClusterSpec) -> tuple[list[NodeQueue], list[Waiter]]:
-    """Every node's devices and queue, and the waiting jobs in the order they will start."""
+def read_queue(cluster: ClusterSpec, set_up: bool = False) -> tuple[list[NodeQueue], list[Waiter]]:
+    """Every node's devices and queue, and the waiting jobs in the order they will start; with ``set_up`` (root on
+    the nodes), each node's lease directory and lock files made root's first (``launcher.node.leases.set_up``)."""
     backend = get_backend(cluster)
     try:
         if backend.lease_devices(None, 0) is None:
@@ -50,10 +52,12 @@ def read_queue(cluster: ClusterSpec) -> tuple[list[NodeQueue], list[Waiter]]:
 
         def one(index: int) -> NodeQueue:
             kind, capacity = backend.lease_devices(None, index) or ("slot", 0)
-            answer, error = backend.node_command(None, index, "leases", leasing.survey_request(kind, capacity), timeout=60)
+            answer, error = backend.node_command(None, index, "lease-setup" if set_up else "leases",
+                                                 leasing.survey_request(kind, capacity), timeout=60)
             if answer is None or answer.get("error"):
                 return NodeQueue(index, hosts[index], kind, error=leasing.clean(error or answer and answer["error"]))
-            return NodeQueue(index, hosts[index], kind, list(answer.get("devices") or []), list(answer.get("waiting") or []))
+            return NodeQueue(index, hosts[index], kind, list(answer.get("devices") or []), list(answer.get("waiting") or []),
+                             set_up=[leasing.clean(line) for line in answer.get("set_up") or []] if set_up else None)
 
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
             nodes = list(pool.map(one, range(len(hosts))))
@@ -91,7 +95,7 @@ def _holder_job(device: dict) -> object:
 def queue_json(nodes: list[NodeQueue], waiting: list[Waiter]) -> dict:
     progress = holders_progress(nodes)
     return {
-        "nodes": [{"index": n.index, "host": n.host, "kind": n.kind, "error": n.error,
+        "nodes": [{"index": n.index, "host": n.host, "kind": n.kind, "error": n.error, "set_up": n.set_up,
                    "devices": [{"index": d.get("index"), "holder": d.get("holder"), "foreign": d.get("foreign") or [],
                                 "progress": progress.get(str(_holder_job(d)))}
                                for d in n.devices]} for n in nodes],
@@ -104,6 +108,9 @@ def queue_lines(nodes: list[NodeQueue], waiting: list[Waiter]) -> list[str]:
     lines = []
     progress = holders_progress(nodes)
     for node in nodes:
+        if node.set_up is not None and not node.error:
+            lines += [f"{node.host}: set up: {line}" for line in node.set_up or ["nothing to change: the lease directory "
+                                                                                "and its lock files are root's"]]
         if node.error:
             lines.append(f"{node.host}: cannot read its leases: {node.error}")
             continue

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from launcher.backends import failures
+from launcher.backends import failures, leasing
 from launcher.backends.base import NodeHandle
 from launcher.backends.follow import fenced_record
 from launcher.metrics.logged import read_logged, with_logged
@@ -51,6 +51,7 @@ _TRACE_LINE = re.compile(r"^(Traceback \(most recent call last\):|\s|$|The above
 TAIL_LINES = 200
 MAX_JOINED = 1_000_000  # node 0's count of rendezvous connections is rank output's kin: bounded
 JOURNAL_STOPPED = "journal_stopped"  # the event filed when a node's journal keeps no more lines
+LOCK_FILE_REMOVED = "lock_file_removed"  # the event filed when a lock file of a node's lease was removed under it
 MARK_S = 1.0  # how often the count of lines received is stored when only output lines come
 Follow = Callable[[int, int, "tuple[int, int | None] | None"], NodeHandle]  # (node, after, agent) -> a handle
 
@@ -428,6 +429,11 @@ class NodeWatcher:
         elif frame.kind is FrameKind.JOURNAL:
             text = journal_stopped(node, frame)
             self._relay.handed.put(Noted(JOURNAL_STOPPED, text, {"node": node, "state": frame.get_text("state", 40)}))
+            self._show(f"[{node}] {text}", "", log, stamp)
+        elif frame.kind is FrameKind.LEASE:
+            text = leasing.lock_file_removed(node, frame)
+            self._relay.handed.put(Noted(LOCK_FILE_REMOVED, text, {"node": node, "device": frame.get_int("device"),
+                                                                   "leased_again": frame.data.get("leased_again") is True}))
             self._show(f"[{node}] {text}", "", log, stamp)
 
     def _sample(self, data: dict, at: float, log: CappedLog | None, node_time: NodeTime | None) -> None:

@@ -424,3 +424,34 @@ def test_a_rank_cannot_open_the_agents_output_to_forge_its_lines() -> None:
     assert done.returncode == 0, done.stderr
     assert "refused" in output_texts(lines) and "opened" not in output_texts(lines)
     assert frames(lines, "exit") == [{"code": 0}], "one exit line, the agent's own"
+
+
+def test_a_lock_file_removed_while_the_agent_holds_its_lease_is_said_and_leased_again(tmp_path: Path) -> None:
+    """Issue 39, item 5: the agent checks its lease while the job runs; a lock file unlinked under it (as its owner
+    or the directory's can) is one ``@lease`` frame, and the device is leased again (docs/LEASES.md)."""
+    from launcher.node import leases
+
+    directory = tmp_path / "leases"
+    directory.mkdir()
+    directory.chmod(0o1777)
+    go = tmp_path / "go"
+    rank = f"import os, time\nend = time.time() + 20\nwhile not os.path.exists({str(go)!r}) and time.time() < end: time.sleep(0.05)"
+    lease = {"kind": "slot", "count": 1, "capacity": 1, "order": 1.0, "job": "j", "dir": str(directory)}
+    proc = subprocess.Popen(["bash", "-c", _command(_job_id(), [sys.executable, "-c", rank], {}, "/", lease=lease)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("{}\n")
+    proc.stdin.close()
+    lines = [proc.stdout.readline() for _ in range(3)]
+    assert [kind_of_line(line) for line in lines[:2]] == ["leased", "started"], lines
+    lock = directory / f"{leases.host_name()}.slot0.lock"
+    lock.unlink()
+    for line in proc.stdout:
+        lines.append(line)
+        if kind_of_line(line) == "lease":
+            break
+    go.touch()
+    assert proc.wait(30) == 0
+    assert frames(lines, "lease") == [{"kind": "slot", "device": 0, "path": str(lock), "what": "removed", "owners": [],
+                                       "leased_again": True}]
+    assert lock.exists() and leases.survey("slot", 1, str(directory)).free(False) == [0], "held past the agent's end"

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from launcher.backends import leasing
 from launcher.node import gpuapps, leases
+from launcher.node.protocol import Frame, FrameKind, encode_frame, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = """
@@ -221,3 +226,104 @@ def test_something_another_user_planted_at_a_lock_path_is_named_not_shown_free(t
             leases.survey("slot", index + 1, str(directory))
         path.unlink() if index else path.rmdir()
     assert leases.survey("slot", 3, str(directory)).holders == {0: None, 1: None, 2: None}
+
+
+def _as_other_user(*argv: str) -> subprocess.Popen:
+    """``argv`` run as ``nobody`` (a second Unix user): what a co-tenant can do with the files it owns."""
+    other = pwd.getpwnam("nobody")
+    return subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/",
+                            user=other.pw_uid, group=other.pw_gid, extra_groups=[], env={"PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A lease directory as launch makes one on a node without the set-up (root's, 1777), where a second user
+    (``nobody``) can go: under /tmp, not pytest's private tmp_path."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as a second Unix user needs root")
+    path = Path(tempfile.mkdtemp(prefix="lt-leases-", dir="/tmp"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_lock_file_its_owner_removes_under_a_held_lease_is_named_said_and_leased_again(shared_dir: Path) -> None:
+    """Issue 39, item 5: the owner of a lock file (whoever leased the device first) could unlink it while another
+    user's job held it, double-book the device, and `launch queue` said "free"."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    lock = shared_dir / f"{leases.host_name()}.slot0.lock"
+    lock.touch(0o644)
+    os.chown(lock, nobody, nobody)  # nobody leased slot 0 first: the lock file is theirs, and kept
+    lease = leases.acquire("slot", 1, 1, {"job": "job-a"}, 1.0, directory=str(shared_dir))
+    assert isinstance(lease, leases.Lease) and lease.devices == [0]
+    assert lease.exposed == ["the lock file(s) of slot(s) 0 belong to nobody, who can remove them"]
+    assert _as_other_user("rm", "-f", str(lock)).wait(30) == 0  # the sticky bit lets a file's owner unlink it
+    seen = leases.survey("slot", 1, str(shared_dir)).holders[0]
+    assert seen is not None, "a device whose holder's lock file was removed was shown free"
+    assert seen.job == "job-a" and seen.lock_removed and seen.pid == os.getpid()
+    assert leasing.who(seen.as_json()).endswith("though its lock file was removed (docs/LEASES.md: shared nodes)")
+    # the co-tenant leases the device too before the holder looks: two jobs share it, and the holder says so
+    other = _as_other_user("flock", "-n", str(lock), "-c", "echo held; exec sleep 600")
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        moved = lease.verify()
+        assert len(moved) == 1 and not moved[0].leased_again and moved[0].holder is not None
+        assert (moved[0].what, moved[0].owners, moved[0].holder.user) == ("replaced", ["nobody"], "nobody")
+        frame = parse(encode_frame(FrameKind.LEASE, moved[0].as_json()))
+        assert isinstance(frame, Frame)
+        assert leasing.lock_file_removed(1, frame).startswith(
+            f"launch: node 1: the lock file of slot 0 ({lock}) was replaced while this job held it (only nobody or root "
+            f"could): slot 0 is now leased by process {moved[0].holder.pid} (user nobody, no launch record) as well: two "
+            "jobs share it")
+        assert lease.verify() == [], "said once"
+    finally:
+        other.kill()
+        other.wait(30)
+    # once the path is free again the holder leases it again, in a lock file of its own that the co-tenant cannot remove
+    assert _as_other_user("rm", "-f", str(lock)).wait(30) == 0
+    moved = lease.verify()
+    assert [(m.what, m.leased_again) for m in moved] == [("removed", True)]
+    again = leases.survey("slot", 1, str(shared_dir)).holders[0]
+    assert again is not None and again.pid == os.getpid() and not again.lock_removed, "not leased again"
+    assert lock.stat().st_uid == os.getuid() and lease.verify() == []
+    lease.release()
+
+
+def test_root_sets_up_lock_files_no_other_user_can_remove_or_plant(shared_dir: Path) -> None:
+    """Issue 39, item 5: `launch queue --set-up` (root, once on a shared node) makes the directory and every lock
+    file root's; a lock file a job holds keeps its inode (its lease holds), a FIFO planted at a lock path goes."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(shared_dir, nobody, nobody)  # a co-tenant made the lease directory
+    host = leases.host_name()
+    held = shared_dir / f"{host}.slot0.lock"
+    held.touch(0o644)
+    os.chown(held, nobody, nobody)
+    lease = leases.acquire("slot", 1, 3, {"job": "job-a"}, 1.0, directory=str(shared_dir))
+    assert isinstance(lease, leases.Lease) and lease.devices == [0]
+    assert lease.exposed[0] == (f"the lease directory {shared_dir} belongs to nobody, who can remove any lock file "
+                                "in it")
+    os.mkfifo(shared_dir / f"{host}.slot1.lock")
+    os.chown(shared_dir / f"{host}.slot1.lock", nobody, nobody)
+    inode = held.stat().st_ino
+    done = leases.set_up("slot", 3, str(shared_dir))
+    assert done == [f"{shared_dir} given to root (was nobody's)", f"{held} given to root (was nobody's)",
+                    f"removed {shared_dir}/{host}.slot1.lock (nobody's, not a lock file)",
+                    f"made {shared_dir}/{host}.slot1.lock", f"made {shared_dir}/{host}.slot2.lock"]
+    assert leases.set_up("slot", 3, str(shared_dir)) == []
+    info = shared_dir.stat()
+    assert (info.st_uid, info.st_mode & 0o7777) == (0, 0o1777)
+    for index in range(3):
+        lock = shared_dir / f"{host}.slot{index}.lock"
+        assert (lock.stat().st_uid, lock.stat().st_mode & 0o777) == (0, 0o644)
+        remove = _as_other_user("rm", "-f", str(lock))
+        assert remove.wait(30) != 0 and "Operation not permitted" in (remove.stdout.read() if remove.stdout else "")
+    assert held.stat().st_ino == inode and lease.verify() == []
+    assert leases.survey("slot", 3, str(shared_dir)).holders[0] is not None, "the set-up broke a held lease"
+    lease.release()
+    second = leases.acquire("slot", 3, 3, {"job": "job-b"}, 2.0, directory=str(shared_dir))
+    assert isinstance(second, leases.Lease) and second.exposed == []
+    second.release()
+    shown = subprocess.run([sys.executable, "-m", "launcher", "queue", "--set-up"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "LAUNCH_LEASE_DIR": str(shared_dir)}, timeout=120)
+    assert shown.returncode == 0 and ": set up: nothing to change: the lease directory and its lock files are root's\n" \
+        in shown.stdout, shown.stdout + shown.stderr
