@@ -144,6 +144,8 @@ class Agent:
         self._sweeping = threading.Lock()
         self.lease: leases.Lease | None = None
         self.mask: Callable[[bytes], bytes] | None = None  # the job's secrets masked in its output (``start``)
+        self._contact_mark: tuple[int, int, int] | None = None  # the contact file as last seen: inode, mtime, ctime
+        self._contact_seen: float | None = None  # when it was seen to change (monotonic): a reader touched it
 
     def take_leases(self, go: Callable[[], bool] | None) -> bool:
         """Take the request's leases (all or none) and wait for ``go`` when given; False (said in ``@busy`` or
@@ -284,13 +286,20 @@ class Agent:
         self.out.note(f"launch: node {self.req.node}: {why}; the older one's stream was told")
 
     def since_contact(self) -> float:
-        """Seconds since a reader was last in contact: stdout taking the lines, or the contact file touched."""
+        """Seconds since a reader was last in contact: stdout taking the lines, or the contact file touched. A touch
+        is seen as a change of the file (its times), timed on this node's monotonic clock: the wall clock the times
+        are written with may step (NTP, an operator) without ending an attended job or holding an unattended one."""
         age = self.out.contact_age()
         if self.run_dir is not None:
             try:
-                age = min(age, max(0.0, time.time() - os.stat(contact_path(self.run_dir, self.req.node)).st_mtime))
+                info = os.stat(contact_path(self.run_dir, self.req.node))
+                mark: tuple[int, int, int] | None = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
             except OSError:
-                pass
+                mark = None
+            if mark is not None and mark != self._contact_mark:
+                self._contact_mark, self._contact_seen = mark, time.monotonic()
+            if self._contact_seen is not None:
+                age = min(age, time.monotonic() - self._contact_seen)
         return age
 
     def watch_contact(self, relayed: threading.Event) -> None:

@@ -455,3 +455,34 @@ def test_a_lock_file_removed_while_the_agent_holds_its_lease_is_said_and_leased_
     assert frames(lines, "lease") == [{"kind": "slot", "device": 0, "path": str(lock), "what": "removed", "owners": [],
                                        "leased_again": True}]
     assert lock.exists() and leases.survey("slot", 1, str(directory)).free(False) == [0], "held past the agent's end"
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_the_unattended_watchdog_times_contact_on_the_monotonic_clock_whatever_the_wall_clock_does(tmp_path: Path,
+                                                                                                  step_s: float) -> None:
+    """Issue 39, item 12: the node's wall clock stepped. Forward (a touch just before the step looks an hour old):
+    the attended job was ended as unattended. Back (the last touch looks an hour ahead): the policy was stuck, an
+    unattended job never ended. A touch is now a change of the contact file, timed on the monotonic clock."""
+    from launcher.node.agent import Agent
+    from launcher.node.journal import Output, contact_path
+    from launcher.node.protocol import AgentRequest
+
+    out = Output(os.open(os.devnull, os.O_WRONLY))
+    out.lose("no reader on stdout: only the contact file tells contact here")
+    agent = Agent(AgentRequest(job_id="j", node=0, argv=("true",), unattended_s=1.0), out)
+    agent.run_dir = str(tmp_path)
+    contact = contact_path(str(tmp_path), 0)
+    ended: list[str] = []
+    agent.end = ended.append  # type: ignore[method-assign]
+    relayed = threading.Event()
+    watchdog = threading.Thread(target=agent.watch_contact, args=(relayed,), daemon=True)
+    deadline = time.monotonic() + 2.0
+    watchdog.start()
+    while time.monotonic() < deadline:  # a reader in contact: touches every 0.1 s, with the stepped wall clock
+        Path(contact).touch()
+        os.utime(contact, (time.time() - step_s,) * 2)
+        time.sleep(0.1)
+    assert ended == [], "a reader in contact through a clock step was taken for none"
+    assert _eventually(lambda: ended == ["unattended"], timeout=5.0), "the reader gone, the job was never ended"
+    relayed.set()
+    watchdog.join(5)
