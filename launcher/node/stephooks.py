@@ -14,13 +14,19 @@ Installed by the start-up hook (``sitehook``) once the rank has imported torch; 
   the batch's first tensor (of ``input_ids`` in a dict), and the size of its first integer tensor of two or more
   dimensions as tokens. A step with no DataLoader batch counts ``LAUNCH_GLOBAL_BATCH / WORLD_SIZE`` samples when the
   spec gave ``batch:``; else samples are not measured (records carry ``samples_per_sec: null``: steps/s only).
-- **Loss**: the scalar given to ``Tensor.backward()`` on a reporting step, only when that step had exactly one
-  backward and the scalar comes straight from a loss function or a mean (its grad_fn says so): a loss divided by
-  the accumulation steps, multiplied by a loss scale (GradScaler, DeepSpeed) or by the world size is left out.
+- **Loss**: from the scalars given to ``Tensor.backward()`` on a reporting step, read from their autograd graph
+  before the backward runs: each must come from a loss function or a mean (its grad_fn says so), either as it is
+  or divided by a constant whole number N equal to the step's count of backward calls (gradient accumulation:
+  a program's ``loss / accum``, DeepSpeed's engine and Accelerate dividing by their accumulation steps), and at
+  most multiplied by a constant 1 (DeepSpeed's loss scale in fp32 and bf16). The step's loss is then the mean of
+  its micro-batches' losses (the sum of the divided scalars). Anything else is left out, never guessed: a loss
+  divided by a token count or by other than the step's backward calls, multiplied by a loss scale other than 1
+  (GradScaler, fp16) or by the world size, or a step with more than ``MAX_BACKWARDS`` backward calls.
 - **Memory**: CUDA's max allocated (reset each reporting interval) when the rank uses CUDA, else peak RSS.
 
 Records are the Reporter's (``@@launch`` lines, version 1, the same keys and the same ``every``), with
-``observed: true``. When Python begins to shut down (the program's main returned or it called ``sys.exit``: the first
+``observed: true``; one written while a tqdm bar is drawn starts on a new line (``bar_drawn``).
+When Python begins to shut down (the program's main returned or it called ``sys.exit``: the first
 thing ``threading._shutdown`` does, before it joins the program's threads and before ``atexit`` and the destructors),
 the rank writes its last partial interval with ``ended: true`` (a record of no steps when the interval is empty): a
 rank that then never exits is known to be stuck in exit, not in training. When the program makes launch's own
@@ -43,6 +49,7 @@ MARKER = "@@launch "
 MAX_MAGNITUDE = 1e30
 LOSS_NODES = ("Loss", "CrossEntropy", "MeanBackward")  # grad_fn names of a loss as a loss function made it
 DEFAULT_EVERY = 10
+MAX_BACKWARDS = 1024  # the scalars of a reporting step kept for its loss (more: no loss for that step)
 
 
 def _int_env(name, default):
@@ -70,7 +77,7 @@ class StepHooks:
         self.steps = self.samples = self.tokens = self.batches = 0
         self.spec_steps = 0  # steps of the interval whose samples came from the spec's batch
         self.backwards = 0
-        self.loss = None
+        self.losses = []  # (scalar, N) of each backward of a reporting step: N from ``loss_divisor``
         self.started = None
         self.stopped = False
         self.uninstall = None  # set by ``install``
@@ -89,8 +96,8 @@ class StepHooks:
         if self.started is None:
             self.started = time.perf_counter()
         self.backwards += 1
-        if (self.step + 1) % self.every == 0:
-            self.loss = tensor
+        if (self.step + 1) % self.every == 0 and len(self.losses) < MAX_BACKWARDS:
+            self.losses.append((tensor, loss_divisor(tensor)))  # before the backward frees what the graph saved
 
     def on_step(self, optimizer, args, kwargs):
         if self.stopped:
@@ -105,10 +112,10 @@ class StepHooks:
             self.samples += self.spec_samples
             self.spec_steps += 1
         self.batches = 0
-        loss, self.loss = (self.loss if self.backwards == 1 else None), None
-        self.backwards = 0
+        losses, self.losses = self.losses, []
+        backwards, self.backwards = self.backwards, 0
         if self.step % self.every == 0:
-            self.emit(loss)
+            self.emit(step_loss(losses, backwards))
 
     def _leads(self, optimizer):
         """Whether this optimizer's step is the iteration's step (see the module docstring)."""
@@ -148,7 +155,7 @@ class StepHooks:
             "samples": self.samples if measured else 0, "tokens": self.tokens if measured else 0,
             "samples_per_sec": self.samples / elapsed if measured else None,
             "tokens_per_sec": self.tokens / elapsed if measured and self.tokens else None,
-            "loss": loss_value(loss), "mem_peak_bytes": peak_memory(torch, cuda),
+            "loss": loss, "mem_peak_bytes": peak_memory(torch, cuda),
             "gpu_name": torch.cuda.get_device_name()[:200] if cuda else None, "observed": True,
         }
         if ended:
@@ -157,8 +164,9 @@ class StepHooks:
         if stream is None:  # no stdout at all (pythonw, closed by the program): nothing to say
             self.stopped = True
             return
+        line = MARKER + json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
         try:
-            stream.write(MARKER + json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+            stream.write("\n" + line if bar_drawn() else line)
             stream.flush()
         except (OSError, ValueError):  # stdout closed by the program: nothing more to say
             self.stopped = True
@@ -215,16 +223,65 @@ def _tensors(batch, tensor_type, depth):
     return out
 
 
-def loss_value(tensor):
-    """The loss as a float when it is honestly the loss (see the module docstring), else None."""
-    if tensor is None or tensor.numel() != 1 or not tensor.is_floating_point():
+def loss_divisor(tensor):
+    """N when ``tensor`` is provably a loss function's value (or a mean) divided by the constant whole number N
+    (1: not divided), at most then multiplied by a constant 1; else None. Read before the backward runs."""
+    if tensor.numel() != 1 or not tensor.is_floating_point():
         return None
-    node = getattr(tensor, "grad_fn", None)
-    name = type(node).__name__ if node is not None else ""
-    if not any(part in name for part in LOSS_NODES):
+    node, divisor, scaled = getattr(tensor, "grad_fn", None), 1, False
+    while node is not None:
+        name = type(node).__name__
+        if any(part in name for part in LOSS_NODES):
+            return divisor
+        operand = _constant_operand(node)
+        if name in ("MulBackward0", "MulBackward1") and operand == 1.0 and not scaled and divisor == 1:
+            scaled = True  # DeepSpeed's loss scale where it scales nothing (fp32, bf16)
+        elif name in ("DivBackward0", "DivBackward1") and operand is not None and operand >= 2 and operand.is_integer() and divisor == 1:
+            divisor = int(operand)
+        else:
+            return None
+        node = node.next_functions[0][0]
+    return None
+
+
+def _constant_operand(node):
+    """The constant second operand of a binary autograd node (a number, or a one-element tensor on the CPU: no
+    device sync), as a float; None when it has a gradient or is anything else."""
+    inputs = node.next_functions
+    if len(inputs) != 2 or inputs[1][0] is not None:
         return None
-    value = float(tensor.detach().float().item())
+    try:
+        other = node._saved_other
+    except (AttributeError, RuntimeError):  # not saved, or freed by an earlier backward
+        return None
+    if isinstance(other, (int, float)):
+        return float(other)
+    if getattr(other, "device", None) is None or other.device.type != "cpu" or other.numel() != 1:
+        return None
+    return float(other.item())
+
+
+def step_loss(losses, backwards):
+    """A step's loss from its backward scalars (see the module docstring): each a loss divided by the step's count
+    of backward calls, so their sum is the mean of its micro-batches' losses; else None."""
+    if not backwards or len(losses) != backwards or any(divisor != backwards for _, divisor in losses):
+        return None
+    value = sum(float(tensor.detach().float().item()) for tensor, _ in losses)
     return value if math.isfinite(value) and abs(value) <= MAX_MAGNITUDE else None
+
+
+def bar_drawn():
+    """Whether a live tqdm bar draws on the rank's stdout or stderr (one stream: ``sitehook``). tqdm leaves the
+    cursor at the end of its bar, mid-line: a record written then would trail the bar's text and be read as
+    output, so it starts on a line of its own (an empty line where the program had ended the bar's line itself)."""
+    std = sys.modules.get("tqdm.std")
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+        try:
+            if not bar.disable and bar.fp.fileno() in (1, 2):
+                return True
+        except (AttributeError, OSError, ValueError):  # a bar on no file descriptor (a notebook's, a StringIO)
+            continue
+    return False
 
 
 def peak_memory(torch, cuda):

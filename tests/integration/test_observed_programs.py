@@ -77,6 +77,7 @@ def test_samples_from_the_dataloader_and_tokens_from_the_token_batches(runs):
     home, _, jobs = runs
     ddp = _metrics(home, jobs["ddp"][0])
     assert ddp["samples_per_sec"] > 0 and ddp["tokens_per_sec"] in (None, 0)
+    assert 0 < ddp["loss"] < 10, "its loss / 2 on 2 micro-batches a step: their mean, read by the hooks"
     trainer = _metrics(home, jobs["trainer"][0])
     assert trainer["samples_per_sec"] > 0 and trainer["tokens_per_sec"] == pytest.approx(16 * trainer["samples_per_sec"])
     assert _metrics(home, jobs["accelerate"][0])["samples_per_sec"] > 0

@@ -7,8 +7,10 @@ own checkpoints) and never import ``launcher``.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,13 @@ def _job_id(result) -> str:
 
 def _seen(out: Path) -> dict[int, dict]:
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+def _losses(home: Path, job_id: str, rank: int) -> list[float | None]:
+    """The loss of each metric record of ``rank``, in step order."""
+    rows = csv.DictReader(run_cli(home, "metrics", job_id, "--csv").stdout.splitlines())
+    mine = sorted((int(row["step"]), row["loss"]) for row in rows if row["rank"] == str(rank))
+    return [float(loss) if loss else None for _, loss in mine]
 
 
 def test_a_quiet_program_without_the_reporter_is_not_killed_while_it_works(tmp_path, home):
@@ -90,7 +99,7 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
     zero2.write_text(json.dumps({"zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}))
     job = _job(tmp_path / "job.yaml", "user_deepspeed.py", "--out", str(out), "--steps", "4",
                launcher="deepspeed", batch={"global_batch": 16, "micro_batch": 4}, precision="fp32",
-               deepspeed={"config": str(zero2)})
+               deepspeed={"config": str(zero2)}, metrics={"every": 1})
     result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
     assert result.returncode == 0, result.stderr + result.stdout
     metrics = status_json(home, _job_id(result))["metrics"]
@@ -99,6 +108,10 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
     assert metrics["samples_per_sec"] > 0 and metrics["step_time_ms_p50"] > 0, "samples from the spec's batch: 8 a rank"
     logs = run_cli(home, "logs", _job_id(result)).stdout
     assert "[0/0] train: 4/4" in logs and "\\x0d" not in logs and "\r" not in logs, "a tqdm bar's last state, as a terminal shows it"
+    printed = [float(loss) for loss in re.findall(r"^\[0/0\] .*?step \d+ loss ([\d.]+)$", logs, flags=re.M)]
+    assert _losses(home, _job_id(result), rank=0) == pytest.approx([sum(printed[0:2]) / 2, sum(printed[2:4]) / 2], abs=1e-3), \
+        "engine.backward divides by the accumulation (2): each step's loss is the mean of its 2 micro-batches' losses " \
+        "(rank 0 draws a tqdm bar: its records still arrive)"
     seen = _seen(out)
     assert sorted(seen) == [0, 1]
     for rank, entry in seen.items():
@@ -113,12 +126,13 @@ def test_an_entrypoint_sees_the_batch_and_the_deepspeed_config_and_its_local_ran
     z3_out = tmp_path / "out-zero3"
     z3_out.mkdir()
     job = _job(tmp_path / "zero3.yaml", "user_deepspeed.py", "--out", str(z3_out), "--steps", "4", launcher="deepspeed",
-               batch={"global_batch": 16, "micro_batch": 4}, deepspeed={"config": str(zero3)})
+               batch={"global_batch": 16, "micro_batch": 4}, deepspeed={"config": str(zero3)}, metrics={"every": 1})
     result = run_cli(home, "submit", str(job), timeout=240, env=cli_env(home, TORCH_EXTENSIONS_DIR=TORCH_EXTENSIONS_DIR))
     assert result.returncode == 0, result.stderr + result.stdout
     obj = status_json(home, _job_id(result))
     assert [(r["rank"], r["steps"]) for r in obj["metrics"]["per_rank"]] == [(0, 2), (1, 2)], "ZeRO-3's optimizer steps"
     assert obj["metrics"]["step_time_ms_p50"] > 0 and obj["metrics"]["peak_mem_mb"] > 50
+    assert all(loss is not None and loss > 0 for loss in _losses(home, _job_id(result), rank=1)), "ZeRO-3's too"
     assert obj["precision"] is None, "the spec named none: the program's (its DeepSpeed config may say bf16)"
     assert all(entry["launch_ds_config"]["zero_optimization"]["stage"] == 3 for entry in _seen(z3_out).values())
 

@@ -26,14 +26,17 @@ model = torch.nn.Linear(8, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 second = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)  # a GAN's other optimizer: the same step
 losses = []
+step_loss = 0.0
 for index, (x, y) in enumerate(DataLoader(data, batch_size=4)):
     loss = torch.nn.functional.cross_entropy(model(x), y)
     if ACCUM > 1:
-        loss = loss / ACCUM
+        loss = loss / ({divisor})
     loss.backward()
+    step_loss += loss.item()
     if (index + 1) % ACCUM:
         continue
-    losses.append(loss.item())
+    losses.append(step_loss)  # with loss / ACCUM: the mean of the step's micro-batch losses
+    step_loss = 0.0
     optimizer.step()
     second.step()
     optimizer.zero_grad()
@@ -83,7 +86,7 @@ def test_a_process_that_never_imports_torch_loads_nothing_and_the_users_sitecust
 
 
 def test_optimizer_steps_batches_and_the_loss_are_observed(hooks, tmp_path):
-    records, out = _run(hooks, LOOP.format(accum=1, steps=12), tmp_path)
+    records, out = _run(hooks, LOOP.format(accum=1, steps=12, divisor=1), tmp_path)
     assert [(r.step, r.steps) for r in records] == [(5, 5), (10, 5), (12, 2)], "two optimizers, one step each iteration"
     assert all(r.observed and r.rank == 1 for r in records)
     assert [r.samples for r in records] == [20, 20, 8], "4 a batch, the DataLoader's first dimension"
@@ -94,10 +97,13 @@ def test_optimizer_steps_batches_and_the_loss_are_observed(hooks, tmp_path):
     assert records[2].loss is None, "the last partial interval, flushed at exit, has no reporting step's loss"
 
 
-def test_gradient_accumulation_counts_optimizer_steps_and_no_divided_loss(hooks, tmp_path):
-    records, _ = _run(hooks, LOOP.format(accum=3, steps=10), tmp_path)
+def test_gradient_accumulation_counts_optimizer_steps_and_the_mean_loss_of_the_micro_batches(hooks, tmp_path):
+    # steps 1-5 divide each micro-batch's loss by the accumulation (3); later ones by 7 (a token count, say)
+    records, out = _run(hooks, LOOP.format(accum=3, steps=10, divisor="ACCUM if len(losses) < 5 else 7"), tmp_path)
     assert [(r.step, r.steps, r.samples) for r in records] == [(5, 5, 60), (10, 5, 60)]
-    assert all(r.loss is None for r in records), "loss / accumulation is not the loss: not measured"
+    losses = [float(v) for v in out.split("LOSSES ")[1].splitlines()[0].split()]
+    assert records[0].loss == pytest.approx(losses[4]), "loss / 3 over 3 backward calls: their mean, the step's loss"
+    assert records[1].loss is None, "a loss divided by other than the step's backward calls is not the loss: left out"
 
 
 def test_without_a_dataloader_samples_come_from_the_specs_batch_or_are_not_measured(hooks, tmp_path):
@@ -131,7 +137,7 @@ def test_the_programs_own_reporter_wins_and_launch_metrics_0_turns_them_off(hook
     root = str(Path(__file__).resolve().parents[2])
     records, _ = _run(hooks + os.pathsep + root, code, tmp_path)
     assert [(r.step, r.samples, r.observed) for r in records] == [(5, 15, False), (10, 15, False)]
-    records, out = _run(hooks, LOOP.format(accum=1, steps=6), tmp_path, LAUNCH_METRICS="0")
+    records, out = _run(hooks, LOOP.format(accum=1, steps=6, divisor=1), tmp_path, LAUNCH_METRICS="0")
     assert records == [] and MARKER not in out
 
 
