@@ -135,7 +135,7 @@ def test_a_submit_whose_job_cannot_be_recorded_closes_its_backend(home: Path, mo
     backend = FakeBackend(SSH, [[NodeScript()]])
     monkeypatch.setattr(orchestrate, "get_backend", lambda cluster: backend)
 
-    def full(self, plan, spec):
+    def full(self, plan, spec, user=None):
         raise StoreError("the store could not be written: database or disk is full")
 
     monkeypatch.setattr(Store, "create_job", full)
