@@ -74,24 +74,25 @@ def host_leases(backend: Backend, plan: Plan) -> list[HostLease]:
     return list(found.values())
 
 
-def _request(plan: Plan | None, kind: str, count: int, capacity: int, order: float, go_on_stdin: bool = False) -> LeaseRequest:
+def _request(plan: Plan | None, kind: str, count: int, capacity: int, go_on_stdin: bool = False) -> LeaseRequest:
     """A ``leases``/``wait`` node request, or an agent's ``lease`` (``plan`` None: `launch queue`'s, for no job)."""
-    return LeaseRequest(kind=kind, count=count, capacity=capacity, order=order, job=plan.job_id if plan else "",
+    return LeaseRequest(kind=kind, count=count, capacity=capacity, job=plan.job_id if plan else "",
+                        waited=go_on_stdin and plan is not None and plan.queue == "wait",
                         origin=socket.gethostname(), allow_shared=plan.allow_shared_gpus if plan else False,
                         dir=os.environ.get(LEASE_DIR_ENV) or None, go_on_stdin=go_on_stdin)
 
 
-def agent_lease(backend: Backend, plan: Plan, node: NodePlan, order: float) -> LeaseRequest | None:
+def agent_lease(backend: Backend, plan: Plan, node: NodePlan) -> LeaseRequest | None:
     """The ``lease`` of node ``node``'s agent request (None without leases): it waits for ``go`` on its stdin."""
     device = backend.lease_devices(plan, node.index)
     if device is None:
         return None
-    return _request(plan, device[0], node.nproc, device[1], order, go_on_stdin=True)
+    return _request(plan, device[0], node.nproc, device[1], go_on_stdin=True)
 
 
 def survey_request(kind: str, capacity: int) -> LeaseRequest:
     """The ``leases`` request of `launch queue`: who holds each device, and who waits."""
-    return _request(None, kind, 0, capacity, time.time())
+    return _request(None, kind, 0, capacity)
 
 
 def clean(value: object) -> str:
@@ -217,7 +218,7 @@ def preflight_request(backend: Backend, plan: Plan, index: int) -> LeaseRequest 
     if plan.queue == "wait":
         return None
     lease = next((lease for lease in host_leases(backend, plan) if lease.index == index), None)
-    return None if lease is None else _request(plan, lease.kind, lease.count, lease.capacity, time.time())
+    return None if lease is None else _request(plan, lease.kind, lease.count, lease.capacity)
 
 
 def preflight_problems(host: str, plan: Plan, facts_answer: dict) -> list[str]:
@@ -267,7 +268,7 @@ def read_until_leased(lines: Iterator[str], host: str, index: int) -> str:
 class _Turn:
     """The job's tickets on every host (``wait`` commands), and the latest state each host reported."""
 
-    def __init__(self, backend: Backend, plan: Plan, hosts: list[HostLease], order: float) -> None:
+    def __init__(self, backend: Backend, plan: Plan, hosts: list[HostLease]) -> None:
         self.hosts, self.allow_shared = hosts, plan.allow_shared_gpus
         self.events: queue.Queue[tuple[int, dict | None]] = queue.Queue()
         self.states: dict[int, dict] = {}
@@ -276,7 +277,7 @@ class _Turn:
         try:
             for number, lease in enumerate(hosts):
                 stream = backend.stream_command(plan, lease.index, "wait",
-                                                _request(plan, lease.kind, lease.count, lease.capacity, order))
+                                                _request(plan, lease.kind, lease.count, lease.capacity))
                 self.streams.append(stream)
                 threading.Thread(target=self._read, args=(number, stream), daemon=True).start()
         except BaseException:
@@ -339,36 +340,28 @@ class _Turn:
 
 
 def start_leased(backend: Backend, plan: Plan, context: StartContext,
-                 start: Callable[[float], tuple[Plan, Sequence[H]]]) -> tuple[Plan, Sequence[H]]:
-    """``start(order)`` once the leases may be had: at once (``queue: fail``: a lost race is LeasesBusy), or, under
-    ``queue: wait``, when every host says the job's turn has come (again after a lost race). Jobs wait their turn in
-    the order they were submitted (``submitted_at``), however long each one's preflight took."""
-    order = submitted_at(context)
+                 start: Callable[[], tuple[Plan, Sequence[H]]]) -> tuple[Plan, Sequence[H]]:
+    """``start()`` once the leases may be had: at once (``queue: fail``: a lost race is LeasesBusy), or, under
+    ``queue: wait``, when every host says the job's turn has come (again after a lost race). Jobs wait their turn on
+    each host in the order their tickets arrived there (the node's time, never the submitting machine's claim)."""
     hosts = host_leases(backend, plan)
     if not hosts or plan.queue != "wait":
         try:
-            return _said(context, plan, start(order))
+            return _said(context, plan, start())
         except LeasesBusy as exc:
             raise LeasesBusy(f"{TAKEN_FIRST} (nothing was started): {exc}", exc.node) from None
-    turn = _Turn(backend, plan, hosts, order)
+    turn = _Turn(backend, plan, hosts)
     try:
         fresh = False
         while True:
             turn.wait_ready(context, plan, fresh)
             try:
-                return _said(context, plan, start(order))
+                return _said(context, plan, start())
             except LeasesBusy as exc:
                 turn.say(context, f"{TAKEN_FIRST}: {exc}")
                 fresh = True
     finally:
         turn.close()
-
-
-def submitted_at(context: StartContext) -> float:
-    """A job's place in the hosts' queues: when it was submitted (its record's ``created_at``, kept across restarts
-    and `launch attach`), or now where no record says."""
-    created = (context.record or {}).get("created_at")
-    return float(created) if isinstance(created, int | float) and not isinstance(created, bool) else time.time()
 
 
 def _said(context: StartContext, plan: Plan, started: tuple[Plan, Sequence[H]]) -> tuple[Plan, Sequence[H]]:

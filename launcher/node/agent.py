@@ -152,8 +152,8 @@ class Agent:
         ``@exit``) when they are not free or the backend did not say go: then nothing has started."""
         spec = self.req.lease
         assert spec is not None
-        got = leases.acquire(spec.kind, spec.count, spec.capacity, {"job": self.job_id, "from": spec.origin}, spec.order,
-                             allow_shared=spec.allow_shared, directory=spec.dir)
+        got = leases.acquire(spec.kind, spec.count, spec.capacity, {"job": self.job_id, "from": spec.origin},
+                             waited=spec.waited, allow_shared=spec.allow_shared, directory=spec.dir)
         if isinstance(got, leases.Busy):
             self.out.event(FrameKind.BUSY, got.as_json(spec.allow_shared))
             return False

@@ -17,8 +17,9 @@ pid's user, was written by that very process (start ticks) and lists the device.
 never believed, and no user can release another's lease: only the holding process can close its file.
 
 A waiting job holds a ticket (``HOST.ticket.UID.PID``, flocked by its waiting process): a job takes
-leases on a host only if no live earlier ticket of another job waits there (first come, first
-served per host; no priorities, no backfill). Standard library only: it runs on nodes.
+leases on a host only if no live ticket of another job that arrived there before its own waits (first come,
+first served per host, by the ticket file's change time: no priorities, no backfill); a job without a ticket
+goes behind all of them. A ticket whose turn came and that did not lease loses its place (``waiting.Places``). Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
@@ -214,13 +215,13 @@ def holder(directory: str, pid: int, index: int, kind: str) -> Holder:
 
 @dataclass(frozen=True)
 class Ticket:
-    """A waiting job's place in the queue of this host."""
+    """A waiting job's place in the queue of this host: ``since``, when its ticket arrived here (the ticket file's
+    change time, the kernel's: no waiter can claim an earlier place)."""
 
     job: str
     user: str
     origin: str | None
-    since: float | None
-    order: float
+    since: float
     count: int
     pid: int
 
@@ -229,7 +230,7 @@ class Ticket:
 
 
 def tickets(directory: str) -> list[Ticket]:
-    """The live tickets of this host (flocked by their waiting process), oldest first."""
+    """The live tickets of this host (flocked by their waiting process), in the order they arrived."""
     prefix = f"{host_name()}.ticket."
     held = locked_pids()
     found = []
@@ -241,18 +242,17 @@ def tickets(directory: str) -> list[Ticket]:
             continue
         path = os.path.join(directory, entry)
         try:
-            inode = os.lstat(path).st_ino
+            info = os.lstat(path)
         except OSError:
             continue
         pid = int(parts[1])
         record = _record_of(directory, pid, "ticket")
-        if pid not in held.get(inode, []) or record is None or not isinstance(record.get("order"), (int, float)):
+        if pid not in held.get(info.st_ino, []) or record is None:
             continue
-        since = record.get("since")
+        count = record.get("count")
         found.append(Ticket(_text(record.get("job")) or "?", records.user_name(records.uid_of(pid)), _text(record.get("from")),
-                            float(since) if isinstance(since, (int, float)) else None, float(record["order"]),
-                            int(record.get("count") or 0), pid))
-    return sorted(found, key=lambda t: (t.order, t.job))
+                            info.st_ctime, count if type(count) is int and count > 0 else 1, pid))
+    return sorted(found, key=lambda t: (t.since, t.job))
 
 
 def foreign_gpu_processes() -> dict[int, list[Holder]]:
@@ -326,9 +326,12 @@ def _removed_under(directory: str, kind: str, held: dict[int, list[int]], inodes
     return found
 
 
-def ahead(waiting: list[Ticket], job: str, order: float) -> list[Ticket]:
-    """The live tickets of other jobs that came before (``order``, ``job``)."""
-    return [t for t in waiting if t.job != job and (t.order, t.job) < (order, job)]
+def ahead(waiting: list[Ticket], job: str, since: float | None, passed: frozenset[tuple[int, float]] = frozenset()
+          ) -> list[Ticket]:
+    """The live tickets of other jobs that arrived before a ticket of ``job`` that arrived at ``since`` (None: a job
+    without a ticket, behind all of them), but those ``passed`` ((pid, since): they lost their place)."""
+    return [t for t in waiting if t.job != job and (since is None or (t.since, t.job) < (since, job))
+            and (t.pid, t.since) not in passed]
 
 
 @dataclass(frozen=True)
@@ -472,13 +475,14 @@ def _try_lock(directory: str, kind: str, index: int) -> int | None:
         os.close(fd)  # the file was replaced after we opened it: lock what the path names now
 
 
-def acquire(kind: str, count: int, capacity: int, record: dict, order: float, *, allow_shared: bool = False,
+def acquire(kind: str, count: int, capacity: int, record: dict, *, waited: bool = False, allow_shared: bool = False,
             directory: str | None = None) -> Lease | Busy:
     """Take ``count`` free devices of ``kind`` (lowest first) without blocking, all or none: a Lease, or Busy when
-    fewer are free or another job's earlier ticket waits here. ``record`` (job, from) is written as the holder's."""
+    fewer are free or another job's ticket waits here (a job that ``waited`` with its own ticket, which its waiter
+    found first, is not sent back). ``record`` (job, from) is written as the holder's."""
     directory = lease_dir(directory)
     job = str(record.get("job"))
-    queue = ahead(tickets(directory), job, order)
+    queue = [] if waited else ahead(tickets(directory), job, None)
     foreign = foreign_gpu_processes() if kind == "gpu" and not allow_shared else {}
     pid = os.getpid()
     path = os.path.join(directory, f"{host_name()}.holder.{os.getuid()}.{pid}")
@@ -533,13 +537,13 @@ def _tidy(directory: str) -> None:
 
 
 @contextlib.contextmanager
-def ticket(record: dict, order: float, count: int, directory: str | None = None) -> Iterator[str]:
+def ticket(record: dict, count: int, directory: str | None = None) -> Iterator[str]:
     """Hold this process's ticket in the host's queue while the block runs."""
     directory = lease_dir(directory)
     _tidy(directory)
     pid = os.getpid()
     path = os.path.join(directory, f"{host_name()}.ticket.{os.getuid()}.{pid}")
-    records.write_json(path, {**record, "order": order, "count": count, "since": time.time(), "start_ticks": records.start_ticks(pid)})
+    records.write_json(path, {**record, "count": count, "start_ticks": records.start_ticks(pid)})
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -325,17 +325,17 @@ def _value(hint: Any, value: object, where: str) -> Any:
 @dataclass(frozen=True)
 class LeaseRequest(Request):
     """What an agent (or ``leases``/``wait``) leases on its host (``launcher.node.leases``; docs/LEASES.md): ``count``
-    devices of ``kind`` (gpu, slot) among ``capacity``; ``order``: the job's place in the host's queue."""
+    devices of ``kind`` (gpu, slot) among ``capacity``."""
 
     kind: str
     count: int
     capacity: int
-    order: float
     job: str = ""
     origin: str | None = field(default=None, metadata={"json_key": "from"})  # the submitting host
     allow_shared: bool = False
     dir: str | None = None  # another lease directory than the nodes' default (tests)
     go_on_stdin: bool = False  # the agent starts its command only once ``go`` comes on its stdin
+    waited: bool = False  # the job's tickets were found first (``wait``): its agent does not look at the queue again
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,57 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
 
 from . import leases
 from .protocol import LeaseRequest
 
 POLL_S = 0.25
 GPU_LOOK_S = 2.0  # nvidia-smi's processes change without a lease moving: look again this often on GPU nodes
+PLACE_LOST_S = 30.0  # a ticket whose turn came (first, its devices free) and that took no lease this long loses its place
 
 
-def state(req: LeaseRequest) -> dict:
-    """This host's devices of the request's kind, and whether ``count`` of them are the job's to take now."""
+class Places:
+    """A waiter's memory of the tickets ahead of it: the first one's turn has come when enough devices are free for
+    it; if it has not leased ``PLACE_LOST_S`` later (a job waiting for another host too, or a ticket held by a
+    process that never leases) it loses its place to the tickets behind it, for as long as it waits."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.passed: set[tuple[int, float]] = set()  # (pid, since) of the tickets that lost their place
+        self.turn: tuple[tuple[int, float], float] | None = None  # the first ticket ahead, and when its turn came
+
+    def ahead(self, waiting: list[leases.Ticket], job: str, since: float, free: int) -> list[leases.Ticket]:
+        """The tickets still ahead of a ticket of ``job`` that arrived at ``since``, ``free`` devices being free."""
+        now = self.clock()
+        while True:
+            before = leases.ahead(waiting, job, since, frozenset(self.passed))
+            first = before[0] if before and before[0].count <= free else None
+            key = (first.pid, first.since) if first else None
+            if key is None:
+                self.turn = None
+                return before
+            if self.turn is None or self.turn[0] != key:
+                self.turn = (key, now)
+            if now - self.turn[1] < PLACE_LOST_S:
+                return before
+            self.passed.add(key)
+            self.turn = None
+
+    def pending(self) -> bool:
+        """A turn is running out: look again though nothing moved."""
+        return self.turn is not None
+
+
+def state(req: LeaseRequest, since: float | None = None, places: Places | None = None) -> dict:
+    """This host's devices of the request's kind, and whether ``count`` of them are the job's to take now: for a job
+    whose ticket arrived at ``since`` (``places``: its waiter's memory), or one without a ticket (behind them all)."""
     found = leases.survey(req.kind, req.capacity, req.dir)
-    before = leases.ahead(found.waiting, req.job, req.order or time.time())
     free = found.free(req.allow_shared)
+    if since is not None and places is not None:
+        before = places.ahead(found.waiting, req.job, since, len(free))
+    else:
+        before = leases.ahead(found.waiting, req.job, since)
     return {**found.as_json(), "ready": len(free) >= req.count and not before,
             "free": len(free), "wanted": req.count, "ahead": [t.as_json() for t in before]}
 
@@ -71,14 +109,16 @@ def wait(req: LeaseRequest) -> int:
     """Hold a ticket and report this host's state when it changes, until stdin closes."""
     record = {"job": req.job, "from": req.origin}
     try:
-        with leases.ticket(record, req.order, req.count, req.dir):
+        with leases.ticket(record, req.count, req.dir) as path:
             directory = leases.lease_dir(req.dir)
+            since, places = os.lstat(path).st_ctime, Places()
             shown, seen, looked = None, None, 0.0
             while True:
                 changes = _changes(directory)
-                if changes != seen or (req.kind == "gpu" and time.monotonic() - looked > GPU_LOOK_S):
+                if (changes != seen or places.pending()
+                        or (req.kind == "gpu" and time.monotonic() - looked > GPU_LOOK_S)):
                     seen, looked = changes, time.monotonic()
-                    now = state(req)
+                    now = state(req, since, places)
                     key = json.dumps(now, sort_keys=True)
                     if key != shown:
                         print(json.dumps(now), flush=True)

@@ -30,13 +30,12 @@ class NodeQueue:
 
 @dataclass
 class Waiter:
-    """A job waiting for leases, with the hosts it waits on."""
+    """A job waiting for leases, with the hosts it waits on; ``since``: when its first ticket arrived (a node's time)."""
 
     job: str
     user: str
     origin: str
     since: float | None
-    order: float
     hosts: list[str]
 
 
@@ -67,18 +66,20 @@ def read_queue(cluster: ClusterSpec, set_up: bool = False) -> tuple[list[NodeQue
 
 
 def waiters(nodes: list[NodeQueue]) -> list[Waiter]:
-    """The jobs holding tickets on any node, oldest first, each with the hosts it waits on."""
+    """The jobs holding tickets on any node, each with the hosts it waits on, in the order their tickets arrived
+    (the earliest of each job's; each host lets its own tickets go in the order they arrived there)."""
     found: dict[str, Waiter] = {}
     for node in nodes:
         for ticket in node.waiting:
             job = leasing.clean(ticket.get("job", "?"))
+            since = ticket.get("since") if isinstance(ticket.get("since"), (int, float)) else None
             if job not in found:
-                order = ticket.get("order")
                 found[job] = Waiter(job, leasing.clean(ticket.get("user", "?")), leasing.clean(ticket.get("from", "?")),
-                                    ticket.get("since") if isinstance(ticket.get("since"), (int, float)) else None,
-                                    float(order) if isinstance(order, (int, float)) else 0.0, [])
+                                    since, [])
+            elif since is not None and (found[job].since is None or since < found[job].since):
+                found[job].since = since
             found[job].hosts.append(node.host)
-    return sorted(found.values(), key=lambda w: (w.order, w.job))
+    return sorted(found.values(), key=lambda w: (w.since if w.since is not None else float("inf"), w.job))
 
 
 def holders_progress(nodes: list[NodeQueue]) -> dict[str, str]:

@@ -193,7 +193,7 @@ for name, step in (("unlink", lambda: os.unlink(lock)), ("replace", lambda: os.r
         tried[name] = "done"
     except OSError as exc:
         tried[name] = type(exc).__name__
-got = leases.acquire("slot", 1, 1, {"job": "thief"}, 0.0, directory=directory)
+got = leases.acquire("slot", 1, 1, {"job": "thief"}, directory=directory)
 tried["acquire"] = "busy" if isinstance(got, leases.Busy) else "taken"
 tried["holder"] = leases.survey("slot", 1, directory).holders[0].job
 print(json.dumps(tried))
@@ -234,7 +234,7 @@ def test_kill_9_of_the_holders_agents_frees_its_leases_at_once_and_no_other_user
 QUICKER = """
 import sys, time
 from launcher.node import leases
-got = leases.acquire("slot", 1, 1, {"job": "quicker"}, 0.0, directory=sys.argv[1])
+got = leases.acquire("slot", 1, 1, {"job": "quicker"}, directory=sys.argv[1])
 print(got.devices, flush=True)
 time.sleep(3600)
 """

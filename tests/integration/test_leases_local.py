@@ -191,7 +191,7 @@ def test_a_job_finding_one_nodes_leases_taken_at_start_starts_no_rank_on_any_nod
     job = JobSpec(name="race", entrypoint=["python", str(HOLD)], resources={"nodes": 2, "nproc_per_node": 1},
                   env={"TEST_TIMES": str(tmp_path / "times-race"), "TEST_RELEASE": str(tmp_path / "release-race")})
     plan = orchestrate.prepare_job(job, cluster).plan
-    other = leases.acquire("slot", 1, 2, {"job": "quicker"}, 0.0, directory=str(lease_dir))
+    other = leases.acquire("slot", 1, 2, {"job": "quicker"}, directory=str(lease_dir))
     assert isinstance(other, leases.Lease)
     backend = LocalBackend(cluster)
     try:

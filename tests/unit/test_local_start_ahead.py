@@ -117,7 +117,7 @@ def test_a_hung_agent_fails_the_start_with_a_clear_message_and_is_ended(tmp_path
     monkeypatch.setattr(backend, "_agent_process", stand_in)
     context = StartContext(run_dir=tmp_path, secrets={}, grace=0.5)
     with pytest.raises(NodeStartError) as caught:
-        backend._start_agents(prepared.plan, context, 1.0)
+        backend._start_agents(prepared.plan, context)
     said = str(caught.value)
     what = "start its command" if hangs == "start" else "take its leases"
     assert f"localhost: the node agent did not {what} within 2 s" in said and "hanging here" in said

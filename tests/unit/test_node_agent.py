@@ -436,7 +436,7 @@ def test_a_lock_file_removed_while_the_agent_holds_its_lease_is_said_and_leased_
     directory.chmod(0o1777)
     go = tmp_path / "go"
     rank = f"import os, time\nend = time.time() + 20\nwhile not os.path.exists({str(go)!r}) and time.time() < end: time.sleep(0.05)"
-    lease = {"kind": "slot", "count": 1, "capacity": 1, "order": 1.0, "job": "j", "dir": str(directory)}
+    lease = {"kind": "slot", "count": 1, "capacity": 1, "job": "j", "dir": str(directory)}
     proc = subprocess.Popen(["bash", "-c", _command(_job_id(), [sys.executable, "-c", rank], {}, "/", lease=lease)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None

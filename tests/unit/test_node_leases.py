@@ -18,20 +18,21 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import leasing
-from launcher.node import gpuapps, leases
-from launcher.node.protocol import Frame, FrameKind, encode_frame, parse
+from launcher.node import gpuapps, leases, waiting
+from launcher.node.protocol import Frame, FrameKind, LeaseRequest, encode_frame, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = """
 import json, sys
 from launcher.node import leases
-kind, count, capacity, job, order, directory, mode = sys.argv[1:8]
-if mode == "ticket":
-    with leases.ticket({"job": job, "from": "login-1"}, float(order), int(count), directory):
+kind, count, capacity, job, directory, mode = sys.argv[1:7]
+if mode in ("ticket", "claim"):  # claim: a ticket whose record says it came first (order 0, since 0)
+    claimed = {"order": 0.0, "since": 0.0} if mode == "claim" else {}
+    with leases.ticket({"job": job, "from": "login-1", **claimed}, int(count), directory):
         print("held", flush=True)
         sys.stdin.read()
 else:
-    got = leases.acquire(kind, int(count), int(capacity), {"job": job, "from": "login-1"}, float(order), directory=directory)
+    got = leases.acquire(kind, int(count), int(capacity), {"job": job, "from": "login-1"}, directory=directory)
     print(json.dumps(got.devices if isinstance(got, leases.Lease) else None), flush=True)
     sys.stdin.read()
 """
@@ -58,19 +59,19 @@ def directory(tmp_path: Path) -> Path:
 
 
 def test_a_job_gets_the_lowest_free_devices_all_or_none(directory: Path) -> None:
-    first = Holder(directory, "slot", "1", "3", "job-a", "1.0")
+    first = Holder(directory, "slot", "1", "3", "job-a")
     assert first.said == "[0]"
-    got = leases.acquire("slot", 2, 3, {"job": "job-b"}, 2.0, directory=str(directory))
+    got = leases.acquire("slot", 2, 3, {"job": "job-b"}, directory=str(directory))
     assert isinstance(got, leases.Lease) and got.devices == [1, 2]
     got.release()
-    busy = leases.acquire("slot", 3, 3, {"job": "job-b"}, 2.0, directory=str(directory))
+    busy = leases.acquire("slot", 3, 3, {"job": "job-b"}, directory=str(directory))
     assert isinstance(busy, leases.Busy)
     assert leases.survey("slot", 3, str(directory)).free(False) == [1, 2], "a refused job kept some of its devices"
     first.close()
 
 
 def test_the_holder_is_named_from_its_record_and_the_lease_dies_with_its_process(directory: Path) -> None:
-    holder = Holder(directory, "slot", "2", "2", "job-a", "1.0")
+    holder = Holder(directory, "slot", "2", "2", "job-a")
     seen = leases.survey("slot", 2, str(directory))
     assert [h.job if h else None for h in seen.holders.values()] == ["job-a", "job-a"]
     assert {h.pid for h in seen.holders.values() if h} == {holder.proc.pid}
@@ -79,14 +80,14 @@ def test_the_holder_is_named_from_its_record_and_the_lease_dies_with_its_process
     assert leases.survey("slot", 2, str(directory)).free(False) == [0, 1]  # at once: no stale lease
     stale = list(directory.glob("*.holder.*"))
     assert stale, "the killed holder's record should still be there (and not be believed)"
-    got = leases.acquire("slot", 2, 2, {"job": "job-b"}, 2.0, directory=str(directory))
+    got = leases.acquire("slot", 2, 2, {"job": "job-b"}, directory=str(directory))
     assert isinstance(got, leases.Lease)
     assert not any(path.exists() for path in stale), "the next lease of the same user tidies a dead holder's record"
     got.release()
 
 
 def test_a_record_not_written_by_the_lock_holder_is_not_believed(directory: Path) -> None:
-    holder = Holder(directory, "slot", "1", "1", "job-a", "1.0")
+    holder = Holder(directory, "slot", "1", "1", "job-a")
     record = directory / f"{leases.host_name()}.holder.{os.getuid()}.{holder.proc.pid}"
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "job": "forged", "start_ticks": data["start_ticks"] + 1}))
@@ -97,19 +98,21 @@ def test_a_record_not_written_by_the_lock_holder_is_not_believed(directory: Path
 
 
 def test_an_earlier_live_ticket_goes_first_and_a_dead_one_is_ignored(directory: Path) -> None:
-    waiting = Holder(directory, "slot", "1", "1", "job-early", "1.0", mode="ticket")
+    waiting = Holder(directory, "slot", "1", "1", "job-early", mode="ticket")
     assert waiting.said == "held"
-    later = leases.acquire("slot", 1, 1, {"job": "job-late"}, 2.0, directory=str(directory))
+    later = leases.acquire("slot", 1, 1, {"job": "job-late"}, directory=str(directory))
     assert isinstance(later, leases.Busy) and [t.job for t in later.ahead] == ["job-early"]
     state = later.as_json(False)
     assert leasing.describe("gpu-02", state, False)[0].startswith("gpu-02: job job-early (user ")
     assert leasing.describe("gpu-02", state, False)[0].endswith(" waits for it first")
-    earlier = leases.acquire("slot", 1, 1, {"job": "job-earlier"}, 0.5, directory=str(directory))
-    assert isinstance(earlier, leases.Lease)
-    earlier.release()
+    ticketless = leases.acquire("slot", 1, 1, {"job": "job-ticketless"}, directory=str(directory))
+    assert isinstance(ticketless, leases.Busy), "a job without a ticket went before a waiting one"
+    own = leases.acquire("slot", 1, 1, {"job": "job-early"}, waited=True, directory=str(directory))
+    assert isinstance(own, leases.Lease), "the waiting job's own agent, its turn found, was sent back"
+    own.release()
     waiting.proc.send_signal(signal.SIGKILL)
     waiting.proc.wait()
-    got = leases.acquire("slot", 1, 1, {"job": "job-late"}, 2.0, directory=str(directory))
+    got = leases.acquire("slot", 1, 1, {"job": "job-late"}, directory=str(directory))
     assert isinstance(got, leases.Lease), "a dead waiter's ticket held the queue"
     got.release()
 
@@ -146,15 +149,15 @@ def test_gpus_with_foreign_processes_are_busy_unless_shared(directory: Path, mon
     apps = gpuapps.parse_compute_apps(SMI_GPUS, SMI_APPS)
     assert apps == {1: [(4194999, "python train.py --lr 3e-4")]}
     monkeypatch.setattr(gpuapps, "compute_apps", lambda: apps)
-    got = leases.acquire("gpu", 2, 3, {"job": "job-a"}, 1.0, directory=str(directory))
+    got = leases.acquire("gpu", 2, 3, {"job": "job-a"}, directory=str(directory))
     assert isinstance(got, leases.Lease) and got.devices == [0, 2]
     got.release()
-    busy = leases.acquire("gpu", 3, 3, {"job": "job-a"}, 1.0, directory=str(directory))
+    busy = leases.acquire("gpu", 3, 3, {"job": "job-a"}, directory=str(directory))
     assert isinstance(busy, leases.Busy)
     lines = leasing.describe("gpu-01", busy.as_json(False), False)
     assert lines == ["gpu-01 GPU 1: process 4194999 (user ?: python train.py --lr 3e-4), not started by launch "
                      "(resources.allow_shared_gpus: true shares it)"]
-    shared = leases.acquire("gpu", 3, 3, {"job": "job-a"}, 1.0, allow_shared=True, directory=str(directory))
+    shared = leases.acquire("gpu", 3, 3, {"job": "job-a"}, allow_shared=True, directory=str(directory))
     assert isinstance(shared, leases.Lease) and shared.devices == [0, 1, 2]
     shared.release()
 
@@ -187,25 +190,34 @@ def test_deepspeeds_launcher_is_given_the_leased_gpus_of_its_node() -> None:
     assert on_devices(torchrun, [4, 5, 6, 7]) == torchrun
 
 
-def test_jobs_wait_their_turn_in_the_order_they_were_submitted(tmp_path: Path, directory: Path) -> None:
-    """A job's ticket carries when it was submitted (its record's created_at), not when it first asked: the job
-    submitted first, whose preflight took longer, goes before a later one that was already waiting."""
-    from launcher.backends.base import StartContext
-    from launcher.backends.planning import Capabilities
-
-    class NoLeases:
-        capabilities = Capabilities(leases=False)
-
-    asked: list[float] = []
-    context = StartContext(run_dir=tmp_path, secrets={}, grace=1.0, record={"created_at": 1.5})
-    leasing.start_leased(NoLeases(), None, context, lambda order: (asked.append(order), (None, []))[1])
-    assert asked == [1.5]
-    later = Holder(directory, "slot", "1", "1", "job-submitted-later", "2.0", mode="ticket")
-    assert later.said == "held"
-    first = leases.acquire("slot", 1, 1, {"job": "job-submitted-first"}, asked[0], directory=str(directory))
-    assert isinstance(first, leases.Lease), "the job submitted first lost its turn to one that asked before it"
-    first.release()
-    later.close()
+def test_a_tickets_place_is_when_it_arrived_on_the_node_and_one_that_does_not_lease_in_its_turn_loses_it(
+        directory: Path) -> None:
+    """Issue 39, Low: a ticket's place was the order its client claimed, so one ticket claiming 0 and never leasing
+    blocked a free host for every user. Its place is now when it arrived on the node (the ticket file's change time),
+    and a ticket whose turn came (first, its devices free) that takes no lease for PLACE_LOST_S loses its place."""
+    first = Holder(directory, "slot", "1", "1", "job-a", mode="ticket")
+    claimer = Holder(directory, "slot", "1", "1", "job-b", mode="claim")
+    assert first.said == claimer.said == "held"
+    try:
+        queue = leases.tickets(str(directory))
+        assert [t.job for t in queue] == ["job-a", "job-b"], "a ticket's claimed order put it first"
+        a_since, b_since = queue[0].since, queue[1].since
+        assert leases.ahead(queue, "job-c", None) == queue  # a job without a ticket: behind them all
+        request = LeaseRequest(kind="slot", count=1, capacity=1, job="job-a", dir=str(directory))
+        assert waiting.state(request, a_since, waiting.Places())["ready"], "the claim held up the first ticket"
+        now = [0.0]
+        places = waiting.Places(clock=lambda: now[0])  # job-b's waiter's memory, on a clock the test moves
+        assert [t.job for t in places.ahead(queue, "job-b", b_since, free=0)] == ["job-a"] and not places.pending()
+        assert [t.job for t in places.ahead(queue, "job-b", b_since, free=1)] == ["job-a"] and places.pending()
+        now[0] = waiting.PLACE_LOST_S - 1
+        assert [t.job for t in places.ahead(queue, "job-b", b_since, free=1)] == ["job-a"]
+        now[0] = waiting.PLACE_LOST_S
+        assert places.ahead(queue, "job-b", b_since, free=1) == [], "a ticket that did not lease in its turn kept it"
+        request = LeaseRequest(kind="slot", count=1, capacity=1, job="job-b", dir=str(directory))
+        assert waiting.state(request, b_since, places)["ready"]
+    finally:
+        first.close()
+        claimer.close()
 
 
 def test_something_another_user_planted_at_a_lock_path_is_named_not_shown_free(tmp_path: Path) -> None:
@@ -254,7 +266,7 @@ def test_a_lock_file_its_owner_removes_under_a_held_lease_is_named_said_and_leas
     lock = shared_dir / f"{leases.host_name()}.slot0.lock"
     lock.touch(0o644)
     os.chown(lock, nobody, nobody)  # nobody leased slot 0 first: the lock file is theirs, and kept
-    lease = leases.acquire("slot", 1, 1, {"job": "job-a"}, 1.0, directory=str(shared_dir))
+    lease = leases.acquire("slot", 1, 1, {"job": "job-a"}, directory=str(shared_dir))
     assert isinstance(lease, leases.Lease) and lease.devices == [0]
     assert lease.exposed == ["the lock file(s) of slot(s) 0 belong to nobody, who can remove them"]
     assert _as_other_user("rm", "-f", str(lock)).wait(30) == 0  # the sticky bit lets a file's owner unlink it
@@ -298,7 +310,7 @@ def test_root_sets_up_lock_files_no_other_user_can_remove_or_plant(shared_dir: P
     held = shared_dir / f"{host}.slot0.lock"
     held.touch(0o644)
     os.chown(held, nobody, nobody)
-    lease = leases.acquire("slot", 1, 3, {"job": "job-a"}, 1.0, directory=str(shared_dir))
+    lease = leases.acquire("slot", 1, 3, {"job": "job-a"}, directory=str(shared_dir))
     assert isinstance(lease, leases.Lease) and lease.devices == [0]
     assert lease.exposed[0] == (f"the lease directory {shared_dir} belongs to nobody, who can remove any lock file "
                                 "in it")
@@ -320,7 +332,7 @@ def test_root_sets_up_lock_files_no_other_user_can_remove_or_plant(shared_dir: P
     assert held.stat().st_ino == inode and lease.verify() == []
     assert leases.survey("slot", 3, str(shared_dir)).holders[0] is not None, "the set-up broke a held lease"
     lease.release()
-    second = leases.acquire("slot", 3, 3, {"job": "job-b"}, 2.0, directory=str(shared_dir))
+    second = leases.acquire("slot", 3, 3, {"job": "job-b"}, directory=str(shared_dir))
     assert isinstance(second, leases.Lease) and second.exposed == []
     second.release()
     shown = subprocess.run([sys.executable, "-m", "launcher", "queue", "--set-up"], capture_output=True, text=True,

@@ -103,8 +103,8 @@ def test_early_output_joins_the_output_among_an_agents_first_lines() -> None:
 def _agent() -> AgentRequest:
     return AgentRequest(job_id="j-1", node=2, argv=("python", "-c", "pass"), env={"A": "b"}, files={"F": ("f.json", "{}")},
                         cleanup=(("podman", "rm", "x"),), unattended_s=30.0, record={"plan": {"x": 1}},
-                        lease=LeaseRequest(kind="gpu", count=2, capacity=8, order=1.5, job="j-1", origin="login",
-                                           go_on_stdin=True))
+                        lease=LeaseRequest(kind="gpu", count=2, capacity=8, job="j-1", origin="login",
+                                           go_on_stdin=True, waited=True))
 
 
 def test_an_agent_request_travels_as_json_and_reads_back_equal() -> None:
@@ -124,7 +124,7 @@ def test_an_agent_request_travels_as_json_and_reads_back_equal() -> None:
     ({"argv": "python"}, "AgentRequest.argv: a list is wanted, not str"),
     ({"env": {"A": 1}}, "AgentRequest.env['A']: str is wanted, not int"),
     ({"files": {"F": ["only one"]}}, "AgentRequest.files['F']: 2 items are wanted, not 1"),
-    ({"lease": {"kind": "gpu", "count": 1, "capacity": 1, "order": 1, "go_on_stdn": True}},
+    ({"lease": {"kind": "gpu", "count": 1, "capacity": 1, "go_on_stdn": True}},
      "AgentRequest.lease: unknown key 'go_on_stdn' (did you mean 'go_on_stdin'?)"),
     ({"grace": "5"}, "AgentRequest.grace: a number is wanted, not str"),
 ])

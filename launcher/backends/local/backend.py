@@ -205,7 +205,7 @@ class LocalBackend(Backend[LocalCluster]):
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, Sequence[LocalNode]]:
         """Every node's agent, once they all hold their leases (waiting for them under ``queue: wait``)."""
-        return leasing.start_leased(self, plan, context, lambda order: self._start_agents(plan, context, order))
+        return leasing.start_leased(self, plan, context, lambda: self._start_agents(plan, context))
 
     def warm(self, plan: Plan) -> None:
         """Start every node's agent interpreter now: it loads while preflight and the supervisor's set-up run, then
@@ -248,12 +248,12 @@ class LocalBackend(Backend[LocalCluster]):
             _release(proc)
         return self._spawn_agent(plan, node)
 
-    def _start_agents(self, plan: Plan, context: StartContext, order: float) -> tuple[Plan, list[LocalNode]]:
+    def _start_agents(self, plan: Plan, context: StartContext) -> tuple[Plan, list[LocalNode]]:
         handles: list[LocalNode] = []
         try:
             for node in plan.nodes:
                 context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
-                lease = leasing.agent_lease(self, plan, node, order)
+                lease = leasing.agent_lease(self, plan, node)
                 start = agent_start(plan, node, context.grace, context.secrets, lease, context.generation, context.record)
                 proc = self._agent_process(plan, node)
                 handle = LocalNode(node.index, proc)

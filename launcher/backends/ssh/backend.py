@@ -259,16 +259,16 @@ class SSHBackend(Backend[SSHCluster]):
                 "preparing the nodes failed; no agent was started:\n" + "\n".join(f"  {p}" for _, p in problems),
                 node=problems[0][0],
             )
-        return leasing.start_leased(self, plan, context, lambda order: self._start_agents(plan, context, order))
+        return leasing.start_leased(self, plan, context, lambda: self._start_agents(plan, context))
 
-    def _start_agents(self, plan: Plan, context: StartContext, order: float) -> tuple[Plan, list[SSHNode]]:
+    def _start_agents(self, plan: Plan, context: StartContext) -> tuple[Plan, list[SSHNode]]:
         """Every agent takes its leases; then all are told to go, or, if one could not, all to exit."""
 
         def lease_one(node: NodePlan) -> SSHNode:
             context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
             conn = self._pool.get(self.targets[node.index])
             tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
-            start = agent_start(plan, node, context.grace, context.secrets, leasing.agent_lease(self, plan, node, order),
+            start = agent_start(plan, node, context.grace, context.secrets, leasing.agent_lease(self, plan, node),
                                 context.generation, context.record)
             channel = conn.exec(render_command(start.argv, tag, node.cwd, replace_shell=False), combine=True)
             channel.sendall(start.stdin)
