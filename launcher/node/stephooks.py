@@ -228,16 +228,17 @@ def loss_divisor(tensor):
     (1: not divided), at most then multiplied by a constant 1; else None. Read before the backward runs."""
     if tensor.numel() != 1 or not tensor.is_floating_point():
         return None
-    node, divisor, scaled = getattr(tensor, "grad_fn", None), 1, False
+    node, divisor, scaled, divided = getattr(tensor, "grad_fn", None), 1, False, False
     while node is not None:
         name = type(node).__name__
         if any(part in name for part in LOSS_NODES):
             return divisor
         operand = _constant_operand(node)
-        if name in ("MulBackward0", "MulBackward1") and operand == 1.0 and not scaled and divisor == 1:
+        if name in ("MulBackward0", "MulBackward1") and operand == 1.0 and not scaled and not divided:
             scaled = True  # DeepSpeed's loss scale where it scales nothing (fp32, bf16)
-        elif name in ("DivBackward0", "DivBackward1") and operand is not None and operand >= 2 and operand.is_integer() and divisor == 1:
-            divisor = int(operand)
+        elif name in ("DivBackward0", "DivBackward1") and operand is not None and operand >= 1 and operand.is_integer() \
+                and not divided:
+            divisor, divided = int(operand), True  # Lightning divides by its accumulation even when it is 1
         else:
             return None
         node = node.next_functions[0][0]

@@ -2,8 +2,8 @@
 ranks, 2 processes on the local backend (gloo on CPU).
 
 The programs in tests/programs/ are written in other people's conventions (a plain loop with a DataLoader under DDP,
-a nanoGPT-style loop with its own get_batch, Hugging Face's Trainer, Accelerate, FSDP2's fully_shard; DeepSpeed's engine in
-test_user_programs.py) and never import ``launcher``. Each job runs once, in one module fixture.
+a nanoGPT-style loop with its own get_batch, Hugging Face's Trainer, Accelerate, FSDP2's fully_shard, a Lightning
+Trainer; DeepSpeed's engine in test_user_programs.py) and never import ``launcher``. Each job runs once, in one module fixture.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def runs(tmp_path_factory):
         "trainer": _submit(home, folder, "trainer", [str(PROGRAMS / "hf_trainer.py")]),
         "accelerate": _submit(home, folder, "accelerate", [str(PROGRAMS / "accelerate_loop.py")]),
         "fsdp2": _submit(home, folder, "fsdp2", [str(PROGRAMS / "fsdp2_loop.py")]),
+        "lightning": _submit(home, folder, "lightning", [str(PROGRAMS / "lightning_loop.py")]),
         # rank 1 leaves a thread running: its training ends, then its Python waits for that thread for ever
         "exit_hang": _submit(home, folder, "exit_hang", [str(PROGRAMS / "plain_loop.py"), "--ddp", "--hang-at-exit", "1",
                                                          "--steps", str(STEPS)],
@@ -58,7 +59,7 @@ def _metrics(home: Path, job_id: str) -> dict:
     return obj["metrics"]
 
 
-@pytest.mark.parametrize("name", ["ddp", "nanogpt", "trainer", "accelerate", "fsdp2"])
+@pytest.mark.parametrize("name", ["ddp", "nanogpt", "trainer", "accelerate", "fsdp2", "lightning"])
 def test_steps_step_time_and_memory_of_a_program_without_the_reporter(runs, name):
     home, _, jobs = runs
     job_id, result = jobs[name]
@@ -84,6 +85,8 @@ def test_samples_from_the_dataloader_and_tokens_from_the_token_batches(runs):
     fsdp2 = _metrics(home, jobs["fsdp2"][0])
     assert fsdp2["samples_per_sec"] > 0 and fsdp2["loss"] > 0, "FSDP2's loss is the loss function's: read by the hooks"
     assert 0 < trainer["loss"] < 10, "the loss as the Trainer logged it (its own, divided by the tokens, is left out)"
+    lightning = _metrics(home, jobs["lightning"][0])
+    assert lightning["samples_per_sec"] > 0 and 0 < lightning["loss"] < 10, "Lightning's loss / its accumulation (1)"
     header = run_cli(home, "metrics", jobs["trainer"][0], "--csv").stdout.splitlines()[0].split(",")
     assert {"learning_rate", "epoch"} <= set(header), "from the Trainer's log lines"
 
@@ -143,7 +146,7 @@ def test_a_ranks_output_shows_as_it_wrote_it_a_tqdm_bar_an_empty_line_and_stderr
 
 def test_compare_and_report_work_for_programs_without_the_reporter(runs, tmp_path):
     home, _, jobs = runs
-    ids = [jobs[name][0] for name in ("ddp", "fsdp2", "trainer", "nanogpt")]
+    ids = [jobs[name][0] for name in ("ddp", "fsdp2", "trainer", "nanogpt", "lightning")]
     shown = run_cli(home, "compare", *ids)
     assert shown.returncode == 0, shown.stderr
     assert all(job_id in shown.stdout for job_id in ids) and "failed" not in shown.stdout
