@@ -9,18 +9,23 @@ each host's queue (a ``wait`` command per host) and QUEUED until every host says
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import queue
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from launcher.backends.base import Stage, StageState, StartContext
 from launcher.errors import LaunchError, NodeStartError
+from launcher.node import records
+from launcher.node.progress import HolderPace, Pace
 from launcher.node.protocol import Frame, FrameKind, LeaseRequest, early_output, parse
 from launcher.plan.planner import NodePlan, Plan
 
@@ -79,7 +84,8 @@ def _request(plan: Plan | None, kind: str, count: int, capacity: int, go_on_stdi
     return LeaseRequest(kind=kind, count=count, capacity=capacity, job=plan.job_id if plan else "",
                         waited=go_on_stdin and plan is not None and plan.queue == "wait",
                         origin=socket.gethostname(), allow_shared=plan.allow_shared_gpus if plan else False,
-                        dir=os.environ.get(LEASE_DIR_ENV) or None, go_on_stdin=go_on_stdin)
+                        dir=os.environ.get(LEASE_DIR_ENV) or None, go_on_stdin=go_on_stdin,
+                        max_steps=plan.max_steps if plan else None)
 
 
 def agent_lease(backend: Backend, plan: Plan, node: NodePlan) -> LeaseRequest | None:
@@ -115,12 +121,19 @@ def at(since: object) -> str:
     return time.strftime("%H:%M", time.localtime(since)) if isinstance(since, (int, float)) else "?"
 
 
-def who(entry: dict, progress: Mapping[str, str] | None = None) -> str:
-    """``job X (user U, from H, since 10:02; step 120/1000, ETA 14:32)`` (the progress where ``progress`` knows the
-    job), or the process without a believable record."""
+def pace(entry: dict, read_at: float | None = None) -> str | None:
+    """``step 120/1000, ETA 14:32``: a holder's pace as its node agent recorded it (any user's job), from a holder
+    entry a node answered at ``read_at`` (now); None when its ranks reported no step."""
+    found = Pace.from_json(entry.get("pace"))
+    return found.text(time.time() if read_at is None else read_at) if found else None
+
+
+def who(entry: dict, with_pace: bool = True) -> str:
+    """``job X (user U, from H, since 10:02; step 120/1000, ETA 14:32)`` (the pace unless ``with_pace`` is False, where
+    its agent recorded one), or the process without a believable record."""
     if entry.get("job"):
         job = clean(entry["job"])
-        known = (progress or {}).get(str(entry["job"]))
+        known = pace(entry) if with_pace else None
         said = (f"job {job} (user {clean(entry.get('user', '?'))}, from {clean(entry.get('from') or '?')}, since "
                 f"{at(entry.get('since'))}{f'; {known}' if known else ''})")
     else:
@@ -147,47 +160,15 @@ def lock_file_removed(node: int, frame: Frame) -> str:
     return said + "; `launch queue --set-up`, run once by root, makes lock files no user can remove (docs/LEASES.md)"
 
 
-def holders_progress(job_ids: Iterable[object]) -> dict[str, str]:
-    """What this user's job store knows of holding jobs: ``step 120/1000, ETA 14:32`` by job id (from the running
-    summary its supervisor keeps); a job of another user's store is absent, as is everything when there is no store."""
-    from launcher.store.db import Store
-
-    wanted = {job for job in job_ids if isinstance(job, str) and job}
-    if not wanted:
-        return {}
-    try:
-        store = Store(read_only=True)
-    except LaunchError:
-        return {}
-    found: dict[str, str] = {}
-    try:
-        for job in wanted:
-            try:
-                row = store.job(job)
-                summary = store.running_summary(job) if row.id == job else None
-            except LaunchError:
-                continue
-            if summary is None or row.terminal:
-                continue
-            steps, total, rate = summary.steps, row.max_steps, summary.steps_per_sec
-            text = f"step {steps}/{total}" if total else f"step {steps}"
-            if total and rate and total > steps:
-                text += f", ETA {at(time.time() + (total - steps) / rate)}"
-            found[job] = text
-    finally:
-        store.close()
-    return found
-
-
-def describe(host: str, state: dict, allow_shared: bool, progress: Mapping[str, str] | None = None) -> list[str]:
-    """Why a host's devices are not the job's now: holders (grouped by job, with ``progress`` where known), foreign
-    processes, jobs ahead."""
+def describe(host: str, state: dict, allow_shared: bool, with_pace: bool = True) -> list[str]:
+    """Why a host's devices are not the job's now: holders (grouped by job, with their pace unless ``with_pace`` is
+    False), foreign processes, jobs ahead."""
     noun = "GPU" if state.get("kind") == "gpu" else "slot"
     groups: dict[str, list[int]] = {}
     foreign: list[str] = []
     for device in state.get("devices", []):
         if device.get("holder"):
-            groups.setdefault(who(device["holder"], progress), []).append(int(device["index"]))
+            groups.setdefault(who(device["holder"], with_pace), []).append(int(device["index"]))
         elif device.get("foreign") and not allow_shared:
             for proc in device["foreign"][:4]:
                 foreign.append(f"{host} GPU {device['index']}: process {clean(proc.get('pid'))} (user "
@@ -201,10 +182,11 @@ def describe(host: str, state: dict, allow_shared: bool, progress: Mapping[str, 
     return lines
 
 
-def _answer_problems(host: str, answer: dict | None, error: str | None, allow_shared: bool) -> list[str]:
+def _answer_problems(host: str, answer: dict | None, error: str | None, allow_shared: bool,
+                     with_pace: bool = True) -> list[str]:
     if answer is None or answer.get("error"):
         return [f"{host}: cannot read its leases: {clean(error or (answer or {}).get('error'))}"]
-    return [] if answer.get("ready") else describe(host, answer, allow_shared)
+    return [] if answer.get("ready") else describe(host, answer, allow_shared, with_pace)
 
 
 def hint(problems: Sequence[str]) -> str | None:
@@ -230,9 +212,7 @@ def preflight_problems(host: str, plan: Plan, facts_answer: dict) -> list[str]:
         return _answer_problems(host, leases, None, plan.allow_shared_gpus)
     if leases.get("ready"):
         return [BusyLine(line) for line in _answer_problems(host, leases, None, plan.allow_shared_gpus)]
-    progress = holders_progress(device.get("holder", {}).get("job") for device in leases.get("devices", [])
-                                if isinstance(device, dict) and isinstance(device.get("holder"), dict))
-    return [BusyLine(line) for line in describe(host, leases, plan.allow_shared_gpus, progress)]
+    return [BusyLine(line) for line in describe(host, leases, plan.allow_shared_gpus)]
 
 
 def devices_text(kind: object, devices: Sequence[int]) -> str:
@@ -265,6 +245,40 @@ def read_until_leased(lines: Iterator[str], host: str, index: int) -> str:
                          index)
 
 
+HOLDERS_FILE = "holders.json"  # in a QUEUED job's run directory: the pace of the jobs holding what it waits for
+HOLDERS_LIMIT = 64 * 1024  # bytes of it read back
+HOLDERS_SHOWN = 16
+
+
+def paces(state: dict, read_at: float) -> dict[str, HolderPace]:
+    """The pace of each job holding a device in a host's answer (any user's: their agents record it), by job."""
+    found: dict[str, HolderPace] = {}
+    for device in state.get("devices") or []:
+        holder = device.get("holder") if isinstance(device, dict) else None
+        recorded = Pace.from_json(holder.get("pace")) if isinstance(holder, dict) and holder.get("job") else None
+        if recorded is not None and isinstance(holder, dict):
+            job = clean(holder["job"])
+            found[job] = HolderPace(job, clean(holder.get("user", "?")), recorded, read_at)
+    return found
+
+
+def write_paces(run_dir: Path, found: Iterable[HolderPace]) -> None:
+    """Keep the holders' pace where `launch status` of the queued job reads it (``read_paces``)."""
+    with contextlib.suppress(OSError):
+        records.write_json(str(run_dir / HOLDERS_FILE), {"holders": [p.as_json() for p in list(found)[:HOLDERS_SHOWN]]})
+
+
+def read_paces(run_dir: Path) -> tuple[HolderPace, ...]:
+    """The holders' pace a queued job's supervisor last kept (``write_paces``): () when none."""
+    try:
+        data = json.loads((run_dir / HOLDERS_FILE).read_bytes()[:HOLDERS_LIMIT])
+    except (OSError, ValueError):
+        return ()
+    entries = data.get("holders") if isinstance(data, dict) else None
+    found = (HolderPace.from_json(entry) for entry in (entries if isinstance(entries, list) else [])[:HOLDERS_SHOWN])
+    return tuple(p for p in found if p is not None)
+
+
 class _Turn:
     """The job's tickets on every host (``wait`` commands), and the latest state each host reported."""
 
@@ -272,6 +286,7 @@ class _Turn:
         self.hosts, self.allow_shared = hosts, plan.allow_shared_gpus
         self.events: queue.Queue[tuple[int, dict | None]] = queue.Queue()
         self.states: dict[int, dict] = {}
+        self.paces: dict[str, HolderPace] = {}  # the holders' pace by job, as their hosts last said it
         self.streams: list[NodeStream] = []
         self.shown: str | None = None  # the reason the job is QUEUED with (None: not queued)
         try:
@@ -285,8 +300,6 @@ class _Turn:
             raise
 
     def _read(self, number: int, stream: NodeStream) -> None:
-        import json
-
         try:
             for line in stream.lines():
                 try:
@@ -306,8 +319,8 @@ class _Turn:
             if context.cancelled.is_set():
                 raise LaunchError("cancelled while waiting for the leases")
             if len(self.states) == len(self.hosts) and time.monotonic() >= deadline:
-                busy = [line for n, state in sorted(self.states.items())
-                        for line in _answer_problems(self.hosts[n].host, state, None, self.allow_shared)]
+                busy = [line for n, state in sorted(self.states.items())  # no pace: the reason changes when holders do
+                        for line in _answer_problems(self.hosts[n].host, state, None, self.allow_shared, False)]
                 if not busy:
                     if self.shown is not None:
                         context.stage(Stage.QUEUED, None, "", StageState.DONE)
@@ -326,6 +339,9 @@ class _Turn:
             if state.get("error"):
                 raise LaunchError(f"{host}: cannot wait for the leases there: {clean(state['error'])}")
             self.states[number] = state
+            self.paces.update(paces(state, time.time()))
+            if self.paces:
+                write_paces(context.run_dir, self.paces.values())
 
     def say(self, context: StartContext, reason: str) -> None:
         """QUEUED with ``reason`` (said once per reason)."""

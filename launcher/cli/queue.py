@@ -20,7 +20,9 @@ def queue_command(cluster_file, as_json, set_up):
 
     On local and SSH clusters each GPU or slot is leased to one job at a time by
     the job's node agent (docs/LEASES.md); a job submitted with --wait (or
-    queue: wait) waits for its turn. Every node is asked at once.
+    queue: wait) waits for its turn. Every node is asked at once. A holder
+    whose ranks report steps shows its step and ETA, whoever's job it is
+    (its node agents record them).
 
     \b
     Examples:

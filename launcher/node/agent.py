@@ -14,7 +14,8 @@ stdout, which the backend carries to the supervisor:
     exit        the command's exit code, once its output is drained
 
 With a ``lease`` in the request (local and SSH clusters), the agent first takes its node's leases
-(``leases``: one GPU or CPU slot each, all or none, held until the agent exits) and says ``@leased``
+(``leases``: one GPU or CPU slot each, all or none, held until the agent exits; its holder record keeps the job's
+step and pace from the step records relayed, ``progress``) and says ``@leased``
 (``FrameKind.LEASED``: the devices) or ``@busy`` (who holds them; it then exits ``BUSY_EXIT``, having started
 nothing). While it holds them it checks every ``LEASE_CHECK_S`` that each lock path still names the file it locked
 (``Lease.verify``): a lock file removed or replaced (by its owner or the directory's) is one ``@lease`` frame
@@ -49,6 +50,7 @@ Standard library only: it runs on nodes.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -75,6 +77,7 @@ from .journal import (
     write_atomically,
 )
 from .linecut import READ_CHUNK, bounded_lines
+from .progress import StepWatch
 from .protocol import AgentRequest, FrameKind, RequestError, output_prefix
 from .rankstreams import on_devices, with_rank_streams
 from .rundir import RunDirError, job_run_dir, private_dir
@@ -100,11 +103,14 @@ class Fenced(Exception):
     """The node records a newer supervisor generation than the one that sent this agent: it starts nothing."""
 
 
-def relay(fd: int, out: Output, limit: int, mask: Callable[[bytes], bytes] | None = None) -> None:
+def relay(fd: int, out: Output, limit: int, mask: Callable[[bytes], bytes] | None = None,
+          steps: StepWatch | None = None) -> None:
     """Copy the command's output to ``out`` as output lines, each cut at ``limit`` bytes (``linecut``) and its
     secrets masked (``mask``: ``secretmask``), before they are journaled; the whole lines of each read go to ``out``
-    together, stamped with the node's time of that read."""
+    together, stamped with the node's time of that read. ``steps`` notes the step records among them."""
     for batch in bounded_lines(lambda: os.read(fd, READ_CHUNK), limit):
+        if steps is not None:
+            steps.feed(batch)
         prefix = output_prefix()
         out.write_lines([prefix + (mask(line) if mask else line) for line in batch])
 
@@ -152,7 +158,8 @@ class Agent:
         ``@exit``) when they are not free or the backend did not say go: then nothing has started."""
         spec = self.req.lease
         assert spec is not None
-        got = leases.acquire(spec.kind, spec.count, spec.capacity, {"job": self.job_id, "from": spec.origin},
+        got = leases.acquire(spec.kind, spec.count, spec.capacity,
+                             {"job": self.job_id, "from": spec.origin, "max_steps": spec.max_steps},
                              waited=spec.waited, allow_shared=spec.allow_shared, directory=spec.dir)
         if isinstance(got, leases.Busy):
             self.out.event(FrameKind.BUSY, got.as_json(spec.allow_shared))
@@ -334,12 +341,15 @@ class Agent:
         relayed = threading.Event()
         targets = [sampler.run, self.watch_output, lambda: self._end_orphans(relayed), lambda: self._reap(relayed),
                    lambda: self.watch_contact(relayed), lambda: self.watch_lease(relayed)]
+        steps = StepWatch(self.req.lease.max_steps) if self.lease is not None and self.req.lease is not None else None
+        if steps is not None and self.lease is not None:  # the job's pace, in its holder record for every user to read
+            targets.append(functools.partial(steps.run, relayed, self.lease.note_progress))
         warn_file = self.req.warn_file
         if warn_file:
             targets.append(lambda: forward_warning(self.job_id, self.node, self.out, warn_file, relayed))
         for target in targets:
             threading.Thread(target=target, daemon=True).start()
-        relay(self.proc.stdout.fileno(), self.out, self.req.line_limit, self.mask)
+        relay(self.proc.stdout.fileno(), self.out, self.req.line_limit, self.mask, steps)
         relayed.set()
         code = self.proc.wait()
         sampler.stop.set()

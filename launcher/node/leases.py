@@ -12,9 +12,11 @@ the directory and every lock file root's, so no user can. ``survey`` names the h
 was removed under it, never "free".
 
 Who holds what: ``/proc/locks`` names the pid holding each lock file's inode; the holder's record
-(``HOST.holder.UID.PID``, JSON: job, from, since, devices) is believed only when it belongs to that
-pid's user, was written by that very process (start ticks) and lists the device. A stale record is
-never believed, and no user can release another's lease: only the holding process can close its file.
+(``HOST.holder.UID.PID``, JSON: job, from, since, devices, max_steps; the job's step, step rate and the node time
+of its newest step once its ranks report steps: ``progress``) is believed only when it belongs to that pid's user,
+was written by that very process (start ticks) and lists the device. A stale record is never believed, and no user
+can release another's lease: only the holding process can close its file. The holder rewrites its record
+(atomically, bounded) as its job's step moves.
 
 A waiting job holds a ticket (``HOST.ticket.UID.PID``, flocked by its waiting process): a job takes
 leases on a host only if no live ticket of another job that arrived there before its own waits (first come,
@@ -32,11 +34,13 @@ import os
 import shutil
 import socket
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from . import gpuapps, records
+from .progress import Pace
 
 DEFAULT_DIR = "/var/tmp/launch-leases"
 
@@ -197,9 +201,11 @@ class Holder:
     since: float | None = None
     command: str | None = None  # a foreign process's command (nvidia-smi)
     lock_removed: bool | None = None  # True: it holds the device's lock file that was removed (another may lease it)
+    pace: Pace | None = None  # the job's step and ETA, as its agent last recorded them
 
     def as_json(self) -> dict:
-        return {("from" if k == "origin" else k): v for k, v in self.__dict__.items() if v is not None}
+        return {("from" if k == "origin" else k): (v.as_json() if isinstance(v, Pace) else v)
+                for k, v in self.__dict__.items() if v is not None}
 
 
 def holder(directory: str, pid: int, index: int, kind: str) -> Holder:
@@ -210,7 +216,7 @@ def holder(directory: str, pid: int, index: int, kind: str) -> Holder:
         return Holder(pid, user)
     since = record.get("since")
     return Holder(pid, user, _text(record.get("job")), _text(record.get("from")),
-                  float(since) if isinstance(since, (int, float)) else None)
+                  float(since) if isinstance(since, (int, float)) else None, pace=Pace.of(record, time.time()))
 
 
 @dataclass(frozen=True)
@@ -364,16 +370,25 @@ class Lease:
     paths: list[str] = field(default_factory=list)  # each device's lock path
     exposed: list[str] = field(default_factory=list)  # why another user could remove its lock files (``exposure``)
     _told: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # device -> what its path named when said
+    record: dict = field(default_factory=dict)  # what the holder record says
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note_progress(self, fields: dict) -> None:
+        """Rewrite the holder record (atomically) with the job's pace (``progress.StepWatch.fields``)."""
+        with self._guard:
+            if self.record_path:
+                _write_record(self.record_path, {**self.record, **fields})
 
     def release(self) -> None:
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds = []
-        if self.record_path:
-            with contextlib.suppress(OSError):
-                os.unlink(self.record_path)
-            self.record_path = None
+        with self._guard:
+            if self.record_path:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.record_path)
+                self.record_path = None
 
     def verify(self) -> list[Moved]:
         """Check that each lock path still names the file this process locked; each one removed or replaced (by
@@ -479,7 +494,7 @@ def acquire(kind: str, count: int, capacity: int, record: dict, *, waited: bool 
             directory: str | None = None) -> Lease | Busy:
     """Take ``count`` free devices of ``kind`` (lowest first) without blocking, all or none: a Lease, or Busy when
     fewer are free or another job's ticket waits here (a job that ``waited`` with its own ticket, which its waiter
-    found first, is not sent back). ``record`` (job, from) is written as the holder's."""
+    found first, is not sent back). ``record`` (job, from, max_steps) is written as the holder's."""
     directory = lease_dir(directory)
     job = str(record.get("job"))
     queue = [] if waited else ahead(tickets(directory), job, None)
@@ -508,9 +523,9 @@ def acquire(kind: str, count: int, capacity: int, record: dict, *, waited: bool 
         return Busy(survey(kind, capacity, directory), queue, count)
     devices, fds = [i for i, _ in taken], [fd for _, fd in taken]
     lease = Lease(kind, devices, fds, paths=[os.path.join(directory, f"{host_name()}.{kind}{i}.lock") for i in devices],
-                  exposed=exposure(directory, kind, devices, fds))
+                  exposed=exposure(directory, kind, devices, fds), record={**holder, "devices": devices})
     _tidy(directory)
-    if _write_record(path, {**holder, "devices": lease.devices}):
+    if _write_record(path, lease.record):
         lease.record_path = path
     return lease
 

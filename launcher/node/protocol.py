@@ -336,6 +336,7 @@ class LeaseRequest(Request):
     dir: str | None = None  # another lease directory than the nodes' default (tests)
     go_on_stdin: bool = False  # the agent starts its command only once ``go`` comes on its stdin
     waited: bool = False  # the job's tickets were found first (``wait``): its agent does not look at the queue again
+    max_steps: int | None = None  # the job's, kept in the holder record: others see its step of how many
 
 
 @dataclass(frozen=True)

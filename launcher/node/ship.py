@@ -28,7 +28,7 @@ from launcher.node.main import REQUEST_ON_STDIN
 from launcher.node.protocol import FactsRequest, Request
 from launcher.node.safepath import SAFE_PATH
 
-NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "leases", "waiting",
+NODE_MODULES = ("proctree", "pythons", "facts", "rankstreams", "journal", "gpuapps", "records", "progress", "leases", "waiting",
                 "rendezvous", "rundir", "subreaper", "nccl", "sampler", "timelimit", "agent", "follow", "stacks", "slurmnode",
                 "main", "protocol", "linecut", "safepath", "torchelastic", "secretmask", "rankrelay")
 

@@ -82,23 +82,17 @@ def waiters(nodes: list[NodeQueue]) -> list[Waiter]:
     return sorted(found.values(), key=lambda w: (w.since if w.since is not None else float("inf"), w.job))
 
 
-def holders_progress(nodes: list[NodeQueue]) -> dict[str, str]:
-    """The progress of every holding job this user's store knows (``leasing.holders_progress``)."""
-    return leasing.holders_progress(_holder_job(d) for n in nodes for d in n.devices)
-
-
-def _holder_job(device: dict) -> object:
-    """The job id a device's lease record names (None: free, a foreign process, a record of another shape)."""
+def _pace(device: dict) -> str | None:
+    """``step 120/1000, ETA 14:32``: the pace of a device's holder (any user's job) as its agent recorded it."""
     holder = device.get("holder")
-    return holder.get("job") if isinstance(holder, dict) else None
+    return leasing.pace(holder) if isinstance(holder, dict) else None
 
 
 def queue_json(nodes: list[NodeQueue], waiting: list[Waiter]) -> dict:
-    progress = holders_progress(nodes)
     return {
         "nodes": [{"index": n.index, "host": n.host, "kind": n.kind, "error": n.error, "set_up": n.set_up,
                    "devices": [{"index": d.get("index"), "holder": d.get("holder"), "foreign": d.get("foreign") or [],
-                                "progress": progress.get(str(_holder_job(d)))}
+                                "progress": _pace(d)}
                                for d in n.devices]} for n in nodes],
         "waiting": [{"job": w.job, "user": w.user, "from": w.origin, "since": w.since, "hosts": w.hosts} for w in waiting],
     }
@@ -107,7 +101,6 @@ def queue_json(nodes: list[NodeQueue], waiting: list[Waiter]) -> dict:
 def queue_lines(nodes: list[NodeQueue], waiting: list[Waiter]) -> list[str]:
     """Per node, each GPU or slot and its holder (or free); then the waiting jobs in order."""
     lines = []
-    progress = holders_progress(nodes)
     for node in nodes:
         if node.set_up is not None and not node.error:
             lines += [f"{node.host}: set up: {line}" for line in node.set_up or ["nothing to change: the lease directory "
@@ -119,7 +112,7 @@ def queue_lines(nodes: list[NodeQueue], waiting: list[Waiter]) -> list[str]:
         for device in node.devices:
             holder, foreign = device.get("holder"), device.get("foreign") or []
             if holder:
-                state = leasing.who(holder, progress)
+                state = leasing.who(holder)
             elif foreign:
                 state = "used by " + ", ".join(f"process {leasing.clean(p.get('pid'))} (user {leasing.clean(p.get('user'))}: "
                                                f"{leasing.clean(p.get('command'))})" for p in foreign[:4]) + " (not launch's)"

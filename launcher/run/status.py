@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from launcher.errors import LaunchError
+from launcher.node.progress import HolderPace
 from launcher.run import identity
 from launcher.store.db import Store
 from launcher.store.rows import JobRow
@@ -47,17 +48,19 @@ def one(store: Store, ref: str) -> JobStatus:
     said = supervision(store, row)
     agents = agents_left(store, row) if said is not None and said.state == SupervisorState.LOST else None
     return JobStatus(row, job_summary(store, row), said, agents, nodes=tuple(store.nodes(row.id)),
-                     events=tuple(store.events(row.id)), stacks=latest(store.run_dir(row.id)), holders=holders(row))
+                     events=tuple(store.events(row.id)), stacks=latest(store.run_dir(row.id)),
+                     holders=holders(store, row))
 
 
-def holders(row: JobRow) -> dict[str, str] | None:
-    """A QUEUED job: the progress of the jobs its waiting reason names as holders, where this user's store knows them
-    (None for a job not queued; the lease module imported only then)."""
+def holders(store: Store, row: JobRow) -> tuple[HolderPace, ...] | None:
+    """A QUEUED job: the pace of the jobs its waiting reason names as holders (any user's), as their node agents
+    recorded it and its supervisor last heard it (None for a job not queued; the lease module imported only then)."""
     if row.state != JobState.QUEUED or not row.queue_reason:
         return None
-    from launcher.backends.leasing import holders_progress
+    from launcher.backends.leasing import read_paces
 
-    return holders_progress(_HOLDER.findall(row.queue_reason))
+    named = set(_HOLDER.findall(row.queue_reason))
+    return tuple(p for p in read_paces(store.run_dir(row.id)) if p.job in named)
 
 
 def supervision(store: Store, row: JobRow) -> Supervision | None:

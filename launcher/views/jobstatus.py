@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launcher.node.nccl import Transport
+from launcher.node.progress import HolderPace
 from launcher.store.states import JobState, Supervision, SupervisorState
 from launcher.views.nccl import node_transports
 from launcher.views.render import PROGRAMS_PRECISION, batch_text, shown_env, steps_text
@@ -48,9 +49,9 @@ class JobStatus:
     nodes: tuple[NodeRow, ...] | None = None
     events: tuple[dict[str, Any], ...] = ()
     stacks: StackReport | None = None
-    #: a QUEUED job: how far each job holding what it waits for is (``step 120/1000, ETA 14:32``), where this store
-    #: supervises it
-    holders: dict[str, str] | None = None
+    #: a QUEUED job: how far each job holding what it waits for is (any user's: ``job X of alice: step 120/1000, ETA
+    #: 14:32``), as their node agents recorded it
+    holders: tuple[HolderPace, ...] | None = None
 
     @property
     def lost(self) -> bool:
@@ -236,7 +237,8 @@ def detail_json(status: JobStatus) -> dict[str, Any]:
     from launcher.views.verdict import verdict_json
 
     kept, events = status.stacks, list(status.events)
-    return {**job_object(status), **submitted_as(status.job), "holders_progress": status.holders,
+    return {**job_object(status), **submitted_as(status.job), "holders_progress": (
+        {p.job: p.as_json() for p in status.holders} if status.holders is not None else None),
             "attempts": attempts_told(status.job, status.nodes or (), events), "events": events,
             "stacks": json_entries(kept) if kept else [], "verdict": verdict_json(kept, status.job, events) if kept else None}
 
@@ -460,7 +462,7 @@ def job_detail(status: JobStatus, events_shown: int | None = 12) -> list[Any]:
     obj, m, events = job_object(status), status.summary, list(status.events)
     waiting = f"  waiting: {obj['queue_reason']}" if obj["state"] == JobState.QUEUED and obj.get("queue_reason") else ""
     if waiting and status.holders:
-        waiting += "; now " + "; ".join(f"job {job}: {said}" for job, said in sorted(status.holders.items()))
+        waiting += "; now " + "; ".join(p.text() for p in status.holders)
     scheduler = f"  (scheduler job {obj['scheduler_id']})" if obj.get("scheduler_id") else ""
     header = Text.assemble(Text(_fmt(obj["id"], ""), style="bold"), "  ", _state(obj["state"], supervisor_said(status)),
                            Text(f"  {obj['reason'] or ''}{waiting}{scheduler}"))

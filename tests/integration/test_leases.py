@@ -54,8 +54,9 @@ class Bed:
     def env(self, user: User) -> dict[str, str]:
         return user.env(LAUNCH_LEASE_DIR=str(self.leases))
 
-    def files(self, user: User, tag: str) -> tuple[str, str]:
-        """(job file, cluster file) of ``user``'s 2-node job ``tag``, written where the user can read them."""
+    def files(self, user: User, tag: str, report: bool = False) -> tuple[str, str]:
+        """(job file, cluster file) of ``user``'s 2-node job ``tag``, written where the user can read them; ``report``:
+        its ranks report a step every 0.5 s (of max_steps 100000) while they hold their slots."""
         hosts = {h.name: h for h in self.testbed.hosts}
         cluster = {
             "name": "bed", "backend": "ssh",
@@ -67,6 +68,9 @@ class Bed:
         job = {"name": f"hold-{tag}", "entrypoint": ["python", str(HOLD)], "resources": {"nodes": 2, "nproc_per_node": 1},
                "watch": {"grace_period": 1},
                "env": {"TEST_TIMES": str(self.times(user, tag)), "TEST_RELEASE": str(self.dir / f"release-{tag}")}}
+        if report:
+            job.update(max_steps=100000)
+            job["env"].update(TEST_REPORT="1", TEST_STEP_S="0.5", PYTHONPATH=str(ROOT))
         paths = (write_yaml(self.dir / f"job-{tag}.yaml", job), write_yaml(self.dir / f"cluster-{user.name}.yaml", cluster))
         return str(paths[0]), str(paths[1])
 
@@ -125,22 +129,29 @@ def test_a_second_users_job_exits_3_naming_the_holder_or_waits_its_turn_and_a_th
         testbed: tb.Testbed, unix_users: dict[str, User]) -> None:
     a, b, c = unix_users.values()
     bed = Bed(testbed, unix_users, slots=1)
-    first = a.popen(["submit", *_submit_args(bed, a, "a")], bed.env(a))
+    first = a.popen(["submit", *_submit_args(bed, a, "a", report=True)], bed.env(a))
     job_a = _until_started(bed, a, "a", first)
     assert job_a, _why(first)
+    # a's job reports steps: every user sees how far it is and when it may end (its agents record its pace)
+    paced = rf"job {job_a} \(user {a.name}, from {re.escape(socket.gethostname())}, since \d\d:\d\d; " \
+            rf"step \d+/100000, ETA \d\d:\d\d\)"
+    queue_of_c = ["queue", "--cluster", bed.files(c, "c")[1]]
+    listed = wait_for(lambda: len(re.findall(paced, c.run(queue_of_c, bed.env(c)).stdout)) == len(HOSTS), timeout=60)
+    assert listed, c.run(queue_of_c, bed.env(c)).stdout
 
     refused = b.run(["submit", *_submit_args(bed, b, "b")], bed.env(b))
     assert refused.returncode == 3, refused.stderr
     for host in HOSTS:
-        assert re.search(rf"{host} slot 0: job {job_a} \(user {a.name}, from {re.escape(socket.gethostname())}, "
-                         rf"since \d\d:\d\d\)", refused.stderr), refused.stderr
+        assert re.search(rf"{host} slot 0: {paced}", refused.stderr), refused.stderr
     assert not _times(bed, b, "b"), "the refused job started a rank"
 
     second = b.popen(["submit", *_submit_args(bed, b, "b"), "--wait"], bed.env(b))
     queued = wait_for(lambda: _job(bed, b, "QUEUED"), timeout=60)
     assert queued and job_a in queued["queue_reason"] and f"user {a.name}" in queued["queue_reason"], queued
+    assert "ETA" not in queued["queue_reason"], "the waiting reason changes only when the holders do"
     shown = b.run(["status", queued["id"]], bed.env(b)).stdout
     assert f"waiting: lt-h1 slot 0: job {job_a}" in shown, shown
+    assert re.search(rf"; now job {job_a} of {a.name}: step \d+/100000, ETA \d\d:\d\d", shown), shown
     third = c.popen(["submit", *_submit_args(bed, c, "c"), "--wait"], bed.env(c))
     job_c = wait_for(lambda: _job(bed, c, "QUEUED"), timeout=60)
     assert job_c, _why(third)
@@ -168,8 +179,8 @@ def test_a_second_users_job_exits_3_naming_the_holder_or_waits_its_turn_and_a_th
         assert spans[0][host][1] <= spans[1][host][0] and spans[1][host][1] <= spans[2][host][0], spans
 
 
-def _submit_args(bed: Bed, user: User, tag: str) -> list[str]:
-    job, cluster = bed.files(user, tag)
+def _submit_args(bed: Bed, user: User, tag: str, report: bool = False) -> list[str]:
+    job, cluster = bed.files(user, tag, report)
     return [job, "--cluster", cluster]
 
 

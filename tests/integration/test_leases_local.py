@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -100,8 +101,11 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     reporting = {"TEST_TIMES": str(tmp_path / "times-a"), "TEST_RELEASE": str(tmp_path / "release-a"), "TEST_REPORT": "1"}
     holder = _submit(home, _job(tmp_path, "a", max_steps=100000, env=reporting), "--cluster", cluster)
     assert _holding(tmp_path, "a", holder), _done(holder)
-    held = wait_for(lambda: next((j for j in cli_json(home, "status", "--json") if j["metrics"]["steps"]), None), 60)
-    assert held, "the holder reported no step"
+    def pace() -> str | None:
+        return json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)["nodes"][0]["devices"][0]["progress"]
+
+    assert wait_for(pace, 60), "the holder's agent recorded no step"
+    held = {"id": _times(tmp_path, "a")[0][1]}
     refused = run_cli(home, "submit", _job(tmp_path, "d"), "--cluster", cluster)  # a teammate sees how far it is
     assert refused.returncode == 3 and re.search(
         rf"slot 0: job {held['id']} \(user \S+, from \S+, since \d\d:\d\d; step \d+/100000, ETA \d\d:\d\d\)",
@@ -124,8 +128,9 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     text = run_cli(home, "status", detached).stdout
     assert re.search(r"submitted \d\d:\d\d:\d\d, queued \d\d:\d\d:\d\d \(waited \d+\.\d s\)", text), text
     assert "stage            queued: running\n" in text and "as submitted: --set queue=wait" in text, text
-    assert re.search(rf"; now job {held['id']}: step \d+/100000, ETA \d\d:\d\d", text), text  # the holder's pace
-    assert re.fullmatch(r"step \d+/100000, ETA \d\d:\d\d", told["holders_progress"][held["id"]]), told
+    assert re.search(rf"; now job {held['id']} of \S+: step \d+/100000, ETA \d\d:\d\d", text), text  # its pace
+    pace = told["holders_progress"][held["id"]]
+    assert re.fullmatch(r"step \d+/100000, ETA \d\d:\d\d", pace["text"]) and pace["eta"] > time.time(), pace
     waiting.send_signal(signal.SIGINT)
     code, err = _done(waiting)
     assert code == 130, err

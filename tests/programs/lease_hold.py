@@ -1,6 +1,7 @@
 """A rank that holds its devices until told: appends its start and end times to $TEST_TIMES (one line each:
 ``start|end JOB RANK HOST CUDA_VISIBLE_DEVICES TIME``) and exits once the file $TEST_RELEASE exists; with
-$TEST_REPORT, it reports a step every 0.1 s meanwhile (the Reporter), as a training job holding its GPUs would."""
+$TEST_REPORT, it reports a step every $TEST_STEP_S (0.1 s) meanwhile (the Reporter), as a training job holding its
+GPUs would."""
 
 import os
 import socket
@@ -24,10 +25,13 @@ if os.environ.get("TEST_REPORT"):
     from launcher.metrics import Reporter
 
     reporter = Reporter(every=1)
+every = float(os.environ.get("TEST_STEP_S", "0.1"))
+stepped = time.monotonic()
 while release and not os.path.exists(release):
-    time.sleep(0.1 if reporter else 0.05)
-    if reporter:
+    time.sleep(0.05)
+    if reporter and time.monotonic() - stepped >= every:
         reporter.step(samples=1)
+        stepped = time.monotonic()
 if reporter:
     reporter.close()
 note("end")

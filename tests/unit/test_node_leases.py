@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import leasing
-from launcher.node import gpuapps, leases, waiting
+from launcher.node import gpuapps, leases, progress, waiting
 from launcher.node.protocol import Frame, FrameKind, LeaseRequest, encode_frame, parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,9 +91,10 @@ def test_a_record_not_written_by_the_lock_holder_is_not_believed(directory: Path
     holder = Holder(directory, "slot", "1", "1", "job-a")
     record = directory / f"{leases.host_name()}.holder.{os.getuid()}.{holder.proc.pid}"
     data = json.loads(record.read_text())
-    record.write_text(json.dumps({**data, "job": "forged", "start_ticks": data["start_ticks"] + 1}))
+    record.write_text(json.dumps({**data, "job": "forged", "start_ticks": data["start_ticks"] + 1, "step": 5,
+                                  "max_steps": 10, "steps_per_s": 1.0, "step_t": time.time()}))
     seen = leases.survey("slot", 1, str(directory)).holders[0]
-    assert seen is not None and seen.job is None and seen.pid == holder.proc.pid
+    assert seen is not None and seen.job is None and seen.pace is None and seen.pid == holder.proc.pid
     assert leasing.who(seen.as_json()) == f"process {holder.proc.pid} (user {seen.user}, no launch record)"
     holder.close()
 
@@ -339,3 +341,41 @@ def test_root_sets_up_lock_files_no_other_user_can_remove_or_plant(shared_dir: P
                            env={**os.environ, "PYTHONPATH": str(ROOT), "LAUNCH_LEASE_DIR": str(shared_dir)}, timeout=120)
     assert shown.returncode == 0 and ": set up: nothing to change: the lease directory and its lock files are root's\n" \
         in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_the_holders_pace_comes_from_the_step_records_its_agent_relays_and_only_whole_records_on_a_ranks_stream(
+        directory: Path) -> None:
+    """Rank output is untrusted: what counts is a whole record with an integer step on a rank's stream; the holder
+    record keeps the newest step, max_steps and the rate, and every user's survey reads an ETA from it."""
+    watch = progress.StepWatch(max_steps=1000)
+    record = b'[0]: @@launch {"v":1,"rank":0,"step":%d}'
+    watch.feed([record % 10, b"@@launch " + b'{"v":1,"step":999}', b'[1]: @@launch {"v":1,"rank":0,"step":999}',
+                b'[0]: @@launch {"v":1,"step":true}', b'[0]: @@launch {"v":1,"step":1e30}', b"[0]: step 500 of 1000",
+                b'[0]: x @@launch {"v":1,"step":999}',
+                b'[0]: @@launch {"v":1,"step":900,"pad":"' + b"x" * progress.MAX_RECORD + b'"}'])
+    first = watch.fields()
+    assert first is not None and first["step"] == 10 and first["steps_per_s"] is None  # one record: no rate yet
+    assert watch.fields() is None, "nothing moved: nothing to rewrite"
+    time.sleep(0.2)  # the rate is the steps between two records over the node time between them: time must pass
+    watch.feed([record % 30])
+    fields = watch.fields()
+    assert fields is not None and fields["step"] == 30 and fields["max_steps"] == 1000 and fields["steps_per_s"] > 0
+
+    lease = leases.acquire("slot", 1, 1, {"job": "job-a", "from": "login-1", "max_steps": 1000},
+                           directory=str(directory))
+    assert isinstance(lease, leases.Lease)
+    try:
+        lease.note_progress(fields)
+        assert lease.record_path is not None and os.path.getsize(lease.record_path) < 512
+        holder = leases.survey("slot", 1, str(directory)).holders[0]
+        assert holder is not None and holder.pace is not None and holder.pace.step == 30
+        assert holder.pace.max_steps == 1000 and holder.pace.eta_s is not None and holder.pace.eta_s > 0
+        said = leasing.who(holder.as_json())
+        assert re.fullmatch(r"job job-a \(user \S+, from login-1, since \d\d:\d\d; step 30/1000, ETA \d\d:\d\d\)", said)
+        found = leasing.paces({"devices": [{"index": 0, "holder": holder.as_json()}]}, time.time())
+        assert found["job-a"].text().startswith(f"job job-a of {holder.user}: step 30/1000, ETA ")
+    finally:
+        lease.release()
+    assert not list(directory.glob("*.holder.*")), "the record goes with the lease"
+    lease.note_progress(fields)  # the watcher's last write after the release: no record comes back
+    assert not list(directory.glob("*.holder.*"))
