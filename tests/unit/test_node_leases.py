@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -379,3 +380,22 @@ def test_the_holders_pace_comes_from_the_step_records_its_agent_relays_and_only_
     assert not list(directory.glob("*.holder.*")), "the record goes with the lease"
     lease.note_progress(fields)  # the watcher's last write after the release: no record comes back
     assert not list(directory.glob("*.holder.*"))
+
+
+def test_the_agent_writes_the_pace_as_soon_as_two_steps_give_a_rate_not_a_whole_interval_later() -> None:
+    """A teammate refused right after a job started already sees its ETA: the first write comes once a rate is known,
+    well before WRITE_EVERY_S; the next ones at most every WRITE_EVERY_S."""
+    watch, written, stop = progress.StepWatch(max_steps=50), [], threading.Event()
+    wrote = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop, lambda fields: (written.append(fields), wrote.set())))
+    started = time.monotonic()
+    thread.start()
+    try:
+        watch.feed([b'[0]: @@launch {"v":1,"step":1}'])
+        assert not wrote.wait(progress.LOOK_S * 3), "one step gives no rate: nothing written yet"
+        watch.feed([b'[0]: @@launch {"v":1,"step":2}'])
+        assert wrote.wait(progress.WRITE_EVERY_S) and time.monotonic() - started < progress.WRITE_EVERY_S, written
+        assert written[0]["step"] == 2 and written[0]["steps_per_s"] > 0
+    finally:
+        stop.set()
+        thread.join(5)
