@@ -31,6 +31,8 @@ from launcher.views.terminal import safe_text
 def status(job, as_json, last, limit, checks, events, watch):
     """Show jobs, or one JOB in detail (when it was queued, started and ended, nodes, exit codes, metrics,
     first failure, its last events). The list leaves out the jobs `launch check` ran (--checks lists them).
+    A QUEUED job says what it waits for and how far each holding job is, whoever's it is
+    (`now job X of alice: step 120/1000, ETA 14:32`; --json: holders_progress).
 
     JOB is a job id or a unique prefix of one. With --watch, JOB (a detached one, or one
     running in another terminal) is shown as a foreground submit shows it: stages while its
