@@ -6,6 +6,7 @@ from typing import Any
 
 from launcher.run import status
 from launcher.store.db import Store
+from launcher.store.records import FIGURE_COLUMNS
 from launcher.store.rows import JobRow
 from launcher.store.states import JobState
 from launcher.views import jobstatus
@@ -15,8 +16,8 @@ from launcher.views.render import masked_env, shown_env
 from launcher.views.stacks import latest
 from launcher.views.verdict import verdict_lines
 
-#: The figures of a rank plotted on a job's page, by their metric record's name.
-SERIES = ("samples_per_sec", "step_time_s", "loss", "mem_peak_bytes")
+#: The figures of a rank plotted on a job's page, by their metric record's name: those the store keeps in columns.
+SERIES = FIGURE_COLUMNS
 #: Above this many ranks, the plots show the min, mean and max over the ranks instead of a line a rank.
 RANKS_PLOTTED = 32
 

@@ -53,7 +53,14 @@ class Batch:
 
 
 SEEN_SQL = "UPDATE nodes SET seen = ?, log_bytes = ? WHERE job_id = ? AND attempt = ? AND node = ?"
-METRICS_SQL = "INSERT INTO metrics (job_id, attempt, node, rank, step, record) VALUES (?,?,?,?,?,?)"
+#: The figures of a record kept in columns of their own too (schema 7; ``figures`` is 1 on such a row): the dashboard
+#: plots them, read without parsing each record's JSON (SQLite 3.40 parses it again for each figure read).
+FIGURE_COLUMNS = ("samples_per_sec", "step_time_s", "loss", "mem_peak_bytes")
+METRICS_SQL = (f"INSERT INTO metrics (job_id, attempt, node, rank, step, record, figures, warmup, {', '.join(FIGURE_COLUMNS)})"
+               f" VALUES (?,?,?,?,?,?,1,?{',?' * len(FIGURE_COLUMNS)})")
+#: Whether a row is a record of the plots: not a warm-up step's; a row stored before schema 7 read from its JSON.
+PLOTTED_ROW = ("CASE WHEN figures THEN warmup = 0 WHEN json_valid(record) "
+               "THEN coalesce(json_extract(record, '$.warmup'), 0) = 0 ELSE 0 END")
 SAMPLES_SQL = """INSERT INTO samples (job_id, attempt, rank, node, host, pid, t, cpu_s, rss_bytes, rss_peak_bytes,
    gpu_mem_bytes, gpu_mem_peak_bytes, gpu_util_sum, gpu_util_samples, samples)
    VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)
@@ -77,6 +84,14 @@ def _record_text(record: MetricRecord, job_id: str) -> str:
         return json.dumps(wire, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
         return json_text(wire)
+
+
+def _figure(name: str) -> str:
+    """The SQL that reads a record's figure ``name``: its column where it has one and the row was stored with it."""
+    if not name.isidentifier():
+        raise ValueError(f"not a figure name: {name!r}")
+    extracted = f"json_extract(record, '$.{name}')"
+    return f"CASE WHEN figures THEN {name} ELSE {extracted} END" if name in FIGURE_COLUMNS else extracted
 
 
 class RecordsStore(TallyStore):
@@ -134,7 +149,8 @@ class RecordsStore(TallyStore):
     def _metric_statements(self, job_id: str, attempt: int, records: list[MetricRecord]) -> list[tuple[str, list[tuple]]]:
         """The records' rows under the job's cap, and the tally of those kept."""
         rows = self._within_metric_cap(job_id, [
-            (job_id, attempt, record.node, record.rank, record.step, _record_text(record, job_id)) for record in records])
+            (job_id, attempt, record.node, record.rank, record.step, _record_text(record, job_id), int(record.warmup),
+             *(finite_or_none(getattr(record, name)) for name in FIGURE_COLUMNS)) for record in records])
         return [(METRICS_SQL, rows), *tally_statements(job_id, attempt, records[:len(rows)])]
 
     def running_summary(self, job_id: str) -> JobSummary | None:
@@ -162,14 +178,11 @@ class RecordsStore(TallyStore):
 
     def metric_points(self, job_id: str, attempt: int, names: tuple[str, ...]) -> list[tuple[int, int, list[float | None]]]:
         """(rank, step, the figures ``names``) of each record of an attempt but warm-up ones, in arrival order: the
-        dashboard's plots, read by SQLite's JSON functions without building each record (50,000 records in a
-        fraction of a second). A figure that is not a finite number reads as None."""
-        if not all(name.isidentifier() for name in names):
-            raise ValueError(f"not figure names: {names}")
-        figures = ", ".join(f"json_extract(record, '$.{name}')" for name in names)
-        rows = self._query(
-            f"SELECT rank, step, {figures} FROM metrics WHERE job_id = ? AND attempt = ? AND json_valid(record) "
-            "AND coalesce(json_extract(record, '$.warmup'), 0) = 0 ORDER BY id", (job_id, attempt))
+        dashboard's plots, read from the figures' columns (``FIGURE_COLUMNS``; any other figure by SQLite's JSON
+        functions) without building each record. A figure that is not a finite number reads as None."""
+        figures = ", ".join(_figure(name) for name in names)
+        rows = self._query(f"SELECT rank, step, {figures} FROM metrics WHERE job_id = ? AND attempt = ? AND {PLOTTED_ROW} "
+                           "ORDER BY id", (job_id, attempt))
         return [(row[0], row[1], [finite_or_none(value) for value in row[2:]]) for row in rows
                 if isinstance(row[0], int) and isinstance(row[1], int)]
 
@@ -180,15 +193,12 @@ class RecordsStore(TallyStore):
 
     def metric_spread(self, job_id: str, attempt: int, names: tuple[str, ...]) -> list[tuple[int, list[float | None]]]:
         """Per step of an attempt (warm-up records left out), the min, mean and max over the ranks of each figure in
-        ``names`` (three values a name, in that order), computed by SQLite."""
-        if not all(name.isidentifier() for name in names):
-            raise ValueError(f"not figure names: {names}")
-        extracted = ", ".join(f"json_extract(record, '$.{name}') AS f{i}" for i, name in enumerate(names))
+        ``names`` (three values a name, in that order), computed by SQLite from the figures' columns."""
+        extracted = ", ".join(f"{_figure(name)} AS f{i}" for i, name in enumerate(names))
         figures = ", ".join(f"{how}(f{i})" for i in range(len(names)) for how in ("min", "avg", "max"))
-        rows = self._query(  # each figure read once a record (SQLite 3.40 parses the JSON again for each read)
+        rows = self._query(  # each figure read once a row
             f"SELECT step, {figures} FROM (SELECT step, {extracted} FROM metrics WHERE job_id = ? AND attempt = ? "
-            "AND json_valid(record) AND coalesce(json_extract(record, '$.warmup'), 0) = 0) GROUP BY step ORDER BY step",
-            (job_id, attempt))
+            f"AND {PLOTTED_ROW}) GROUP BY step ORDER BY step", (job_id, attempt))
         return [(row[0], [finite_or_none(value) for value in row[1:]]) for row in rows if isinstance(row[0], int)]
 
     def metrics_after(self, job_id: str, after: int, limit: int = 10_000) -> list[tuple[int, MetricRecord]]:

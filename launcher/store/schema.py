@@ -117,8 +117,10 @@ CREATE TABLE IF NOT EXISTS samples (
 # job; a job's records stored before it are not tallied, and its summary is made from them. Version 5: the kind of the
 # job's first failure (``jobs.failure_kind``, a ``FailureKind``), which `launch submit` decides from; a job ended
 # before it has none. Version 6: who submitted the job (``jobs.user``: the user that ran `launch submit`, or took the
-# job over into this store); a job stored before it has none.
-SCHEMA_VERSION = 6
+# job over into this store); a job stored before it has none. Version 7: the figures the dashboard plots in columns
+# of the metrics table (``records.FIGURE_COLUMNS``, and ``warmup``; ``figures`` 1 where a row has them), read without
+# parsing each record's JSON; rows stored before keep them in their JSON only.
+SCHEMA_VERSION = 7
 MIGRATIONS: dict[int, str] = {
     0: SCHEMA,
     1: "ALTER TABLE jobs ADD COLUMN queue_reason TEXT; ALTER TABLE jobs ADD COLUMN scheduler_id TEXT",
@@ -159,6 +161,9 @@ CREATE TABLE IF NOT EXISTS tally_attempts (
 )""",
     4: "ALTER TABLE jobs ADD COLUMN failure_kind TEXT",
     5: "ALTER TABLE jobs ADD COLUMN user TEXT",
+    6: "ALTER TABLE metrics ADD COLUMN figures INTEGER; ALTER TABLE metrics ADD COLUMN warmup INTEGER; "
+       "ALTER TABLE metrics ADD COLUMN samples_per_sec REAL; ALTER TABLE metrics ADD COLUMN step_time_s REAL; "
+       "ALTER TABLE metrics ADD COLUMN loss REAL; ALTER TABLE metrics ADD COLUMN mem_peak_bytes REAL",
 }
 
 

@@ -247,3 +247,23 @@ def test_the_plots_of_a_job_of_many_ranks_are_its_ranks_min_mean_and_max(home):
     assert set(ranks) == {"min", "mean", "max"} and ranks["max"]["step"] == [2, 4, 6]
     assert ranks["min"]["samples_per_sec"][-1] == 0.0 and ranks["max"]["samples_per_sec"][-1] == data.RANKS_PLOTTED
     assert ranks["mean"]["samples_per_sec"][0] == 32.0
+
+
+def test_the_plots_read_records_stored_before_their_figures_had_columns_from_their_json(home):
+    from launcher.dashboard import data
+    from launcher.metrics.record import MetricRecord
+    from launcher.store.records import Batch
+
+    store = make_job(home)
+    run(store)
+    store.add_batch("dash-00000001", 0, Batch(records=[
+        MetricRecord(rank=0, step=1, samples_per_sec=9.0, warmup=True),  # a warm-up step is not plotted
+        MetricRecord(rank=0, step=2, samples_per_sec=8.0, step_time_s=0.5, loss=float("nan"), mem_peak_bytes=2**20)]))
+    for record in ('{"v":1,"rank":1,"step":2,"samples_per_sec":6.0,"step_time_s":0.25,"loss":0.5}',  # schema 6's rows
+                   '{"v":1,"rank":1,"step":1,"samples_per_sec":7.0,"warmup":true}', "not json"):
+        store._execute("INSERT INTO metrics (job_id, attempt, node, rank, step, record) VALUES ('dash-00000001', 0, 0, 1, 0, ?)",
+                       (record,))
+    assert store.metric_points("dash-00000001", 0, data.SERIES) == [(0, 2, [8.0, 0.5, None, 2.0**20]), (1, 0, [6.0, 0.25, 0.5, None])]
+    spread = dict(store.metric_spread("dash-00000001", 0, data.SERIES))
+    assert spread[2] == [8.0, 8.0, 8.0, 0.5, 0.5, 0.5, None, None, None, 2.0**20, 2.0**20, 2.0**20]
+    assert spread[0][:3] == [6.0, 6.0, 6.0] and set(spread) == {0, 2}

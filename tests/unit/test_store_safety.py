@@ -140,7 +140,7 @@ def test_a_store_made_by_the_first_releases_is_migrated_in_place(tmp_path, capsy
     home = tmp_path / "home"
     path = _old_store(home)
     store = Store(home)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     assert store.job("old-000001").summary["loss"] is None, "NaN written by old code reads as unknown"
     assert store.job("old-000001").failure_kind is None, "a job ended before failure kinds were kept has none"
     assert store.job("old-000001").user is None, "a job stored before its submitter was kept has none"
@@ -171,11 +171,11 @@ def test_a_store_from_a_newer_launch_is_refused(tmp_path):
     home.mkdir()
     db = sqlite3.connect(home / "jobs.db")
     db.execute("CREATE TABLE jobs (id TEXT)")
-    db.execute("PRAGMA user_version = 7")
+    db.execute("PRAGMA user_version = 99")
     db.commit()
     done = _launch(home, "status")
     assert done.returncode == 1
-    assert f"made by a newer launch (schema 7); this launch reads schema {SCHEMA_VERSION}" in done.stderr
+    assert f"made by a newer launch (schema 99); this launch reads schema {SCHEMA_VERSION}" in done.stderr
     assert str(home / "jobs.db") in done.stderr and "Traceback" not in done.stderr
 
 

@@ -1,10 +1,10 @@
 // launch dashboard: fills pages from the server's JSON and server-sent events. Text is set with textContent only.
 "use strict";
-const TOKEN = document.body.dataset.token;
 function url(path, params) {
   const u = new URL(path, location.href);
   for (const [k, v] of Object.entries(params || {})) if (v !== "" && v != null) u.searchParams.set(k, v);
-  if (TOKEN) u.searchParams.set("token", TOKEN);
+  const token = document.body.dataset.token;  // loaded in the head: the body is read when a page asks
+  if (token) u.searchParams.set("token", token);
   return u.toString();
 }
 function cell(tr, text, cls) { const td = tr.insertCell(); td.textContent = text == null ? "-" : String(text); if (cls) td.className = cls; return td; }
