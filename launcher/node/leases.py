@@ -275,6 +275,7 @@ class Survey:
     holders: dict[int, Holder | None]
     foreign: dict[int, list[Holder]] = field(default_factory=dict)
     waiting: list[Ticket] = field(default_factory=list)
+    exposed: list[str] = field(default_factory=list)  # why another user could remove lock files here (``exposure``)
 
     def free(self, allow_shared: bool) -> list[int]:
         return [i for i, h in self.holders.items() if h is None and (allow_shared or not self.foreign.get(i))]
@@ -283,7 +284,7 @@ class Survey:
         return {"host": host_name(), "kind": self.kind,
                 "devices": [{"index": i, "holder": h.as_json() if h else None,
                              "foreign": [p.as_json() for p in self.foreign.get(i, [])]} for i, h in self.holders.items()],
-                "waiting": [t.as_json() for t in self.waiting]}
+                "waiting": [t.as_json() for t in self.waiting], "exposed": self.exposed}
 
 
 def survey(kind: str, capacity: int, directory: str | None = None) -> Survey:
@@ -292,6 +293,7 @@ def survey(kind: str, capacity: int, directory: str | None = None) -> Survey:
     held = locked_pids()
     holders: dict[int, Holder | None] = {}
     inodes: dict[int, int] = {}
+    owners: dict[int, int] = {}
     for index in range(capacity):
         path = os.path.join(directory, f"{host_name()}.{kind}{index}.lock")
         try:
@@ -300,14 +302,14 @@ def survey(kind: str, capacity: int, directory: str | None = None) -> Survey:
             holders[index] = None
             continue
         unusable(path, info)
-        inodes[index] = info.st_ino
+        inodes[index], owners[index] = info.st_ino, info.st_uid
         pids = held.get(info.st_ino, [])
         holders[index] = holder(directory, pids[0], index, kind) if pids else None
     for index, found in _removed_under(directory, kind, held, inodes).items():
         if holders.get(index) is None:
             holders[index] = found
     foreign = foreign_gpu_processes() if kind == "gpu" else {}
-    return Survey(kind, holders, foreign, tickets(directory))
+    return Survey(kind, holders, foreign, tickets(directory), exposure(directory, kind, owners))
 
 
 def _removed_under(directory: str, kind: str, held: dict[int, list[int]], inodes: dict[int, int]) -> dict[int, Holder]:
@@ -435,9 +437,10 @@ def _owners(directory: str, file_uid: int) -> list[str]:
     return list(dict.fromkeys(records.user_name(uid) for uid in uids if uid not in (0, os.getuid())))
 
 
-def exposure(directory: str, kind: str, devices: list[int], fds: list[int]) -> list[str]:
-    """Why the lock files of a lease could be removed by another user (each its own line; [] when only this user
-    and root can): owned by that user, or in a directory that user owns. ``set_up`` (as root) makes it []."""
+def exposure(directory: str, kind: str, owners: dict[int, int]) -> list[str]:
+    """Why lock files (``owners``: device -> the uid owning its lock file) could be removed by another user (each
+    its own line; [] when only this user and root can): owned by that user, or in a directory that user owns.
+    ``set_up`` (as root) makes it []."""
     said = []
     with contextlib.suppress(OSError):
         owner = os.stat(directory).st_uid
@@ -445,8 +448,7 @@ def exposure(directory: str, kind: str, devices: list[int], fds: list[int]) -> l
             said.append(f"the lease directory {directory} belongs to {records.user_name(owner)}, who can remove "
                         "any lock file in it")
     by_owner: dict[int, list[int]] = {}
-    for index, fd in zip(devices, fds):
-        uid = os.fstat(fd).st_uid
+    for index, uid in sorted(owners.items()):
         if uid not in (0, os.getuid()):
             by_owner.setdefault(uid, []).append(index)
     noun = "GPU" if kind == "gpu" else "slot"
@@ -523,7 +525,8 @@ def acquire(kind: str, count: int, capacity: int, record: dict, *, waited: bool 
         return Busy(survey(kind, capacity, directory), queue, count)
     devices, fds = [i for i, _ in taken], [fd for _, fd in taken]
     lease = Lease(kind, devices, fds, paths=[os.path.join(directory, f"{host_name()}.{kind}{i}.lock") for i in devices],
-                  exposed=exposure(directory, kind, devices, fds), record={**holder, "devices": devices})
+                  exposed=exposure(directory, kind, {i: os.fstat(fd).st_uid for i, fd in taken}),
+                  record={**holder, "devices": devices})
     _tidy(directory)
     if _write_record(path, lease.record):
         lease.record_path = path

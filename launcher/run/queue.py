@@ -26,6 +26,7 @@ class NodeQueue:
     waiting: list[dict] = field(default_factory=list)
     error: str | None = None
     set_up: list[str] | None = None  # what `--set-up` changed there (None: not asked)
+    exposed: list[str] = field(default_factory=list)  # why another user could remove lock files there
 
 
 @dataclass
@@ -56,7 +57,8 @@ def read_queue(cluster: ClusterSpec, set_up: bool = False) -> tuple[list[NodeQue
             if answer is None or answer.get("error"):
                 return NodeQueue(index, hosts[index], kind, error=leasing.clean(error or answer and answer["error"]))
             return NodeQueue(index, hosts[index], kind, list(answer.get("devices") or []), list(answer.get("waiting") or []),
-                             set_up=[leasing.clean(line) for line in answer.get("set_up") or []] if set_up else None)
+                             set_up=[leasing.clean(line) for line in answer.get("set_up") or []] if set_up else None,
+                             exposed=[leasing.clean(line) for line in (answer.get("exposed") or [])[:8]])
 
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
             nodes = list(pool.map(one, range(len(hosts))))
@@ -91,6 +93,7 @@ def _pace(device: dict) -> str | None:
 def queue_json(nodes: list[NodeQueue], waiting: list[Waiter]) -> dict:
     return {
         "nodes": [{"index": n.index, "host": n.host, "kind": n.kind, "error": n.error, "set_up": n.set_up,
+                   "exposed": n.exposed,
                    "devices": [{"index": d.get("index"), "holder": d.get("holder"), "foreign": d.get("foreign") or [],
                                 "progress": _pace(d)}
                                for d in n.devices]} for n in nodes],
@@ -108,6 +111,8 @@ def queue_lines(nodes: list[NodeQueue], waiting: list[Waiter]) -> list[str]:
         if node.error:
             lines.append(f"{node.host}: cannot read its leases: {node.error}")
             continue
+        lines += [f"{node.host}: warning: {why}, and so let a second job lease a device that is held; root runs "
+                  "`launch queue --set-up` once (docs/LEASES.md)" for why in node.exposed]
         noun = "GPU" if node.kind == "gpu" else "slot"
         for device in node.devices:
             holder, foreign = device.get("holder"), device.get("foreign") or []
