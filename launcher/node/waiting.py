@@ -22,6 +22,7 @@ from .protocol import LeaseRequest
 POLL_S = 0.25
 GPU_LOOK_S = 2.0  # nvidia-smi's processes change without a lease moving: look again this often on GPU nodes
 PLACE_LOST_S = 30.0  # a ticket whose turn came (first, its devices free) and that took no lease this long loses its place
+TURN_LOOK_S = 1.0  # while such a turn runs out, look again this often though nothing moved
 
 
 class Places:
@@ -115,7 +116,7 @@ def wait(req: LeaseRequest) -> int:
             shown, seen, looked = None, None, 0.0
             while True:
                 changes = _changes(directory)
-                if (changes != seen or places.pending()
+                if (changes != seen or (places.pending() and time.monotonic() - looked > TURN_LOOK_S)
                         or (req.kind == "gpu" and time.monotonic() - looked > GPU_LOOK_S)):
                     seen, looked = changes, time.monotonic()
                     now = state(req, since, places)
