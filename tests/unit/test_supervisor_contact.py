@@ -276,3 +276,19 @@ def test_a_watcher_whose_echo_blocks_is_stuck_and_the_loop_holds_its_verdicts(tm
     back = attention.settle([stuck + 30.2], stuck + 30.3)
     assert back is not None and back.describe() == \
         "node 1's lines could not be taken in (the foreground output blocked) for 30 s; caught up"
+
+
+def test_a_lock_file_removed_under_a_nodes_lease_is_one_event_and_one_line(relay, tmp_path):
+    """Issue 39, item 5: the agent's ``@lease`` frame (launcher.node.leases.Moved) reaches the job's history and log."""
+    relay, filer, echoed = relay
+    moved = {"kind": "gpu", "device": 3, "path": "/var/tmp/launch-leases/gpu-01.gpu3.lock", "what": "removed",
+             "owners": ["bob"], "leased_again": True}
+    lines = ['@started {"pid":4242,"start_ticks":99}', encode_frame(FrameKind.LEASE, moved).decode(), '@exit {"code":0}']
+    watcher = NodeWatcher(Journal(lines).handle(0), "h2", tmp_path / "n1.log", relay)
+    watcher.join(10)
+    said = ("launch: node 1: the lock file of GPU 3 (/var/tmp/launch-leases/gpu-01.gpu3.lock) was removed while this "
+            "job held it (only bob or root could): leased again, no other job can take GPU 3; `launch queue --set-up`, "
+            "run once by root, makes lock files no user can remove (docs/LEASES.md)")
+    assert echoed == [f"[1] {said}"]
+    events = [e for e in filed(relay, filer).events(filer.job_id) if e["kind"] == "lock_file_removed"]
+    assert [(e["message"], e["data"]) for e in events] == [(said, {"node": 1, "device": 3, "leased_again": True})]
