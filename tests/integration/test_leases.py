@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import socket
@@ -25,7 +26,7 @@ from launcher.backends import cluster_spec, leasing
 from launcher.backends.base import StartContext
 from launcher.backends.ssh.backend import SSHBackend
 from launcher.node import proctree
-from launcher.run import orchestrate
+from launcher.run import orchestrate, queue
 from launcher.spec.job import JobSpec
 from launcher.store.db import Store
 from tests.helpers import ROOT, wait_for, write_yaml
@@ -278,3 +279,10 @@ def test_a_job_finding_one_hosts_leases_taken_at_start_starts_no_rank_on_any_hos
     assert not times.exists(), "no rank ran on any host"
     # the agent told not to start (lt-h1's) may still be exiting when start has raised: it goes by itself
     assert wait_for(lambda: proctree.job_pids(plan.job_id) == [], timeout=10), proctree.job_pids(plan.job_id)
+    # issue 39, item 5: root's `launch queue --set-up --cluster` gives each node's lock files to root, over SSH
+    lock = lease_dir / "lt-h1.slot0.lock"
+    os.chown(lock, pwd.getpwnam("nobody").pw_uid, -1)  # as if another user had leased lt-h1's slot first
+    nodes, _ = queue.read_queue(cluster, set_up=True)
+    assert [(n.host, n.set_up, n.exposed) for n in nodes] == [
+        ("lt-h1", [f"{lock} given to root (was nobody's)"], []), ("lt-h2", [], [])], nodes
+    assert lock.stat().st_uid == 0
