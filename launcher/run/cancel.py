@@ -14,7 +14,7 @@ from launcher.run import identity
 from launcher.run.recorded import RecordedJob
 from launcher.store.db import Store
 from launcher.store.rows import JobRow
-from launcher.store.states import JobState
+from launcher.store.states import JobState, is_terminal
 
 MAX_REATTACH = 3  # as many times as the keeper (``run.detached``) starts a new supervisor
 RECORDS_ITSELF_S = 5.0  # how long `cancel` waits for a starting supervisor to record itself
@@ -83,8 +83,8 @@ class SupervisorWatch:
 
     def __call__(self, job_id: str) -> str | None:
         gone = supervisor_gone(self.store, job_id)
-        if gone is None:
-            return None
+        if gone is None or is_terminal(self.store.job(job_id).state):
+            return None  # (a supervisor that ended the job has exited: the caller reads the end next)
         if identity.keeper_alive(self.store.run_dir(job_id), job_id) is None:
             return gone
         kinds = [event["kind"] for event in self.store.events(job_id)]

@@ -186,3 +186,23 @@ def test_a_watch_waits_while_a_keeper_can_restart_the_supervisor_and_gives_up_wh
         keeper.stdin.close()
         keeper.wait(timeout=10)
     assert gone(job_id) is not None
+
+
+def test_a_watch_reads_the_end_of_a_job_whose_supervisor_exited_before_its_keeper(home: Path) -> None:
+    """A supervisor that ended its job exits a moment before its keeper does: `status --watch` and `logs --follow`
+    then read the job's end, never say 'supervisor restarting' (seen as the first line of a watch's output)."""
+    from launcher.run.cancel import SupervisorWatch
+
+    store = _recorded(home)
+    job_id = "orphan-0000aaaa"
+    _supervisor_that_exited(store, job_id)
+    keeper = subprocess.Popen([sys.executable, "-c", KEEPER, str(store.run_dir(job_id)), "launcher.run.detached", job_id],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert keeper.stdout.readline() == "ready\n"
+        assert store.transition(job_id, JobState.FAILED, reason="rank 1 failed")
+        said: list[str] = []
+        assert SupervisorWatch(store, said.append)(job_id) is None and said == []
+    finally:
+        keeper.stdin.close()
+        keeper.wait(timeout=10)
