@@ -101,9 +101,10 @@ def survey_request(kind: str, capacity: int) -> LeaseRequest:
     return _request(None, kind, 0, capacity)
 
 
-def clean(value: object) -> str:
-    """A value another user wrote on a node (a job id, a host, a command), printable and bounded."""
-    return _UNPRINTABLE.sub("?", str(value))[:120]
+def clean(value: object, limit: int = 120) -> str:
+    """A value another user wrote on a node (a job id, a host, a command), printable and bounded (a line naming a
+    path, such as what ``--set-up`` changed, takes a longer ``limit``)."""
+    return _UNPRINTABLE.sub("?", str(value))[:limit]
 
 
 def _ranges(indices: list[int]) -> str:

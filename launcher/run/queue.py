@@ -14,6 +14,8 @@ from launcher.backends import get_backend, leasing
 from launcher.errors import LaunchError
 from launcher.spec.cluster import ClusterSpec
 
+PATH_LINE = 1000  # a line of what `--set-up` changed names a lock file's whole path (a lease dir may be deep)
+
 
 @dataclass
 class NodeQueue:
@@ -57,7 +59,7 @@ def read_queue(cluster: ClusterSpec, set_up: bool = False) -> tuple[list[NodeQue
             if answer is None or answer.get("error"):
                 return NodeQueue(index, hosts[index], kind, error=leasing.clean(error or answer and answer["error"]))
             return NodeQueue(index, hosts[index], kind, list(answer.get("devices") or []), list(answer.get("waiting") or []),
-                             set_up=[leasing.clean(line) for line in answer.get("set_up") or []] if set_up else None,
+                             set_up=[leasing.clean(line, limit=PATH_LINE) for line in answer.get("set_up") or []] if set_up else None,
                              exposed=[leasing.clean(line) for line in (answer.get("exposed") or [])[:8]])
 
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:

@@ -363,9 +363,9 @@ def test_a_supervisor_stopped_for_60_s_catches_up_and_judges_nothing_hung(testbe
     os.kill(supervisor, signal.SIGSTOP)
     stopped_at = time.time()
     try:
-        at_stop = journal.read_bytes().count(b"]:step ")
+        at_stop = journal.read_bytes().count(b"]: step ")
         time.sleep(paused_s)  # the fault itself: a supervisor that does not run for a minute
-        trained = journal.read_bytes().count(b"]:step ") - at_stop
+        trained = journal.read_bytes().count(b"]: step ") - at_stop
     finally:
         os.kill(supervisor, signal.SIGCONT)
         os.kill(keeper, signal.SIGCONT)
