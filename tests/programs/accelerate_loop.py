@@ -1,6 +1,8 @@
 """A training loop with Hugging Face Accelerate, knowing nothing of `launch`: ``Accelerator().prepare``,
 ``accelerator.backward``, gradient accumulation of 2 by Accelerate; 12 optimizer steps."""
 
+import gc
+
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
@@ -25,6 +27,9 @@ def main():
             accelerator.print(f"step {steps} loss {loss.item():.4f}")
             if steps == 12:
                 break
+    accelerator.wait_for_everyone()  # as PyTorch asks: the model freed, then the group (end_training destroys it);
+    del model, optimizer, loader     # left to exit, gloo aborted rank 1 (SIGABRT) in one fresh-clone run
+    gc.collect()
     accelerator.end_training()
 
 
