@@ -16,9 +16,10 @@ demo: setup
 	$(LAUNCH) submit jobs/cifar10_convnet.yaml
 	$(LAUNCH) status --last
 
-# Two pytest workers (pytest-xdist) share the machine's cores; tests that need the machine-wide beds
-# (namespaced hosts, Slurm, Ray, podman) run by bed, each bed on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# Three pytest workers (pytest-xdist) share the machine's two cores (the bed tests wait more than they compute);
+# tests that need the machine-wide beds (namespaced hosts, Slurm, Ray, podman) run by bed, each bed on one worker,
+# and a module whose fixture runs jobs on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 test: setup-test
 	@$(MAKE) --no-print-directory -j2 lint ops
 	@# The suite starts the CLI, supervisors and agents thousands of times: where PYTHONDONTWRITEBYTECODE is set

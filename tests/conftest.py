@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# Under pytest-xdist (make test: two workers) every test that needs something the machine holds once runs on
+# Under pytest-xdist (make test: three workers) every test that needs something the machine holds once runs on
 # the worker that holds it: a test bed (tests/testbed_fixture.py: bed "a" or "b", by module, with Slurm, Ray and
 # the Unix users on theirs) or podman's image store (its modules are bed "a"'s).
 BED_FIXTURES = frozenset({"testbed", "testbeds", "slurm", "slurm_cluster", "ray_cluster", "unix_users"})
@@ -70,10 +70,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                 "test bed or podman: add each to bed 'a' or 'b'")
 
 
+# Modules whose module-scoped fixture runs jobs (the observed programs: 8 jobs, about 2 minutes): all their tests go
+# to one worker, which makes the fixture once (spread test by test, every worker made it again: 3 x 2 minutes).
+SHARED_FIXTURE_MODULES = frozenset({"test_observed_programs", "test_strategies", "test_metrics_cli",
+                                    "test_flight_recorder", "test_verdict_scale", "test_record_property"})
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """xdist (make test: two workers) sends every test of a bed's modules to one worker, the other tests one by one:
-    a bed is made and used by one worker only. (xdist's own loadgroup cannot do it under pytest 9: the group it
-    writes into a test's id does not reach the scheduler.)"""
+    """xdist (make test: three workers) sends every test of a bed's modules to one worker, and every test of a
+    SHARED_FIXTURE_MODULES module to one, the other tests one by one: a bed or a module's jobs are made once.
+    (xdist's own loadgroup cannot do it under pytest 9: the group it writes into a test's id does not reach the
+    scheduler.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     from tests.testbed_fixture import bed_of_nodeid
@@ -81,6 +88,9 @@ def pytest_xdist_make_scheduler(config, log):
     class BedScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             bed = bed_of_nodeid(nodeid)
-            return f"bed-{bed}" if bed else nodeid
+            if bed:
+                return f"bed-{bed}"
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).stem in SHARED_FIXTURE_MODULES else nodeid
 
     return BedScheduling(config, log)
