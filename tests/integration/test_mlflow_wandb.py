@@ -158,7 +158,11 @@ def test_a_job_mirrors_into_mlflow_and_wandb_through_an_attach_with_nothing_twic
         assert len(steps) == len(set(steps)), f"a step written twice: {sorted(steps)}"
         assert sorted(steps) == list(range(min(steps), max(steps) + 1)) and min(steps) <= 3, sorted(steps)
         assert all(20 < m.value <= 80.5 for m in history), [m.value for m in history]  # two ranks, 8 samples / 0.2 s
-        assert len(client.get_metric_history(run.info.run_id, "rank_1/samples_per_sec")) == len(steps)
+        # rank 1's series: each of its steps once, all among the job's (each rank stops at the stop file on its own
+        # step, so the job's last step may be rank 0's alone)
+        rank_1 = [m.step for m in client.get_metric_history(run.info.run_id, "rank_1/samples_per_sec")]
+        assert len(rank_1) == len(set(rank_1)) and set(rank_1) <= set(steps) and len(rank_1) >= len(steps) - 1, \
+            (sorted(rank_1), sorted(steps))
         assert "summary.samples_per_sec" in run.data.metrics
 
         config, rows = wandb_records(home / "runs" / job_id)
