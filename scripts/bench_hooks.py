@@ -137,7 +137,7 @@ def rank_startup(folder: str) -> None:
             "import launch_stephooks; launch_stephooks.install(); print((time.perf_counter() - t) * 1e3)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     samples = [float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                    check=True).stdout.split()[-1]) for _ in range(5)]
+                                    check=True).stdout.split()[0]) for _ in range(5)]  # (then the hooks' end record)
     print(f"start-up added to a rank (hooks imported and installed after torch): median {statistics.median(samples):.2f} ms "
           f"(max {max(samples):.2f}) over {len(samples)} processes")
 
@@ -162,7 +162,8 @@ def plain_startup(folder: str, starts: int) -> None:
         with_hooks.append(pair["with"])
         without.append(pair["without"])
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=hooked, capture_output=True, text=True)
-    own = re.search(r"import time:\s+(\d+) \|\s+(\d+) \|\s*sitecustomize", done.stderr)
+    # (in a rank, LOCAL_RANK set, the start-up hook sends stderr where stdout goes: -X importtime's lines with it)
+    own = re.search(r"import time:\s+(\d+) \|\s+(\d+) \|\s*sitecustomize", done.stdout + done.stderr)
     print(f"start-up added to a Python process without torch: median paired difference {statistics.median(diffs) * 1e3:.2f} ms "
           f"({statistics.median(without) * 1e3:.1f} ms -> {statistics.median(with_hooks) * 1e3:.1f} ms, {starts} pairs); "
           f"-X importtime sitecustomize: {int(own[2]) / 1e3 if own else float('nan'):.2f} ms")
