@@ -62,7 +62,7 @@ from launcher.node import rankrelay
 
 MARKER = "@@launch "
 # what torchrun (the plan's prefix template) and the node side (rankrelay) put before each rank's line
-RANK_PREFIX = re.compile(re.escape(rankrelay.PREFIX).replace(re.escape("{rank}"), r"(\d{1,7})"))
+RANK_PREFIX = re.compile(rankrelay.PREFIX_PATTERN)
 RECORD_VERSION = 1
 
 MAX_RECORD_CHARS = 16 * 1024  # the JSON text of one record; a valid record is far smaller

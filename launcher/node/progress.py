@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .rankrelay import PREFIX
+from .rankrelay import PREFIX_PATTERN
 
 MARKER = b"@@launch "
 # what torchrun (the plan's prefix template) and the node side (rankrelay) put before each rank's line
-RANK_PREFIX = re.compile(re.escape(PREFIX).replace(re.escape("{rank}"), r"(\d{1,7})").encode())
+RANK_PREFIX = re.compile(PREFIX_PATTERN.encode())
 MAX_RECORD = 16 * 1024  # bytes of a record's JSON parsed (the supervisor's bound too)
 MAX_STEP = 10**15
 MAX_RANKS = 1024  # ranks of one node whose latest step is kept

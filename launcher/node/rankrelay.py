@@ -11,6 +11,7 @@ Standard library only, besides DeepSpeed's launcher, imported when ``main`` runs
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -22,6 +23,9 @@ from .linecut import LINE_LIMIT, READ_CHUNK, bounded_lines
 # Before each line of a rank, here and (the plan's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE) in torchrun's tee. The space
 # sets a rank's empty line ("[1]: ") apart from the keys of torchrun's own failure report ("[1]:" alone).
 PREFIX = "[{rank}]: "
+# PREFIX as a regular expression capturing the rank: how every reader of a rank's line (the supervisor's record
+# parser, the agent's step watch) finds it
+PREFIX_PATTERN = re.escape(PREFIX).replace(re.escape("{rank}"), r"(\d{1,7})")
 DRAIN_S = 5.0  # a process a rank left may hold its pipe open: the agent ends it
 _lock = threading.Lock()
 _relays: list[threading.Thread] = []
