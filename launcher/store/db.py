@@ -59,9 +59,11 @@ class Store(RecordsStore):
         updates = {"state": state, **fields}
         if state in TERMINAL:
             updates.setdefault("ended_at", time.time())
-        if state == RUNNING:
-            updates.setdefault("started_at", time.time())
+        first_start = state == RUNNING and "started_at" not in fields
         cols = ", ".join(f"{k} = ?" for k in updates)
+        if first_start:  # the job's start is its first attempt's: a restart does not move it (wall time, goodput)
+            cols += ", started_at = COALESCE(started_at, ?)"
+            updates["started_at"] = time.time()
         values = [json_text(v) if k in JSON_COLUMNS and v is not None else v for k, v in updates.items()]
         marks = ",".join("?" * len(allowed))
         changed = self._execute(

@@ -101,10 +101,11 @@ def test_ctrl_c_or_cancel_of_a_waiting_job_leaves_nothing(tmp_path: Path, home: 
     reporting = {"TEST_TIMES": str(tmp_path / "times-a"), "TEST_RELEASE": str(tmp_path / "release-a"), "TEST_REPORT": "1"}
     holder = _submit(home, _job(tmp_path, "a", max_steps=100000, env=reporting), "--cluster", cluster)
     assert _holding(tmp_path, "a", holder), _done(holder)
-    def pace() -> str | None:
-        return json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)["nodes"][0]["devices"][0]["progress"]
+    def pace() -> str | None:  # a step alone is recorded first; the ETA once two steps give a rate
+        said = json.loads(run_cli(home, "queue", "--cluster", cluster, "--json").stdout)["nodes"][0]["devices"][0]["progress"]
+        return said if said and "ETA" in said else None
 
-    assert wait_for(pace, 60), "the holder's agent recorded no step"
+    assert wait_for(pace, 60), "the holder's agent recorded no pace"
     held = {"id": _times(tmp_path, "a")[0][1]}
     refused = run_cli(home, "submit", _job(tmp_path, "d"), "--cluster", cluster)  # a teammate sees how far it is
     assert refused.returncode == 3 and re.search(

@@ -41,6 +41,14 @@ def test_states_move_only_along_legal_transitions(store):
     assert store.job("s-000001").state == SUCCEEDED
 
 
+def test_a_restart_keeps_the_jobs_start_so_its_wall_time_spans_every_attempt(store):
+    store.create_job(_plan("s-000003"), {})
+    assert store.transition("s-000003", LAUNCHING) and store.transition("s-000003", RUNNING)
+    first = store.job("s-000003").started_at
+    assert store.transition("s-000003", LAUNCHING, attempt=1) and store.transition("s-000003", RUNNING)
+    assert store.job("s-000003").started_at == first
+
+
 def test_jobs_are_found_by_unique_prefix(store):
     store.create_job(_plan("s-aaa111"), {})
     store.create_job(_plan("s-aab222"), {})
