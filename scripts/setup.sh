@@ -70,7 +70,7 @@ if [[ ! -x $VENV/bin/python ]]; then
   "$PYTHON" -m venv "$VENV"
 fi
 if [[ ! -f $stamp && ! -f $VENV/.installed-dev-$(sha1sum pyproject.toml | cut -c1-12) ]]; then
-  echo "setup: installing launch[$extras] (first time only; a minute or two; log in $VENV/setup.log)"
+  echo "setup: installing launch[$extras] (first time only; about a minute; log in $VENV/setup.log)"
   log="$VENV/setup.log"
   {
     "$VENV/bin/python" -m pip install --upgrade pip &&
