@@ -26,6 +26,7 @@ import time
 from . import proctree
 from .journal import (
     RECORD_FILE,
+    contact_age,
     contact_path,
     fenced_by,
     generation_path,
@@ -203,7 +204,8 @@ def _answer(data: dict) -> int:
 
 
 def fence(req: FenceRequest) -> int:
-    """Print node ``node``'s generation record and how long ago a reader was in contact (``contact_s``). With
+    """Print node ``node``'s generation record and how long ago a reader was in contact (``contact_s``, on the
+    node's monotonic clock; None: never, or before a reboot). With
     ``generation`` newer than the recorded one, record it first (with ``pid``, ``host``): from then on, ``follow``
     and the agent refuse readers of an older generation. ``taken``: it was written."""
     node = req.node
@@ -219,10 +221,7 @@ def fence(req: FenceRequest) -> int:
     if taken:
         current = {"generation": wanted, "pid": req.pid, "host": req.host, "since": time.time()}
         write_atomically(generation_path(run_dir, node), json.dumps(current))
-    try:
-        contact_s: float | None = max(0.0, time.time() - os.stat(contact_path(run_dir, node)).st_mtime)
-    except OSError:
-        contact_s = None
+    contact_s = contact_age(contact_path(run_dir, node))
     return _answer({**current, "taken": taken, "contact_s": contact_s, "agent_gone": agent_gone(run_dir, node)})
 
 

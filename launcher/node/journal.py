@@ -18,7 +18,9 @@ Standard library only: it runs on nodes.
 from __future__ import annotations
 
 import collections
+import functools
 import json
+import math
 import os
 import stat
 import threading
@@ -90,16 +92,50 @@ def fenced_by(run_dir: str, node: object, mine: int) -> dict | None:
     return found if is_fenced(found["generation"], mine) else None
 
 
-def touch(path: str) -> None:
-    """Mark ``path`` (a contact file) as touched now; a run directory removed meanwhile is not an error."""
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+STAMP_WIDTH = 20  # the monotonic seconds in a contact file, fixed width: each touch rewrites the same bytes
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot's id (a monotonic time means nothing in another boot); empty where the kernel does not say."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with open(BOOT_ID) as handle:
+            return handle.read(64).strip()
+    except OSError:
+        return ""
+
+
+def touch(path: str) -> None:
+    """Mark ``path`` (a contact file) as touched now: ``BOOT_ID MONOTONIC`` written over its bytes (so its times
+    change too); a run directory removed meanwhile is not an error."""
+    stamp = f"{boot_id() or '-'} {time.monotonic():0{STAMP_WIDTH}.3f}\n".encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         try:
-            os.utime(fd)
+            os.pwrite(fd, stamp, 0)
+            os.ftruncate(fd, len(stamp))
         finally:
             os.close(fd)
     except OSError:
         pass
+
+
+def contact_age(path: str) -> float | None:
+    """Seconds since the contact file ``path`` was last touched, on this node's monotonic clock (a step of the wall
+    clock makes contact look neither lost nor fresh); None when it was never touched or in another boot."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            fields = os.read(fd, 128).split()
+        finally:
+            os.close(fd)
+        stamp = float(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    if fields[0].decode("ascii", "replace") != (boot_id() or "-") or not math.isfinite(stamp):
+        return None
+    return max(0.0, time.monotonic() - stamp)
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -410,3 +410,24 @@ def test_a_supervisors_sweep_carries_its_generation_and_stops_it_when_refused() 
         backend.sweep(plan, 0.1, generation=1)
     assert {(r.job_id, r.node, r.generation) for r in asked} <= {(JOB_ID, 0, 1), (JOB_ID, 1, 1)}
     backend.close()
+
+
+def test_a_readers_contact_age_is_on_the_monotonic_clock_whatever_the_wall_clock_does(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: ``fence`` aged contact by the wall clock, so a step back made a reader gone for an hour look in
+    contact (attach refused) and a step forward made a live one look gone (two supervisors)."""
+    import time
+
+    contact = journal.contact_path(str(root / JOB_ID), 0)
+    now = {"mono": 1000.0, "wall": time.time()}
+    monkeypatch.setattr(time, "monotonic", lambda: now["mono"])
+    monkeypatch.setattr(time, "time", lambda: now["wall"])
+    journal.touch(contact)
+    now["mono"] += 0.5
+    now["wall"] += 3600  # stepped forward an hour just after the reader's touch
+    assert _command(follow.fence, FenceRequest(JOB_ID, 0))["contact_s"] == pytest.approx(0.5)
+    now["mono"] += 40
+    now["wall"] -= 7200  # back an hour before the touch: the reader has been gone 40 s all the same
+    assert _command(follow.fence, FenceRequest(JOB_ID, 0))["contact_s"] == pytest.approx(40.5)
+    Path(contact).write_text("0" * 36 + " 00000000000000000001.000\n")  # touched in another boot
+    assert _command(follow.fence, FenceRequest(JOB_ID, 0))["contact_s"] is None
