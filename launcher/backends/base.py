@@ -34,6 +34,7 @@ from launcher.plan.planner import Plan
 from launcher.spec.cluster import NodeSpec
 
 NODE_COMMAND_TIMEOUT_S = 60.0
+COLLECT_TIMEOUT_S = 30.0  # a host asked to remove a filed job's run directory (it waits up to 10 s for its agents)
 
 
 @dataclass
@@ -243,15 +244,21 @@ class Backend(ABC, Generic[C]):
     def fence(self, plan: Plan | None, index: int, job_id: str, generation: int | None = None,
               who: Mapping[str, object] | None = None, timeout: float = 30) -> tuple[dict | None, str | None]:
         """Node ``index``'s supervisor generation record (``{"generation", "pid", "host", "contact_s", ...}``);
-        with ``generation`` newer than it, that one is recorded first (``who``: pid and host). (answer, None) or
+        with ``generation`` newer than it, that one is recorded first (``who``: pid, host, job store id). (answer, None) or
         (None, why not)."""
-        pid, host = (who or {}).get("pid"), (who or {}).get("host")
+        pid, host, store = (who or {}).get("pid"), (who or {}).get("host"), (who or {}).get("store")
         request = FenceRequest(job_id, index, generation, pid if isinstance(pid, int) else None,
-                               host if isinstance(host, str) else None)
+                               host if isinstance(host, str) else None, store if isinstance(store, str) else None)
         answer, error = self.node_command(plan, index, "fence", request, timeout=timeout)
         if answer is not None and "error" in answer:
             return None, str(answer["error"])[:300]
         return answer, error
+
+    def collect(self, plan: Plan, index: int, request: CleanRequest) -> tuple[dict | None, str | None]:
+        """Node ``index``'s answer to a ``clean`` that removes the job's run directory there once every job store that
+        followed it has filed it (``request.filed_by``): (``{"removed": [...], "kept": {...}}``, None) or (None, why
+        not)."""
+        return self.node_command(plan, index, "clean", request, timeout=COLLECT_TIMEOUT_S)
 
     def clean(self, index: int, request: CleanRequest) -> tuple[dict | None, str | None]:
         """`launch clean` on node ``index`` of the cluster: (``{"removed": [...], "kept": {...}}``, None) or (None,

@@ -1,4 +1,5 @@
-"""`launch clean`: remove this user's run directories on a cluster's nodes (docs/JOURNALS.md "Run directories")."""
+"""`launch clean`: remove this user's run directories on a cluster's nodes, those never collected (docs/JOURNALS.md
+"Run directories")."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from launcher.cli.output import CLUSTER_HELP
 def clean_command(cluster_file, older_than, job_id, dry_run):
     """Remove your run directories on every node of a cluster in which no agent runs.
 
-    A node agent keeps its job's run directory (journal, record, the ranks'
-    directory) after the job ends, so that `launch attach --cluster` can read it
-    back; a new job of yours on the node removes those untouched for 7 days. This
-    removes them now. A directory an agent still runs in is kept and named.
+    A job's run directory on a node (journal, record, the ranks' directory)
+    goes once every job store that followed the job there has filed it. One
+    never collected (a supervisor that never came back, a node unreachable at
+    the end) stays for `launch attach`; a new job of yours on the node removes
+    those untouched for 7 days. This removes them now. A directory an agent
+    still runs in is kept and named.
 
     \b
     Examples:

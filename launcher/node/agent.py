@@ -50,6 +50,7 @@ Standard library only: it runs on nodes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -80,7 +81,7 @@ from .linecut import READ_CHUNK, bounded_lines
 from .progress import StepWatch
 from .protocol import AgentRequest, FrameKind, RequestError, output_prefix
 from .rankstreams import on_devices, with_rank_streams
-from .rundir import RunDirError, job_run_dir, private_dir
+from .rundir import RunDirError, job_run_dir, mark_store, private_dir
 from .safepath import isolated
 from .sampler import Sampler
 from .secretmask import masker
@@ -184,6 +185,10 @@ class Agent:
             raise Fenced(f"a newer supervisor (generation {newer['generation']}) is in charge of the job")
         if req.record is not None:  # what `launch attach --cluster` reads back (no secret in it)
             write_atomically(os.path.join(run_dir, RECORD_FILE), json.dumps(req.record))
+            store = req.record.get("store")
+            if isinstance(store, str):  # the store its supervisor files into: the directory goes once it has filed the job
+                with contextlib.suppress(RunDirError, OSError):
+                    mark_store(run_dir, store)
         # the pid file first: a reader that finds this attempt's journal finds this agent's pid
         write_atomically(pid_path(run_dir, req.node), f"{os.getpid()} {proctree.start_ticks(os.getpid())}\n")
         self.out.attach(Journal(run_dir, req.node, DEFAULT_LIMIT if req.journal_limit is None else req.journal_limit))

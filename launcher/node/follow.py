@@ -10,12 +10,15 @@ reader has been replaced. Its reader gone, it stops quietly (and so stops touchi
 file): never the job.
 
 ``fence`` reads (and, given a newer ``generation``, writes) a node's generation record; ``record``
-prints the job as its supervisor recorded it on the node (``job.json``: plan, specs, attempt).
+prints the job as its supervisor recorded it on the node (``job.json``: plan, specs, attempt). ``clean`` removes
+a job's run directory once every job store that followed it has filed it (``collect``), and this user's run
+directories no agent runs in when asked (`launch clean`) or untouched for ``RETENTION_S``.
 Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -48,13 +51,14 @@ from .protocol import (
     frame_mark,
     kind_of,
 )
-from .rundir import RunDirError, job_run_dir, run_root
+from .rundir import RunDirError, job_run_dir, mark_store, run_root, stores
 
 POLL_S = 0.1
 TOUCH_S = 1.0
 READ_CHUNK = 1 << 20
 EXIT = frame_mark(FrameKind.EXIT)
 RETENTION_S = 7 * 86400  # a new agent removes its user's run directories untouched this long (no agent in them)
+AGENT_EXIT_WAIT_S = 10.0  # a collected run directory waits this long for its agents to exit after their @exit
 PID_FILE = re.compile(r"node\d{1,7}\.pid")
 RECORD_LIMIT = 16 * 2**20  # a job record past this is not one launch wrote
 
@@ -221,6 +225,11 @@ def fence(req: FenceRequest) -> int:
     if taken:
         current = {"generation": wanted, "pid": req.pid, "host": req.host, "since": time.time()}
         write_atomically(generation_path(run_dir, node), json.dumps(current))
+        if req.store is not None:
+            try:
+                mark_store(run_dir, req.store)
+            except (RunDirError, OSError) as exc:
+                return _answer({"error": f"cannot record the job store following job {req.job_id}: {exc}"})
     contact_s = contact_age(contact_path(run_dir, node))
     return _answer({**current, "taken": taken, "contact_s": contact_s, "agent_gone": agent_gone(run_dir, node)})
 
@@ -229,6 +238,9 @@ def clean(req: CleanRequest) -> int:
     """Remove this user's run directories (``req.job_id``'s only, when given) in which no agent runs (every
     ``node<N>.pid``'s agent gone) and nothing changed for ``older_than_s`` seconds: ``{"removed": [job ids], "kept":
     {job id: why}}``. Never follows a symlink; a directory it cannot check is kept, saying why."""
+    if req.filed_by is not None and req.job_id is not None:
+        removed, kept = collect(req.job_id, req.filed_by)
+        return _answer({"removed": removed, "kept": kept})
     try:
         removed, kept = clean_dirs(req.job_id, req.older_than_s, req.dry_run)
     except OSError as exc:
@@ -264,10 +276,73 @@ def clean_dirs(job_id: str | None, older_than_s: float, dry_run: bool = False,
     return removed, kept
 
 
+def collect(job_id: str, store: str, wait_s: float = AGENT_EXIT_WAIT_S) -> tuple[list[str], dict[str, str]]:
+    """The job store ``store`` has filed job ``job_id`` to its end: say so in the job's run directory here, and remove
+    the directory once every store that followed the job here has filed it too (a supervisor that comes back, or
+    an attach of another store, still finds what it has not filed) and no agent of the job runs in it (waited for
+    up to ``wait_s``: an agent exits just after its ``@exit``). Only this user's directory of this job: checked as
+    ``job_run_dir`` does (this user's, private, no symlink) and holding this job's record. (removed, kept: why)."""
+    try:
+        root = os.open(run_root(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return [], {}
+    except OSError as exc:
+        return [], {job_id: f"cannot open {run_root()}: {exc}"}
+    try:
+        fcntl.flock(root, fcntl.LOCK_EX)  # one collector at a time (nodes of the job on one host, or sharing /tmp)
+        return _collect(job_id, store, wait_s)
+    finally:
+        os.close(root)
+
+
+def _collect(job_id: str, store: str, wait_s: float) -> tuple[list[str], dict[str, str]]:
+    try:
+        run_dir = _existing_run_dir(job_id)
+        if run_dir is None:
+            return [], {}
+        if _record_job_id(run_dir) != job_id:
+            return [], {job_id: "it holds no record of this job (job.json): not removed"}
+        mark_store(run_dir, store, filed=True)
+    except (RunDirError, OSError) as exc:
+        return [], {job_id: str(exc)[:300]}
+    followed = stores(run_dir)
+    if store not in followed:
+        return [], {job_id: "this job store is not recorded as following the job here (an older launch?)"}
+    waiting = followed - stores(run_dir, filed=True)
+    if waiting:
+        return [], {job_id: f"{len(waiting)} other job store(s) that followed the job have not filed it yet (their "
+                            "`launch attach` reads it)"}
+    deadline = time.monotonic() + wait_s
+    while (running := _running_agents(run_dir)) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if running:
+        return [], {job_id: f"an agent of the job still runs ({', '.join(running)})"}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if os.path.lexists(run_dir):
+        return [], {job_id: "not all of it could be removed (files of another user in it?)"}
+    return [job_id], {}
+
+
+def _record_job_id(run_dir: str) -> object:
+    """The job id in the run directory's record (``job.json``), None without one."""
+    try:
+        fd = os.open(os.path.join(run_dir, RECORD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            found = json.loads(handle.read(RECORD_LIMIT + 1)[:RECORD_LIMIT])
+    except (OSError, ValueError):
+        return None
+    return found.get("job_id") if isinstance(found, dict) else None
+
+
+def _running_agents(run_dir: str) -> list[str]:
+    """The pid files in ``run_dir`` whose agents still run."""
+    return [name for name in sorted(os.listdir(run_dir)) if PID_FILE.fullmatch(name)
+            and agent_gone(run_dir, name[len("node"):-len(".pid")]) is None]
+
+
 def _kept(run_dir: str, older_than_s: float) -> str | None:
     """Why ``run_dir`` stays: an agent of the job runs there, or something in it changed too recently."""
-    running = [name for name in sorted(os.listdir(run_dir)) if PID_FILE.fullmatch(name)
-               and agent_gone(run_dir, name[len("node"):-len(".pid")]) is None]
+    running = _running_agents(run_dir)
     if running:
         return f"an agent of the job still runs ({', '.join(running)})"
     newest = max((entry.stat(follow_symlinks=False).st_mtime for entry in os.scandir(run_dir)),

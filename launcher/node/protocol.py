@@ -379,23 +379,27 @@ class FollowRequest(Request):
 @dataclass(frozen=True)
 class CleanRequest(Request):
     """``clean``: this user's run directories on the node (only ``job_id``'s, when given) in which no agent runs and
-    nothing changed for ``older_than_s`` seconds, removed; ``dry_run``: only listed."""
+    nothing changed for ``older_than_s`` seconds, removed; ``dry_run``: only listed. With ``filed_by`` (a job
+    store's id) and ``job_id``: that store has filed the job; its run directory goes once every store that followed
+    the job on the node has (``launcher.node.follow.collect``)."""
 
     job_id: str | None = None
     older_than_s: float = 0.0
     dry_run: bool = False
+    filed_by: str | None = None
 
 
 @dataclass(frozen=True)
 class FenceRequest(Request):
     """``fence``: node ``node``'s generation record; with a newer ``generation``, recorded first (``pid``, ``host``:
-    who takes the job)."""
+    who takes the job; ``store``: the id of its job store, recorded as following the job there)."""
 
     job_id: str
     node: int
     generation: int | None = None
     pid: int | None = None
     host: str | None = None
+    store: str | None = None
 
 
 @dataclass(frozen=True)

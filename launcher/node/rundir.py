@@ -1,11 +1,13 @@
 """A job's private run directory on a node, under this user's private root, created and checked component by
-component (another user's, a symlink or one open to others is refused).
+component (another user's, a symlink or one open to others is refused); and which job stores followed the job there
+and which have filed it (``followed/STORE``, ``filed/STORE``): the directory goes once every one has.
 Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 
@@ -52,3 +54,24 @@ def job_run_dir(job_id: str, root: str | None = None) -> str:
         raise RunDirError(f"bad job id {job_id!r}")
     root = private_dir(root or run_root())
     return private_dir(os.path.join(root, job_id))
+
+
+STORE_ID = re.compile(r"[0-9a-f]{32}")  # a job store's id (``launcher.run.identity.store_id``)
+FOLLOWED, FILED = "followed", "filed"
+
+
+def mark_store(run_dir: str, store: str, filed: bool = False) -> None:
+    """Record in ``run_dir`` that the job store ``store`` follows the job here (``filed``: has filed all of it)."""
+    if not STORE_ID.fullmatch(store):
+        raise RunDirError(f"bad job store id {store!r}")
+    folder = private_dir(os.path.join(run_dir, FILED if filed else FOLLOWED))
+    os.close(os.open(os.path.join(folder, store), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600))
+
+
+def stores(run_dir: str, filed: bool = False) -> set[str]:
+    """The job stores that followed the job in ``run_dir`` (``filed``: that have filed all of it)."""
+    try:
+        names = os.listdir(os.path.join(run_dir, FILED if filed else FOLLOWED))
+    except OSError:
+        return set()
+    return {name for name in names if STORE_ID.fullmatch(name)}

@@ -101,7 +101,8 @@ def attach(
             nodes = fencing.read_generations(backend, job.plan)
             if not takeover and not imported:
                 _refuse_if_followed(job.id, nodes, where.generation)
-            generation = fencing.take(backend, job.plan, nodes, every_node=takeover, warn=say)
+            generation = fencing.take(backend, job.plan, nodes, every_node=takeover, warn=say,
+                                      store=identity.store_id(store.home))
         if found.pid is not None:  # taken from a live supervisor: it stops within a second or two
             _wait_gone(store, job.id, found.pid, say)
         _lock(lock, job.id, wait=TAKEOVER_WAIT_S if takeover else 0.0)

@@ -16,12 +16,14 @@ import json
 import os
 import socket
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from launcher.node.journal import write_atomically
 from launcher.node.proctree import start_ticks
+from launcher.node.rundir import STORE_ID
 from launcher.store.states import Successor, Supervision, SupervisorState
 
 IDENTITY_FILE = "supervisor.json"
@@ -37,6 +39,33 @@ def user_and_host() -> tuple[str, str]:
     except (KeyError, OSError):  # a uid without a passwd entry (a container) and no LOGNAME
         user = f"uid {os.getuid()}"
     return user, socket.gethostname()
+
+
+STORE_ID_FILE = "store.id"
+
+
+def store_id(home: Path) -> str:
+    """This job store's id (``LAUNCH_HOME/store.id``, made once): the nodes record which stores followed a job and
+    which have filed it, and remove its run directory once every one has (docs/JOURNALS.md "Run directories")."""
+    path = home / STORE_ID_FILE
+    try:
+        found = path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        found = ""
+    if STORE_ID.fullmatch(found):
+        return found
+    made = uuid.uuid4().hex
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:  # another launch made it meanwhile (or what is there is not an id: replaced)
+        again = path.read_text(encoding="ascii", errors="replace").strip() if not path.is_symlink() else ""
+        if STORE_ID.fullmatch(again):
+            return again
+        write_atomically(str(path), made + "\n")
+        return made
+    with os.fdopen(fd, "w") as handle:
+        handle.write(made + "\n")
+    return made
 
 
 def _boot_id() -> str | None:

@@ -67,10 +67,11 @@ def in_charge(backend: Backend, plan: Plan, generation: int) -> None:
 
 def kept_record(store: Store, plan: Plan, attempt: int, note: Callable[[str], None]) -> dict | None:
     """The job as the nodes keep it (``job.json``: what `launch attach --cluster` reads back); None if unreadable."""
+    from launcher.run.identity import store_id
     from launcher.run.takeover import node_record
 
     try:
-        return node_record(store.job(plan.job_id), plan, attempt)
+        return node_record(store.job(plan.job_id), plan, attempt, store_id(store.home))
     except Exception as exc:  # noqa: BLE001 - a record the nodes cannot keep must not stop the job
         note(f"the job's record for its nodes could not be made: {exc!r}")
         return None

@@ -33,6 +33,7 @@ from launcher.metrics.record import Rejected
 from launcher.plan.planner import Plan
 from launcher.run import errorlog, hangup, identity, stacks
 from launcher.run.attribution import node_failure
+from launcher.run.clean import collect
 from launcher.run.elastic import Replanner as ElasticReplanner
 from launcher.run.filing import Filer
 from launcher.run.finish import Outcome, finish
@@ -247,9 +248,13 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - the job must end, whatever went wrong in launch
             outcome = self._internal_error(exc)
         finally:
-            self._guarded("closing the backend", self.backend.close)
-            if fenced is None:
-                state = self._finish(outcome)
+            try:
+                if fenced is None:
+                    state = self._finish(outcome)
+                    if outcome is not None:
+                        self._guarded("removing the nodes' run directories", self._collect)
+            finally:
+                self._guarded("closing the backend", self.backend.close)
         if fenced is not None:
             self._quiet.set()
             if self.mirror is not None:  # the newer supervisor mirrors on from the cursor
@@ -268,6 +273,19 @@ class Supervisor:
             mirror = self.mirror
             self._guarded("closing the trackers' runs", lambda: mirror.close(state))
         return state
+
+    def _collect(self) -> None:
+        """The job's end filed with every line and record: ask its hosts to remove its run directories (each goes once
+        every store that followed the job there has filed it, docs/JOURNALS.md "Run directories"); one event naming
+        those kept."""
+        job_id = self.plan.job_id
+        if self._intake.lost or not self.store.state(job_id).terminal:
+            return  # what was not filed stays in the journals, for whoever reads them
+        kept = collect(self.backend, self.plan, identity.store_id(self.store.home))
+        if kept:
+            self.store.add_event(job_id, "run_dirs_kept",
+                                 "run directories kept (`launch clean` removes them; a new job of yours removes those "
+                                 "untouched for 7 days): " + "; ".join(kept))
 
     def _notify(self, state: JobState, reason: str | None = None, event: NotifyEvent | None = None) -> None:
         """Tell the job's notifiers (``notify:``) what happened; a notifier's problem is an event, never the job's."""

@@ -85,8 +85,9 @@ def read_generations(backend: Backend, plan: Plan) -> list[NodeGeneration]:
 
 
 def take(backend: Backend, plan: Plan, nodes: list[NodeGeneration], *, every_node: bool,
-         warn: Callable[[str], None]) -> int:
-    """Record a newer generation than any node has on every node that answered; that generation. With
+         warn: Callable[[str], None], store: str | None = None) -> int:
+    """Record a newer generation than any node has on every node that answered (``store``: the id of the job store
+    the new supervisor files into, recorded as following the job there); that generation. With
     ``every_node`` (a takeover: a live supervisor must be fenced everywhere) a node that did not answer, or that
     another supervisor took meanwhile, is a LaunchError; else it is said through ``warn``."""
     unread = [node for node in nodes if node.answer is None]
@@ -96,7 +97,7 @@ def take(backend: Backend, plan: Plan, nodes: list[NodeGeneration], *, every_nod
                           + "; nothing was changed on any node",
                           hint="try again once every node can be reached (`launch check` shows them)")
     generation = next_generation(nodes)
-    mine = {"pid": os.getpid(), "host": socket.gethostname()}
+    mine = {"pid": os.getpid(), "host": socket.gethostname(), "store": store}
 
     def one(index: int) -> NodeGeneration:
         answer, error = backend.fence(plan, index, plan.job_id, generation, mine)
@@ -124,11 +125,12 @@ def take(backend: Backend, plan: Plan, nodes: list[NodeGeneration], *, every_nod
 # a job read back from its nodes
 
 
-def node_record(row: JobRow, plan: Plan, attempt: int) -> dict[str, Any]:
+def node_record(row: JobRow, plan: Plan, attempt: int, store: str | None = None) -> dict[str, Any]:
     """What each node keeps of the job (``job.json``): its stored specs (names of secrets, never their values),
-    its plan as run, and the attempt."""
+    its plan as run, the attempt, and the id of the job store its supervisor files into (the agent records it as
+    following the job: the run directory stays until that store has filed the job)."""
     return {"version": RECORD_VERSION, "job_id": plan.job_id, "created_at": row.created_at, "attempt": attempt,
-            "plan": plan.model_dump(mode="json"), "spec": row.spec}
+            "plan": plan.model_dump(mode="json"), "spec": row.spec, "store": store}
 
 
 @dataclass(frozen=True)

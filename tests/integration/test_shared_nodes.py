@@ -70,6 +70,10 @@ with open(os.path.join(folder, "node0.generation"), "w") as f:
 with open(os.path.join(folder, "node0.journal"), "a") as f:
     f.write('@exit 1.0 1.0 {"code": 0}\\n')
 print("wrote into", folder, flush=True)
+agents = os.path.dirname(folder)  # the agent's own files, beside the ranks' directory
+print("agent's generation record:", os.path.exists(os.path.join(agents, "node0.generation")), flush=True)
+with open(os.path.join(agents, "node0.journal")) as f:
+    print("agent's journal exits:", f.read().count("@exit"), flush=True)
 time.sleep(2.5)
 print("still supervised", flush=True)
 """
@@ -89,17 +93,22 @@ def test_a_rank_writing_its_launch_run_dir_touches_none_of_the_agents_files(tmp_
     assert status_json(home, job_id)["state"] == "SUCCEEDED"
     run_dir = runtime / "launch" / job_id
     assert f"wrote into {run_dir / 'ranks'}" in result.stdout
-    assert not (run_dir / "node0.generation").exists()
-    assert (run_dir / "node0.journal").read_text().count("@exit") == 1
+    assert "agent's generation record: False" in result.stdout and "agent's journal exits: 0" in result.stdout
+    assert not run_dir.exists(), "its supervisor filed the job: the run directory went"
 
 
-def test_run_directories_are_kept_for_attach_then_cleaned_by_launch_clean_or_the_retention(tmp_path, home):
-    """Issue 39, item 10: node run directories were never removed (91 of them, two 256 MiB journals in an hour)."""
+def test_run_directories_go_once_filed_and_launch_clean_or_the_retention_removes_the_rest(tmp_path, home):
+    """Issue 39, item 10: node run directories were never removed (91 of them, two 256 MiB journals in an hour).
+    A job's goes once its supervisor filed it; one never collected (its store never came back) stays for `launch
+    clean`, or a week."""
     from launcher.node import proctree
 
     runtime = tmp_path / "runtime"
     (runtime / "launch").mkdir(parents=True, mode=0o700)
     os.chmod(runtime, 0o700)
+    left = runtime / "launch" / "left-00000000"  # a job whose store never filed it: kept for its `launch attach`
+    left.mkdir(mode=0o700)
+    (left / "node0.journal").write_text("|1.0 1.0 left\n")
     old = runtime / "launch" / "old-00000000"  # a week and a day untouched, no agent: the retention removes it
     old.mkdir(mode=0o700)
     (old / "node0.journal").write_text("|1.0 1.0 old\n")
@@ -118,18 +127,18 @@ def test_run_directories_are_kept_for_attach_then_cleaned_by_launch_clean_or_the
         result = run_cli(home, "submit", str(job), env=env)
         assert result.returncode == 0, result.stderr[-2000:]
         job_id = result.stderr.split()[1].rstrip(":")
-        ran = runtime / "launch" / job_id
         assert not old.exists(), "the new agent removed a run directory untouched for 8 days"
-        assert (ran / "node0.journal").exists(), "kept after the job: `launch attach --cluster` reads it back"
+        assert not (runtime / "launch" / job_id).exists(), "its supervisor filed the job: the run directory went"
+        assert "run_dirs_kept" not in [event["kind"] for event in status_json(home, job_id)["events"]]
         listed = run_cli(home, "clean", "--dry-run", env=env)
-        assert listed.returncode == 0 and f"would remove 1 run directory ({job_id})" in listed.stdout, listed.stdout
+        assert listed.returncode == 0 and "would remove 1 run directory (left-00000000)" in listed.stdout, listed.stdout
         assert "kept busy-00000000: an agent of the job still runs (node0.pid)" in listed.stdout
         recent = run_cli(home, "clean", "--older-than", "1d", env=env)
-        assert "removed 0 run directories" in recent.stdout and f"kept {job_id}: changed" in recent.stdout
-        assert ran.exists()
+        assert "removed 0 run directories" in recent.stdout and "kept left-00000000: changed" in recent.stdout
+        assert left.exists()
         cleaned = run_cli(home, "clean", env=env)
-        assert cleaned.returncode == 0 and f"removed 1 run directory ({job_id})" in cleaned.stdout, cleaned.stdout
-        assert not ran.exists() and busy.exists()
+        assert cleaned.returncode == 0 and "removed 1 run directory (left-00000000)" in cleaned.stdout, cleaned.stdout
+        assert not left.exists() and busy.exists()
     finally:
         agent.kill()
         agent.wait()

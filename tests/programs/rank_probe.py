@@ -7,7 +7,8 @@ at step ``PROBE_FAIL_AT_STEP`` (default 0), only once when ``PROBE_CKPT`` names 
 checkpoint directory (where rank 0 saves the step, and from which every
 rank resumes); ``PROBE_OOM_CGROUP`` makes that failure an OOM kill inside the given
 memory cgroup; ``PROBE_STEP_S`` sets a step's duration; ``--echo`` prints
-the watched env values (to check that `launch` masks secrets in its logs).
+the watched env values (to check that `launch` masks secrets in its logs); ``PROBE_FOLLOWER=ID`` marks the job
+store ID as following the job on the node, as another store's `launch attach` does (its run directory is kept).
 """
 
 import json
@@ -46,6 +47,10 @@ def main() -> int:
     print(f"rank {rank} of {dist.get_world_size()} ready, all_reduce={total.item()}", flush=True)
     if "--echo" in sys.argv:
         print("echo: " + " ".join(f"{k}={os.environ.get(k)}" for k in watched), flush=True)
+    if os.environ.get("PROBE_FOLLOWER"):  # as another store's `launch attach` would: its run directory outlives the job
+        followed = os.path.join(os.environ["LAUNCH_RUN_DIR"], os.pardir, "followed")
+        os.makedirs(followed, mode=0o700, exist_ok=True)
+        open(os.path.join(followed, os.environ["PROBE_FOLLOWER"]), "w").close()
     fail_at = int(os.environ.get("PROBE_FAIL_AT_STEP", "0"))
     ckpt = os.environ.get("PROBE_CKPT")
     start = _load_step(ckpt)

@@ -111,6 +111,7 @@ class FakeBackend(Backend):
         self.kernel = kernel_log or []
         self.stack_answers = stacks or {}
         self.swept_nodes = 0
+        self.collected: list[tuple[int, object]] = []  # (node, request) of each `clean` once the job was filed
         self.closed = False
         self.followed: list[tuple[int, int]] = []
         self.unreachable: list[int] = []
@@ -149,6 +150,9 @@ class FakeBackend(Backend):
             return {"kernel_log": [line.replace("{now}", now) for line in self.kernel]}, None
         if command == "stacks":
             return self.stack_answers.get(index, {"ranks": []}), None
+        if command == "clean":
+            self.collected.append((index, request))
+            return {"removed": [request.job_id], "kept": {}}, None
         raise AssertionError(f"unexpected node command {command}")
 
     def close(self) -> None:

@@ -75,7 +75,7 @@ def test_a_sweep_and_a_close_that_raise_in_the_error_path_still_end_the_job_fail
     notes = (Path(row.run_dir) / "supervisor-errors.log").read_text()
     assert "sweep: connection reset" in notes and "close: connection reset" in notes
     kinds = [e["kind"] for e in store.events(row.id)]
-    assert kinds.count("internal_error") == 2 and kinds[-1] == "failed"
+    assert kinds.count("internal_error") == 2 and kinds[-2:] == ["failed", "internal_error"]  # the close's, after the end
 
 
 def test_a_sweep_that_raises_after_a_clean_run_ends_the_job_failed_not_running(tmp_path: Path) -> None:
@@ -101,6 +101,20 @@ def test_metric_records_the_store_refused_are_said_in_the_reason_and_an_event(
                              "(StoreError: the store could not be written: database or disk is full)")
     [lost] = [e for e in store.events(row.id) if e["kind"] == "records_lost"]
     assert lost["data"]["records"] == 3 and lost["data"]["attempt"] == 0
+    assert backend.collected == [], "what the store did not take stays in the nodes' journals"
+
+
+def test_a_job_filed_whole_has_its_hosts_asked_to_remove_its_run_directories_once_each(tmp_path: Path) -> None:
+    """Issue 39, item 10: once the end is filed (its state written, nothing lost), each host is asked once, for
+    this store (``filed_by``: its id); a host that keeps it says why in one event."""
+    from launcher.run import identity
+
+    backend = FakeBackend(CLUSTER, [[NodeScript([record(0, 1)]), NodeScript([record(2, 1)])]])
+    sup, store = _supervisor(tmp_path, backend)
+    assert sup.run() == JobState.SUCCEEDED
+    assert [(index, request.job_id, request.filed_by) for index, request in backend.collected] == [
+        (0, "unit-00000001", identity.store_id(store.home)), (1, "unit-00000001", identity.store_id(store.home))]
+    assert "run_dirs_kept" not in [e["kind"] for e in store.events("unit-00000001")]
 
 
 def test_a_full_disk_under_launch_home_does_not_hang_the_job_and_its_reason_says_what_was_lost(

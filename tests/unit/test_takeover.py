@@ -18,7 +18,7 @@ from launcher.backends.base import NodeHandle
 from launcher.backends.follow import Followed
 from launcher.errors import FENCED_EXIT, LaunchError, SupervisorFenced
 from launcher.node import follow, journal, rundir
-from launcher.node.protocol import FenceRequest, FollowRequest, FrameKind, RecordRequest, encode_frame, encode_output
+from launcher.node.protocol import CleanRequest, FenceRequest, FollowRequest, FrameKind, RecordRequest, encode_frame, encode_output
 from launcher.run import takeover
 from launcher.run.recorded import stored_spec
 from launcher.spec import JobSpec
@@ -431,3 +431,59 @@ def test_a_readers_contact_age_is_on_the_monotonic_clock_whatever_the_wall_clock
     assert _command(follow.fence, FenceRequest(JOB_ID, 0))["contact_s"] == pytest.approx(40.5)
     Path(contact).write_text("0" * 36 + " 00000000000000000001.000\n")  # touched in another boot
     assert _command(follow.fence, FenceRequest(JOB_ID, 0))["contact_s"] is None
+
+
+STORE_A, STORE_B = "a" * 32, "b" * 32
+
+
+def test_a_run_directory_goes_once_every_store_that_followed_the_job_filed_it(root: Path) -> None:
+    """Issue 39, item 10: run directories were never removed. The supervisor that files a job's end asks for it
+    (``clean`` with ``filed_by``); another store that followed the job (an attach, a takeover) still reads it until
+    it has filed the job too."""
+    run_dir = root / JOB_ID
+    (run_dir / journal.RECORD_FILE).write_text(json.dumps({"job_id": JOB_ID, "store": STORE_A}))
+    rundir.mark_store(str(run_dir), STORE_A)  # as the agent does from its request's record
+    assert _command(follow.fence, FenceRequest(JOB_ID, 0, 1, 42, "login-2", STORE_B))["taken"]
+    assert rundir.stores(str(run_dir)) == {STORE_A, STORE_B}
+
+    first = _command(follow.clean, CleanRequest(JOB_ID, filed_by=STORE_B))
+    assert first == {"removed": [], "kept": {JOB_ID: "1 other job store(s) that followed the job have not filed it "
+                                                     "yet (their `launch attach` reads it)"}}
+    assert (run_dir / "node0.journal").exists()
+    assert _command(follow.clean, CleanRequest(JOB_ID, filed_by=STORE_A)) == {"removed": [JOB_ID], "kept": {}}
+    assert not run_dir.exists() and root.exists()
+    assert _command(follow.clean, CleanRequest(JOB_ID, filed_by=STORE_A)) == {"removed": [], "kept": {}}
+
+
+def test_a_run_directory_not_proven_this_jobs_or_still_in_use_is_never_collected(root: Path, tmp_path: Path) -> None:
+    from launcher.node import proctree
+
+    run_dir = root / JOB_ID
+    said = follow.collect(JOB_ID, STORE_A)
+    assert said == ([], {JOB_ID: "it holds no record of this job (job.json): not removed"}) and run_dir.exists()
+    (run_dir / journal.RECORD_FILE).write_text(json.dumps({"job_id": "other-00000000"}))
+    assert follow.collect(JOB_ID, STORE_A)[1][JOB_ID].startswith("it holds no record of this job")
+    (run_dir / journal.RECORD_FILE).write_text(json.dumps({"job_id": JOB_ID}))
+    assert follow.collect(JOB_ID, STORE_A) == ([], {JOB_ID: "this job store is not recorded as following the job "
+                                                            "here (an older launch?)"})
+    rundir.mark_store(str(run_dir), STORE_A)
+    (run_dir / "node1.pid").write_text(f"{os.getpid()} {proctree.start_ticks(os.getpid())}\n")  # an agent runs
+    assert follow.collect(JOB_ID, STORE_A, wait_s=0.2) == ([], {JOB_ID: "an agent of the job still runs (node1.pid)"})
+    assert follow.collect(JOB_ID, "../" + STORE_A)[1][JOB_ID].startswith("bad job store id")
+    (run_dir / "node1.pid").unlink()
+    elsewhere = tmp_path / "elsewhere"  # the job's name in the run root a symlink to a directory of ours
+    run_dir.rename(elsewhere)
+    run_dir.symlink_to(elsewhere)
+    assert "not a directory (a symlink or a file)" in follow.collect(JOB_ID, STORE_A)[1][JOB_ID]
+    assert (elsewhere / "node0.journal").exists()
+
+
+def test_a_job_store_has_one_id_made_once(tmp_path: Path) -> None:
+    from launcher.run import identity
+
+    made = identity.store_id(tmp_path)
+    assert rundir.STORE_ID.fullmatch(made) and identity.store_id(tmp_path) == made
+    assert (tmp_path / identity.STORE_ID_FILE).stat().st_mode & 0o777 == 0o600
+    (tmp_path / identity.STORE_ID_FILE).write_text("../../etc\n")  # not an id: replaced, never sent to a node
+    again = identity.store_id(tmp_path)
+    assert again != made and rundir.STORE_ID.fullmatch(again) and identity.store_id(tmp_path) == again

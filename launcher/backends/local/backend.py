@@ -24,7 +24,8 @@ from launcher.backends.local.spec import LocalCluster
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.stopping import stop_process
 from launcher.errors import NodeStartError
-from launcher.node.protocol import FactsRequest, Frame, FrameKind, Request, early_output, parse
+from launcher.node.follow import collect
+from launcher.node.protocol import CleanRequest, FactsRequest, Frame, FrameKind, Request, early_output, parse
 from launcher.node.ship import node_argv, stdin_argv
 from launcher.plan.planner import NodePlan, Plan
 
@@ -213,6 +214,14 @@ class LocalBackend(Backend[LocalCluster]):
         when ``close`` closes it, and exits having done nothing (it holds no lease and started nothing)."""
         for node in plan.nodes:
             self._warm[node.index] = (self._agent_key(plan, node), self._spawn_agent(plan, node))
+
+    def collect(self, plan: Plan, index: int, request: CleanRequest) -> tuple[dict | None, str | None]:
+        """As the ``clean`` node command, in this process: the agents are this machine's, run with this environment
+        (no interpreter started at every job's end)."""
+        if request.job_id is None or request.filed_by is None:
+            return None, "no job or job store to collect for"
+        removed, kept = collect(request.job_id, request.filed_by)
+        return {"removed": removed, "kept": kept}, None
 
     def close(self) -> None:
         """Let the agents started by ``warm`` and never used go."""
