@@ -16,6 +16,8 @@ from launcher.spec.container import ContainerSpec
 
 FACTS_TIMEOUT_S = 1800.0 + 360.0  # a preflight may pull a container image (launch.node.facts.PULL_TIMEOUT_S)
 HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: the OS, page cache, other work)
+RUN_ROOT_HINT = ("where a node gives its logins a systemd runtime directory (PAM: `/run/user/UID`, `XDG_RUNTIME_DIR`), "
+                 "the run root is there instead, where no other user can make it (docs/JOURNALS.md \"Run directories\")")
 STALE_BUILD_LOCK_S = 1800.0  # a torch build lock this old was left by a killed build (DeepSpeed's ops build in minutes)
 
 
@@ -79,9 +81,7 @@ def node_problems(host: str, plan: Plan, facts: NodeFacts, node: NodePlan | None
             "(install it on the node, or point cluster.yaml python at an interpreter that has it)"
         )
     if facts.run_root_error:
-        problems.append(f"{host}: the job's run directory cannot be made there: {facts.run_root_error} (another user "
-                        "may have created it first: ask them or an administrator to remove it; docs/JOURNALS.md "
-                        "\"Run directories\")")
+        problems.append(f"{host}: the job's run directory cannot be made there: {facts.run_root_error}; {RUN_ROOT_HINT}")
     if not facts.workdir_ok:
         problems.append(f"{host}: workdir '{node.cwd}' does not exist (cluster.yaml workdir, or set sync_workdir)")
     for name in facts.missing_ifaces:

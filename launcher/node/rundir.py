@@ -7,6 +7,7 @@ Standard library only: it runs on nodes.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import stat
 
@@ -27,24 +28,42 @@ def _owned_private(info: os.stat_result) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
+def who(uid: int) -> str:
+    """``NAME (uid N)``, or ``uid N`` for a uid without a name."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def private_dir(path: str) -> str:
     """Create ``path`` (mode 0700) if missing and check it: a directory, not a symlink, this user's,
-    closed to others; and its parent is this user's or root's and, if others may write it, sticky."""
+    closed to others; and its parent is this user's or root's and, if others may write it, sticky. A refusal names
+    the path, its owner and what to do."""
     parent = os.path.dirname(path.rstrip("/")) or "/"
     info = os.lstat(parent)
     if info.st_uid not in (0, os.getuid()) or (info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX):
-        raise RunDirError(f"{parent} may be changed by other users (owner uid {info.st_uid}, mode {oct(info.st_mode & 0o7777)})")
+        raise RunDirError(f"{parent} may be changed by other users (owner {who(info.st_uid)}, mode "
+                          f"{oct(info.st_mode & 0o7777)})")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise RunDirError(f"{path} is not a directory (a symlink or a file): refusing to use it")
+    if stat.S_ISLNK(info.st_mode):
+        raise RunDirError(f"{path} is a symlink (to {os.readlink(path)}, made by {who(info.st_uid)}), not a directory: "
+                          "refusing to use it (whoever planted it could read your jobs' files): remove it, or have an "
+                          "administrator remove it")
+    if not stat.S_ISDIR(info.st_mode):
+        raise RunDirError(f"{path} is not a directory (a file of {who(info.st_uid)}): refusing to use it: remove it, "
+                          "or have an administrator remove it")
     if info.st_uid != os.getuid():
-        raise RunDirError(f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): refusing to use it")
+        raise RunDirError(f"{path} belongs to {who(info.st_uid)}, not to this user ({who(os.getuid())}): refusing to "
+                          "use it (another user may have created it first, to stop or watch your jobs): ask them or "
+                          "an administrator to remove it")
     if info.st_mode & 0o077:
-        raise RunDirError(f"{path} is open to other users (mode {oct(info.st_mode & 0o777)}): refusing to use it")
+        raise RunDirError(f"{path} is open to other users (mode {oct(info.st_mode & 0o777)}): refusing to use it: it is "
+                          f"yours, so `chmod 700 {path}` makes it usable")
     return path
 
 

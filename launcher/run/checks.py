@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from launcher.backends.base import Backend
 from launcher.backends.facts import NodeFacts
-from launcher.backends.nodechecks import parse_facts
+from launcher.backends.nodechecks import RUN_ROOT_HINT, parse_facts
 from launcher.node.protocol import FactsRequest
 from launcher.plan.netenv import AUTO
 from launcher.spec.cluster import ClusterSpec
@@ -138,7 +138,7 @@ def node_problems(nodes: list[CheckedNode], cluster: ClusterSpec) -> list[str]:
         if not f.torch:
             problems.append(f"{n.host}: torch is not installed for {f.executable or cluster.python or 'python3'}")
         if f.run_root_error:
-            problems.append(f"{n.host}: a job's run directory cannot be made there: {f.run_root_error}")
+            problems.append(f"{n.host}: a job's run directory cannot be made there: {f.run_root_error}; {RUN_ROOT_HINT}")
         if not f.workdir_ok and not cluster.sync_workdir:
             problems.append(f"{n.host}: workdir '{cluster.workdir}' does not exist")
         if n.index == 0 and f.port_free is False:

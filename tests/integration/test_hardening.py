@@ -90,7 +90,7 @@ def test_a_run_directory_made_by_another_user_stops_the_launch_with_nothing_star
     env = cli_env(home, XDG_RUNTIME_DIR=str(runtime))
     result = run_cli(home, "submit", str(job), env=env)
     assert result.returncode == 3, result.stderr
-    said = f"{theirs} belongs to uid 12345, not to this user (0): refusing to use it"
+    said = f"{theirs} belongs to uid 12345, not to this user (root (uid 0)): refusing to use it"
     assert said in result.stderr and "another user may have created it first" in result.stderr
     assert "ran" not in result.stdout
     checked = run_cli(home, "check", "--no-bandwidth", env=env, timeout=120)

@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -214,7 +215,7 @@ print(json.dumps(tried))
 
 def test_kill_9_of_the_holders_agents_frees_its_leases_at_once_and_no_other_user_can_take_or_release_them(
         testbed: tb.Testbed, unix_users: dict[str, User]) -> None:
-    a, b, _ = unix_users.values()
+    a, b, c = unix_users.values()
     bed = Bed(testbed, unix_users, slots=1)
     first = a.popen(["submit", *_submit_args(bed, a, "a")], bed.env(a))
     job_a = _until_started(bed, a, "a", first)
@@ -241,6 +242,23 @@ def test_kill_9_of_the_holders_agents_frees_its_leases_at_once_and_no_other_user
     free = next(e["t"] for e in Store(b.home).events(_times(bed, b, "b")[0][1]) if e["kind"] == "allocated")
     print(f"after kill -9 of the holder's agents: the waiting job found the leases free in {free - killed_at:.2f} s, "
           f"its first rank started in {started - killed_at:.2f} s")
+
+    # issue 39, item 6: b makes c's run root first (/tmp/launch-UID: the hosts log in without PAM, so without a
+    # systemd runtime directory). c's job is refused at preflight, naming the directory, its owner and what to do.
+    theirs = Path(f"/tmp/launch-{c.uid}")
+    shutil.rmtree(theirs, ignore_errors=True)  # one an earlier session's user of this uid left
+    made = b.python(f"import os; os.mkdir({str(theirs)!r}, 0o700)", bed.env(b))
+    try:
+        assert made.returncode == 0 and theirs.stat().st_uid == b.uid, made.stderr
+        refused = c.run(["submit", *_submit_args(bed, c, "c")], bed.env(c))
+        said = " ".join(refused.stderr.split())
+        assert refused.returncode == 3 and "Traceback" not in said, said
+        assert (f"lt-h1: the job's run directory cannot be made there: {theirs} belongs to {b.name} (uid {b.uid}), "
+                f"not to this user ({c.name} (uid {c.uid})): refusing to use it") in said, said
+        assert "ask them or an administrator to remove it" in said and "/run/user/UID" in said, said
+        assert not bed.times(c, "c").exists(), "nothing started"
+    finally:
+        shutil.rmtree(theirs, ignore_errors=True)
 
 
 QUICKER = """
