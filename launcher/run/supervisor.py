@@ -277,8 +277,11 @@ class Supervisor:
     def _collect(self) -> None:
         """The job's end filed with every line and record: ask its hosts to remove its run directories (each goes once
         every store that followed the job there has filed it, docs/JOURNALS.md "Run directories"); one event naming
-        those kept."""
+        those kept. Only where supervisors follow and fence nodes (local, SSH): a Slurm allocation is gone by now,
+        and those (and Ray's) stay for `launch clean` or the retention."""
         job_id = self.plan.job_id
+        if not self.backend.capabilities.fences:
+            return
         if self._intake.lost or not self.store.state(job_id).terminal:
             return  # what was not filed stays in the journals, for whoever reads them
         kept = collect(self.backend, self.plan, identity.store_id(self.store.home))

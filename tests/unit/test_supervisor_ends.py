@@ -5,6 +5,7 @@ of `launch submit` closed never ends it. A scripted in-memory backend (tests/uni
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,7 @@ def test_metric_records_the_store_refused_are_said_in_the_reason_and_an_event(
     def refuse(*args, **kwargs):
         raise StoreError("the store could not be written: database or disk is full")
 
+    backend.capabilities = replace(backend.capabilities, fences=True)
     monkeypatch.setattr(store, "add_batch", refuse)  # the one write of records (and samples, marks) a round
     assert sup.run() == JobState.SUCCEEDED
     row = store.job("unit-00000001")
@@ -110,6 +112,7 @@ def test_a_job_filed_whole_has_its_hosts_asked_to_remove_its_run_directories_onc
     from launcher.run import identity
 
     backend = FakeBackend(CLUSTER, [[NodeScript([record(0, 1)]), NodeScript([record(2, 1)])]])
+    backend.capabilities = replace(backend.capabilities, fences=True)  # as local and SSH clusters
     sup, store = _supervisor(tmp_path, backend)
     assert sup.run() == JobState.SUCCEEDED
     assert [(index, request.job_id, request.filed_by) for index, request in backend.collected] == [
