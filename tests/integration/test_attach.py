@@ -130,6 +130,7 @@ def test_a_job_outlives_its_killed_supervisor_and_attach_follows_it_to_the_end(t
     assert all(sorted(steps) == by_rank[0] == sorted(set(by_rank[0])) and len(steps) == STEPS
                for steps in by_rank.values()), by_rank
     assert proctree.job_pids(job_id) == []
+    assert not (Path(rundir.run_root()) / job_id).exists(), "the store filed it all after its attach: the journals went"
 
 
 LOCK = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
