@@ -4,19 +4,25 @@
 Needs root, pdsh (``scripts/setup.sh --test``) and the venv. Brings up its own test bed (prefix ``fb-``,
 bridge ``fb-br0``, subnet 10.79.0: it never touches the suite's ``lt-`` bed) and tears it down by PID.
 
-For each size, with and without added latency:
-  (a) ``launch submit`` of a trivial job (each rank prints one line): end to end, and per phase from the
-      job's store (CLI start and plan, preflight, start of every node agent, ranks' lines, exit);
-  (b) ``pdsh -R ssh -f FANOUT`` running the node's Python to print one line on every host.
-The figure compared is launch's time to "every node agent started" (preflight + start) against pdsh's
-whole run (connect, start the node's Python, print): both include their own process start.
+For each size, with and without added latency, both tools in one round on the same bed:
+  (a) ``launch submit`` of a trivial job (each rank prints one line, imports no torch): end to end, and per
+      phase from the job's store (CLI start and plan, preflight, start of every node agent, ranks' lines, exit);
+  (b) by default, ``pdsh -R ssh -f FANOUT`` running the node's Python to print one line on every host; the
+      figure compared is launch's time to "every node agent started" (preflight + start) against pdsh's whole
+      run (connect, start the node's Python, print): both include their own process start.
+  With ``--torchrun`` (issue 33's comparison), (b) is ``pdsh`` starting on every host the torchrun command
+      launch plans for the job (``launch submit --dry-run --json``: the same interpreter, flags, static
+      rendezvous, environment; the node rank from the host's name), and both run real torchrun: the figures
+      compared are the time to every rank's first line and to the exit, from each tool's start (pdsh's output
+      read as it comes). The two alternate which goes first from round to round.
+The hosts' CPU of each (``node_cpu``): what the hosts' sshd listeners reaped from the sessions of its run.
 
 Latency: this machine's kernel has no ``sch_netem`` (``tc ... netem`` fails with "Specified qdisc kind is
 unknown"), so the delay is a forwarding proxy in the root namespace that holds every chunk of the SSH
 stream ``--delay-ms`` each way (``tools/testbed.set_delay`` does it with netem where the kernel has it).
 Both tools then connect through the proxy (a per-host port on 127.0.0.1, host keys filed under it).
 
-    sudo .venv/bin/python scripts/bench_fanout.py [--sizes 1,8,64] [--rounds 3] [--delay-ms 10]
+    sudo .venv/bin/python scripts/bench_fanout.py [--sizes 1,8,64] [--rounds 3] [--delay-ms 10] [--torchrun]
 """
 
 from __future__ import annotations
@@ -25,13 +31,17 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from statistics import median
 
@@ -92,6 +102,7 @@ code = max(p.wait() for p in procs)
 for t in relays: t.join()
 sys.exit(code)
 """
+RANK_LINE = re.compile(r"hello from rank (\S+)")
 HELLO = "import os, socket; print('hello from rank', os.environ.get('RANK'), 'on', socket.gethostname(), flush=True)\n"
 
 
@@ -131,8 +142,7 @@ async def _serve(targets: list[str], delay: float) -> None:
         await asyncio.gather(_pump(reader, up_writer, delay), _pump(up_reader, writer, delay),
                              return_exceptions=True)
 
-    servers = [await asyncio.start_server(lambda r, w, a=address: handler(a, r, w), "127.0.0.1", PROXY_PORT0 + i,
-                                          backlog=256)
+    servers = [await asyncio.start_server(partial(handler, address), "127.0.0.1", PROXY_PORT0 + i, backlog=256)
                for i, address in enumerate(targets, 1)]
     print("ready", flush=True)
     await asyncio.gather(*(s.serve_forever() for s in servers))
@@ -165,10 +175,10 @@ def proxied_files(bed: testbed.Testbed, work: Path) -> tuple[Path, Path]:
 def cluster_yaml(bed: testbed.Testbed, n: int, work: Path, delayed: tuple[Path, Path] | None, fanout: int) -> Path:
     config, known = delayed or (bed.ssh_config, bed.known_hosts)
     lines = ["name: bench", "backend: ssh",
-             f"ssh: {{user: root, key_file: {bed.key_file}, known_hosts: {known}, config_file: {config}}}",
+             f"ssh: {{user: root, key_file: {bed.key_file}, known_hosts: {known}, config_file: {config}, "
+             f"fanout: {fanout}}}",
              "nodes:", *(f"  - {{host: {h.name}, address: {h.address}, gpus: 0}}" for h in bed.hosts[:n]),
              f"python: {PYTHON}", f"workdir: {work}"]
-    del fanout  # the cap is the cluster spec's ssh.fanout once the backend passes it (docs/BENCHMARKS.md)
     path = work / f"cluster-{n}-{'d' if delayed else 'n'}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -193,12 +203,27 @@ def child_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_launch(n: int, cluster: Path, work: Path, profile: Path | None = None, light: bool = False) -> dict:
-    """``launch submit`` of the trivial job on the first ``n`` hosts (under py-spy into ``profile``)."""
+def job_yaml(n: int, work: Path, light: bool) -> Path:
+    """The trivial job on ``n`` nodes, one rank a node that prints one line (with ``light``: the stand-in torchrun)."""
     job = work / f"job-{n}.yaml"
     env_line = f"env: {{PYTHONPATH: {work / 'fake'}}}\n" if light else ""
     job.write_text(f"name: hello{n}\nentrypoint: [python, {work / 'hello.py'}]\n"
                    f"resources: {{nodes: {n}, nproc_per_node: 1}}\nwatch: {{stall_timeout: 300}}\n{env_line}")
+    return job
+
+
+def rank_lines(lines: list[tuple[float, str]]) -> list[float]:
+    """When each rank's first line was seen (one entry a rank that printed)."""
+    seen: dict[str, float] = {}
+    for t, line in lines:
+        if (match := RANK_LINE.search(line)) is not None:
+            seen.setdefault(match.group(1), t)
+    return list(seen.values())
+
+
+def run_launch(n: int, cluster: Path, work: Path, profile: Path | None = None, light: bool = False) -> dict:
+    """``launch submit`` of the trivial job on the first ``n`` hosts (under py-spy into ``profile``)."""
+    job = job_yaml(n, work, light)
     home = work / "home"
     env = {**os.environ, "LAUNCH_HOME": str(home)}
     argv = [LAUNCH, "submit", str(job), "--cluster", str(cluster)]
@@ -213,7 +238,7 @@ def run_launch(n: int, cluster: Path, work: Path, profile: Path | None = None, l
         lines.append((time.time(), line.rstrip()))
     code = proc.wait()
     t_end, cpu = time.time(), child_cpu() - cpu0
-    hello = [t for t, line in lines if "hello from rank" in line]
+    hello = rank_lines(lines)
     job_id = next((line.split()[1].rstrip(":") for _, line in lines if line.startswith("job ")), None)
     status = json.loads(subprocess.run([LAUNCH, "status", job_id, "--json"], env=env, capture_output=True,
                                        text=True).stdout or "{}") if job_id else {}
@@ -240,6 +265,71 @@ def run_pdsh(bed: testbed.Testbed, n: int, config: Path, fanout: int) -> dict:
             "lines": done.stdout.count("hello from"), "err": done.stderr.strip()[-300:]}
 
 
+def planned_command(n: int, cluster: Path, work: Path, port: int) -> str:
+    """The shell command that starts, on any host of the first ``n``, the torchrun that launch plans for the
+    trivial job there (``launch submit --dry-run --json``): node 0's argv and environment with the node rank
+    taken from the host's name (``fb-hI`` is node I-1), a rendezvous port and id of the caller's, the error file
+    under ``work``. Left out of the environment: launch's own tags (``LAUNCH_*``, read by its agent and step
+    hooks) and values preflight probes on each host (``auto``: the network interfaces, unused by a rank that
+    never joins a process group)."""
+    done = subprocess.run([LAUNCH, "submit", str(job_yaml(n, work, light=False)), "--cluster", str(cluster),
+                           "--dry-run", "--json"], env={**os.environ, "LAUNCH_HOME": str(work / "home")},
+                          capture_output=True, text=True, check=True)
+    node = json.loads(done.stdout)["nodes"][0]
+    argv = [shlex.quote(a) for a in node["argv"]]
+    flags = {"--node-rank": '"$R"', "--master-port": str(port), "--rdzv-id": f"bench{port}"}
+    for i, arg in enumerate(node["argv"][:-1]):
+        if arg in flags:
+            argv[i + 1] = flags[arg]
+    env = {k: v for k, v in node["env"].items() if not k.startswith("LAUNCH_") and v != "auto"}
+    if "TORCHELASTIC_ERROR_FILE" in env:
+        env["TORCHELASTIC_ERROR_FILE"] = str(work / "pdsh-run" / f"node{port}-$R.torchrun-error.json")
+    assignments = " ".join(f"{k}={shlex.quote(v)}" if k != "TORCHELASTIC_ERROR_FILE" else f'{k}="{v}"'
+                           for k, v in env.items())
+    return (f"R=$(( $(hostname | tr -dc 0-9) - 1 )); cd {shlex.quote(node['cwd'])} && "
+            f"exec env {assignments} {' '.join(argv)}")
+
+
+def run_pdsh_torchrun(bed: testbed.Testbed, n: int, config: Path, fanout: int, command: str,
+                      timeout: float) -> dict:
+    """pdsh running ``command`` (``planned_command``) on the first ``n`` hosts: when every rank's first line came
+    (its output read as it comes) and the exit (killed after ``timeout`` seconds)."""
+    env = {**os.environ, "PDSH_SSH_ARGS_APPEND": f"-F {config}"}
+    names = ",".join(h.name for h in bed.hosts[:n])
+    cpu0, t0 = child_cpu(), time.time()
+    proc = subprocess.Popen(["pdsh", "-R", "ssh", "-f", str(fanout), "-l", "root", "-w", names, command], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    lines: list[tuple[float, str]] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append((time.time(), line.rstrip()))
+    code = proc.wait()
+    killer.cancel()
+    t_end, cpu = time.time(), child_cpu() - cpu0
+    hello = rank_lines(lines)
+    out = {"n": n, "code": code, "lines": len(hello), "total_s": t_end - t0, "cpu_s": cpu,
+           "tail": [line for _, line in lines if not RANK_LINE.search(line)][-3:]}
+    if hello:
+        out |= {"first_line_s": min(hello) - t0, "last_line_s": max(hello) - t0}
+    return out
+
+
+def kill_left(bed: testbed.Testbed, n: int) -> list[str]:
+    """Kill (by PID) every process left in the first ``n`` hosts but their sshd listeners; what they were."""
+    left = []
+    for host in bed.hosts[:n]:
+        for pid in testbed.pids(host):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+            left.append(f"{host.name}: {command[:160]}")
+    return left
+
+
 def run_rendezvous(bed: testbed.Testbed, n: int, backend: str, port: int, work: Path, timeout: float) -> dict:
     """Bare torchrun on the first ``n`` hosts, started by pdsh, with ``backend`` rendezvous: the time until every
     node's rank printed its line and torchrun exited. What a timed-out run left is killed by PID afterwards."""
@@ -259,16 +349,32 @@ def run_rendezvous(bed: testbed.Testbed, n: int, backend: str, port: int, work: 
     except subprocess.TimeoutExpired as exc:
         out, code = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), None
     elapsed = time.time() - t0
-    left = 0
-    for host in bed.hosts[:n]:
-        for pid in testbed.pids(host):
-            left += 1
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    left = kill_left(bed, n)
     return {"n": n, "backend": backend, "code": code, "total_s": elapsed, "lines": out.count("hello from rank"),
             "killed_after": left}
+
+
+def one_round(bed: testbed.Testbed, n: int, work: Path, cluster: Path, config: Path, args: argparse.Namespace,
+              port: int, pdsh_first: bool) -> dict:
+    """Both tools on the first ``n`` hosts, one after the other (``pdsh_first``: pdsh first), each with the
+    hosts' CPU its sessions spent."""
+    tools: dict[str, Callable[[], dict]]
+    if args.torchrun:
+        command = planned_command(n, cluster, work, port)
+        tools = {"launch": partial(run_launch, n, cluster, work),
+                 "pdsh": partial(run_pdsh_torchrun, bed, n, config, args.fanout, command, args.pdsh_timeout)}
+    else:
+        tools = {"launch": partial(run_launch, n, cluster, work, light=args.light),
+                 "pdsh": partial(run_pdsh, bed, n, config, args.fanout)}
+    order = ["pdsh", "launch"] if pdsh_first else ["launch", "pdsh"]
+    row: dict = {"n": n, "first": order[0], "load_before": load_avg()}
+    for name in order:
+        before = node_cpu(bed)
+        row[name] = tools[name]()
+        time.sleep(1.0)  # the sessions' sshd processes exit and are reaped
+        row[name]["left"] = kill_left(bed, n)  # none, unless a run timed out or a tool leaves processes behind
+        row[name]["node_cpu_s"] = node_cpu(bed) - before
+    return row
 
 
 def prepare_work(work: Path) -> None:
@@ -281,6 +387,7 @@ def prepare_work(work: Path) -> None:
     for package in (fake.parent, fake):
         (package / "__init__.py").write_text("")
     (fake / "run.py").write_text(FAKE_RUN)
+    (work / "pdsh-run").mkdir()
 
 
 def load_avg() -> str:
@@ -328,6 +435,9 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp/bench-fanout")
     parser.add_argument("--profile", action="store_true", help="also run launch at the largest size under cProfile")
     parser.add_argument("--light", action="store_true", help="a torchrun stand-in that does not import torch")
+    parser.add_argument("--torchrun", action="store_true",
+                        help="against pdsh starting launch's planned torchrun, to every rank's line (issue 33)")
+    parser.add_argument("--pdsh-timeout", type=float, default=600.0, help="with --torchrun: pdsh's run at most")
     parser.add_argument("--rendezvous-sizes", default="", help="also time bare torchrun (pdsh), static vs c10d")
     parser.add_argument("--rendezvous-timeout", type=float, default=240.0)
     parser.add_argument("--serve-proxy", nargs="+", help=argparse.SUPPRESS)
@@ -336,6 +446,8 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         asyncio.run(_serve(args.serve_proxy[1:], float(args.serve_proxy[0]) / 1000))
         return 0
+    if args.torchrun and args.light:
+        parser.error("--torchrun compares real torchrun: leave out --light")
     if shutil.which("pdsh") is None:
         print("pdsh not found: scripts/setup.sh --test installs it", file=sys.stderr)
         return 2
@@ -343,7 +455,8 @@ def main() -> int:
     rdzv_sizes = [int(s) for s in args.rendezvous_sizes.split(",") if s]
     work = Path(args.work)
     prepare_work(work)
-    results: dict = {"load_before": load_avg(), "cores": os.cpu_count(), "rows": [], "light": args.light}
+    results: dict = {"load_before": load_avg(), "cores": os.cpu_count(), "rows": [], "light": args.light,
+                     "torchrun": args.torchrun}
     t = time.perf_counter()
     hosts = max(sizes + rdzv_sizes)
     bed = testbed.up(hosts, work / "bed", NAMES)
@@ -353,19 +466,16 @@ def main() -> int:
     try:
         proxy = start_proxy(bed, args.delay_ms)
         delayed = proxied_files(bed, work)
+        ports = iter(range(29700, 29800))
         for label, files in (("none", None), (f"{args.delay_ms:g} ms each way", delayed)):
             config = files[0] if files else bed.ssh_config
             for n in sizes:
                 cluster = cluster_yaml(bed, n, work, files, args.fanout)
                 for _ in range(args.rounds_64 if n >= 64 else args.rounds):
-                    before = node_cpu(bed)
-                    a = run_launch(n, cluster, work, light=args.light)
-                    time.sleep(1.0)  # the sessions' sshd processes exit and are reaped
-                    middle = node_cpu(bed)
-                    b = run_pdsh(bed, n, config, args.fanout)
-                    time.sleep(1.0)
-                    a["node_cpu_s"], b["node_cpu_s"] = middle - before, node_cpu(bed) - middle
-                    row = {"delay": label, "n": n, "launch": a, "pdsh": b, "load": load_avg()}
+                    row = one_round(bed, n, work, cluster, config, args, next(ports),
+                                    pdsh_first=args.torchrun and sum(r["n"] == n for r in results["rows"]) % 2 == 1)
+                    row["delay"] = label
+                    row["load"] = load_avg()
                     results["rows"].append(row)
                     print(json.dumps(row), flush=True)
         if args.profile:
@@ -397,14 +507,19 @@ def main() -> int:
 def summarise(results: dict) -> None:
     print(f"\nload {results['load_before']} -> {results['load_after']} on {results['cores']} cores; "
           f"bed up {results['up_s']:.2f} s, down {results['down_s']:.2f} s")
-    print(f"{'delay':>16} {'hosts':>5} {'launch to started':>18} {'pdsh':>7} {'ratio':>6} {'launch end':>10} "
-          f"{'launch cpu/host':>15} {'pdsh cpu/host':>13} {'node cpu/host launch, pdsh':>27}")
+    for row in results.get("rendezvous", []):
+        print(f"bare torchrun by pdsh, {row['n']:>3} hosts, {row['backend']:>6} rendezvous: {row['total_s']:6.1f} s, "
+              f"{row['lines']} of {row['n']} ranks printed (exit {row['code']}; killed after: {len(row['killed_after'])})")
     groups: dict[tuple[str, int], list[dict]] = {}
     for row in results["rows"]:
         groups.setdefault((row["delay"], row["n"]), []).append(row)
-    for row in results.get("rendezvous", []):
-        print(f"bare torchrun by pdsh, {row['n']:>3} hosts, {row['backend']:>6} rendezvous: {row['total_s']:6.1f} s, "
-              f"{row['lines']} of {row['n']} ranks printed (exit {row['code']}; killed after: {row['killed_after']})")
+    (summarise_torchrun if results["torchrun"] else summarise_started)(groups)
+
+
+def summarise_started(groups: dict[tuple[str, int], list[dict]]) -> None:
+    """Medians of launch to every node agent started against pdsh's run of a print."""
+    print(f"{'delay':>16} {'hosts':>5} {'launch to started':>18} {'pdsh':>7} {'ratio':>6} {'launch end':>10} "
+          f"{'launch cpu/host':>15} {'pdsh cpu/host':>13} {'node cpu/host launch, pdsh':>27}")
     for (delay, n), rows in groups.items():
         started = median(r["launch"].get("to_started_s", float("nan")) for r in rows)
         pdsh = median(r["pdsh"]["total_s"] for r in rows)
@@ -415,6 +530,23 @@ def summarise(results: dict) -> None:
         pnode = median(r["pdsh"].get("node_cpu_s", float("nan")) for r in rows) / n
         print(f"{delay:>16} {n:>5} {started:>16.2f} s {pdsh:>5.2f} s {started / pdsh:>5.2f}x {end:>8.2f} s "
               f"{lcpu:>13.3f} s {pcpu:>11.3f} s {lnode:>14.3f} s, {pnode:.3f} s")
+
+
+def summarise_torchrun(groups: dict[tuple[str, int], list[dict]]) -> None:
+    """Medians of launch against pdsh + the same torchrun: every rank's first line, the exit, the hosts' CPU."""
+    print(f"{'delay':>16} {'hosts':>5} {'every rank, launch / pdsh':>26} {'ratio':>6} {'exit, launch / pdsh':>20} "
+          f"{'ratio':>6} {'ranks':>9} {'hosts cpu/host launch / pdsh':>29}")
+    nan = float("nan")
+    for (delay, n), rows in groups.items():
+        def med(tool: str, key: str, rows: list[dict] = rows) -> float:
+            return median(r[tool].get(key, nan) for r in rows)
+        last = med("launch", "last_line_s"), med("pdsh", "last_line_s")
+        end = med("launch", "total_s"), med("pdsh", "total_s")
+        cpu = med("launch", "node_cpu_s") / n, med("pdsh", "node_cpu_s") / n
+        ranks = f"{min(r['launch']['lines'] for r in rows)}/{min(r['pdsh']['lines'] for r in rows)} of {n}"
+        print(f"{delay:>16} {n:>5} {last[0]:>11.2f} / {last[1]:>7.2f} s {last[0] / last[1]:>5.2f}x "
+              f"{end[0]:>8.2f} / {end[1]:>6.2f} s {end[0] / end[1]:>5.2f}x {ranks:>9} "
+              f"{cpu[0] * 1000:>17.0f} / {cpu[1] * 1000:.0f} ms")
 
 
 if __name__ == "__main__":
