@@ -14,7 +14,9 @@ For each size, with and without added latency, both tools in one round on the sa
       launch plans for the job (``launch submit --dry-run --json``: the same interpreter, flags, static
       rendezvous, environment; the node rank from the host's name), and both run real torchrun: the figures
       compared are the time to every rank's first line and to the exit, from each tool's start (pdsh's output
-      read as it comes). The two alternate which goes first from round to round.
+      read as it comes). pdsh's ``-f`` is then at least the host count: it holds a session until its command
+      exits, and torchruns it has not started yet would hold the started ones in their rendezvous for ever.
+      The two tools alternate which goes first from round to round at each size.
 The hosts' CPU of each (``node_cpu``): what the hosts' sshd listeners reaped from the sessions of its run.
 
 Latency: this machine's kernel has no ``sch_netem`` (``tc ... netem`` fails with "Specified qdisc kind is
@@ -103,7 +105,10 @@ for t in relays: t.join()
 sys.exit(code)
 """
 RANK_LINE = re.compile(r"hello from rank (\S+)")
-HELLO = "import os, socket; print('hello from rank', os.environ.get('RANK'), 'on', socket.gethostname(), flush=True)\n"
+# One write: under PYTHONUNBUFFERED (as launch plans it) print's pieces are separate writes, and torchrun's tee then
+# puts the rank's prefix inside the line ("hello from rank[15]:  15").
+HELLO = ("import os, socket\n"
+         "os.write(1, f\"hello from rank {os.environ.get('RANK')} on {socket.gethostname()}\\n\".encode())\n")
 
 
 # ---------------------------------------------------------------- the latency proxy (its own process)
@@ -293,11 +298,13 @@ def planned_command(n: int, cluster: Path, work: Path, port: int) -> str:
 def run_pdsh_torchrun(bed: testbed.Testbed, n: int, config: Path, fanout: int, command: str,
                       timeout: float) -> dict:
     """pdsh running ``command`` (``planned_command``) on the first ``n`` hosts: when every rank's first line came
-    (its output read as it comes) and the exit (killed after ``timeout`` seconds)."""
+    (its output read as it comes) and the exit (killed after ``timeout`` seconds). pdsh keeps a host's session until
+    its command exits, so below ``n`` sessions at once (``-f``) the first torchruns wait in their rendezvous for
+    nodes pdsh never starts: ``-f`` is at least ``n`` (launch's ``fanout`` caps its connecting and starting only)."""
     env = {**os.environ, "PDSH_SSH_ARGS_APPEND": f"-F {config}"}
     names = ",".join(h.name for h in bed.hosts[:n])
     cpu0, t0 = child_cpu(), time.time()
-    proc = subprocess.Popen(["pdsh", "-R", "ssh", "-f", str(fanout), "-l", "root", "-w", names, command], env=env,
+    proc = subprocess.Popen(["pdsh", "-R", "ssh", "-f", str(max(n, fanout)), "-l", "root", "-w", names, command], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killer = threading.Timer(timeout, proc.kill)
     killer.start()
