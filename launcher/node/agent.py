@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable
 
 from . import leases, proctree, torchelastic
-from .follow import RETENTION_S, clean_dirs
+from .follow import RETENTION_S, clean_dirs, sweep_due
 from .journal import (
     DEFAULT_LIMIT,
     RECORD_FILE,
@@ -177,7 +177,8 @@ class Agent:
         self.mask = masker(secrets)
         self.run_dir = run_dir = job_run_dir(self.job_id)
         try:  # the retention of run directories (docs/JOURNALS.md): this user's that no agent used for a week go
-            clean_dirs(None, RETENTION_S, skip=self.job_id)
+            if sweep_due():
+                clean_dirs(None, RETENTION_S, skip=self.job_id)
         except OSError:
             pass
         newer = fenced_by(run_dir, req.node, req.generation)

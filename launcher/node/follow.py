@@ -59,6 +59,8 @@ READ_CHUNK = 1 << 20
 EXIT = frame_mark(FrameKind.EXIT)
 RETENTION_S = 7 * 86400  # a new agent removes its user's run directories untouched this long (no agent in them)
 AGENT_EXIT_WAIT_S = 10.0  # a collected run directory waits this long for its agents to exit after their @exit
+SWEEP_EVERY_S = 3600.0  # ... at most this often a node: the sweep reads every run directory (0.14 s of CPU for 1,300)
+SWEPT_MARK = ".swept"  # in the run root: its mtime is the last sweep's start (not a directory: no job's)
 PID_FILE = re.compile(r"node\d{1,7}\.pid")
 RECORD_LIMIT = 16 * 2**20  # a job record past this is not one launch wrote
 
@@ -338,6 +340,24 @@ def _running_agents(run_dir: str) -> list[str]:
     """The pid files in ``run_dir`` whose agents still run."""
     return [name for name in sorted(os.listdir(run_dir)) if PID_FILE.fullmatch(name)
             and agent_gone(run_dir, name[len("node"):-len(".pid")]) is None]
+
+
+def sweep_due(now: float | None = None) -> bool:
+    """Whether this node's retention sweep is due (the run root's ``SWEPT_MARK`` older than ``SWEEP_EVERY_S``, or
+    missing); if so the mark is touched first, so that the agents of a job starting together do not all sweep."""
+    now = time.time() if now is None else now
+    mark = os.path.join(run_root(), SWEPT_MARK)
+    try:
+        if now - os.stat(mark, follow_symlinks=False).st_mtime < SWEEP_EVERY_S:
+            return False
+    except FileNotFoundError:
+        pass
+    fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.utime(fd, (now, now))
+    finally:
+        os.close(fd)
+    return True
 
 
 def _kept(run_dir: str, older_than_s: float) -> str | None:

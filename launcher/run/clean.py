@@ -6,7 +6,8 @@ a job store that followed the job there has not filed it: a supervisor that come
 another store, reads from it what it has not filed. The supervisor that files the job's end asks every node to
 remove it (``collect``); the node does once every store that followed the job there has filed it. Those never
 collected (a store that never came back, an unreachable node) are removed by every new agent of the same user on
-that node once untouched for 7 days (``launcher.node.follow.RETENTION_S``), or now by `launch clean`
+that node once untouched for 7 days (``launcher.node.follow.RETENTION_S``; at most once an hour a node,
+``SWEEP_EVERY_S``), or now by `launch clean`
 (docs/JOURNALS.md "Run directories").
 """
 
