@@ -474,7 +474,7 @@ def test_a_run_directory_not_proven_this_jobs_or_still_in_use_is_never_collected
     elsewhere = tmp_path / "elsewhere"  # the job's name in the run root a symlink to a directory of ours
     run_dir.rename(elsewhere)
     run_dir.symlink_to(elsewhere)
-    assert "not a directory (a symlink or a file)" in follow.collect(JOB_ID, STORE_A)[1][JOB_ID]
+    assert "is a symlink (to " in follow.collect(JOB_ID, STORE_A)[1][JOB_ID]
     assert (elsewhere / "node0.journal").exists()
 
 
