@@ -84,17 +84,22 @@ def harden(prctl) -> bool:
 
 
 def run_cleanup(commands: list[list[str]], grace: float) -> list[str]:
-    """Run each clean-up command (stop and remove a container); the ones that failed, with why."""
-    failed = []
+    """Run each clean-up command in order (stop a container, then remove it); the ones that failed, with why, or
+    none when the last one succeeded: it removes the container however it went (``rm -f`` exits 0 when there is
+    none), so a stop that found no container (it had exited with its command, and ``--rm`` removed it) is no
+    failure, nor something left behind."""
+    failed, last_ok = [], True
     for argv in commands:
         try:
             done = run_helper(argv, 30 + grace, cwd="/")
         except (OSError, subprocess.TimeoutExpired) as exc:
             failed.append(f"{' '.join(argv[:3])}: {exc}")
+            last_ok = False
             continue
-        if done.returncode != 0:
+        last_ok = done.returncode == 0
+        if not last_ok:
             failed.append(f"{' '.join(argv[:3])}: {(done.stderr or done.stdout).strip()[-200:]}")
-    return failed
+    return [] if last_ok else failed
 
 
 def libc_prctl():

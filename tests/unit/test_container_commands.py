@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.node.subreaper import run_cleanup
 from launcher.plan.containers import (
     ContainerName,
     env_prefix,
@@ -148,6 +149,17 @@ def test_stopping_and_removing_a_nodes_container() -> None:
     assert remove_argv(Runtime.PODMAN, NAME) == ["podman", "rm", "-f", "launch-train-1a2b3c4d-n1"]
     assert stop_argv(Runtime.APPTAINER, NAME, 5) is None
     assert remove_argv(Runtime.APPTAINER, NAME) is None
+
+
+def test_a_stop_that_finds_no_container_is_no_failure_when_the_removal_succeeds() -> None:
+    """The node's clean-up (its sweep's ``cleanup_failed``): a container that exited with its command is gone before
+    the stop (``--rm``); the stop's "no such container" is not something left behind, a removal that fails is."""
+    gone = ["sh", "-c", "echo 'Error: no container with name or ID \"x\" found: no such container' >&2; exit 125"]
+    assert run_cleanup([gone, ["true"]], 0) == []
+    assert run_cleanup([["true"], ["sh", "-c", "echo busy >&2; exit 1"]], 0) == ["sh -c echo busy >&2; exit 1: busy"]
+    failed = run_cleanup([gone, ["false"]], 0)  # the removal failed: the stop's error may say why, both are said
+    assert len(failed) == 2 and failed[0].endswith("no such container")
+    assert run_cleanup([["/nonexistent/podman", "rm"]], 0)[0].startswith("/nonexistent/podman rm: ")
 
 
 def test_probes_do_not_need_an_image() -> None:
