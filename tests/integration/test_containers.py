@@ -121,7 +121,7 @@ def test_a_two_host_job_runs_every_rank_inside_the_container(tmp_path, home, hos
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     inside = [json.loads(line.split("INSIDE ", 1)[1]) for line in result.stdout.splitlines() if "INSIDE " in line]
     assert sorted((r["rank"], r["host"], r["container"]) for r in inside) == [(0, "lt-h1", "podman"), (1, "lt-h2", "podman")]
-    job_id = result.stderr.split()[1].rstrip(":")
+    job_id = re.search(r"^job (ctr-[0-9a-f]{8}): ", result.stderr, re.M)[1]  # after any warning (a full disk's)
     obj = status_json(home, job_id)
     assert sorted(r["rank"] for r in obj["metrics"]["per_rank"]) == [0, 1] and obj["metrics"]["samples_per_sec"] > 0
     assert all(_containers(host, job_id) == [] for host in hosts), "no container is left, running or stopped"
@@ -204,6 +204,9 @@ def test_attach_follows_a_container_job_whose_supervisor_was_killed_and_a_lost_h
     swept = [e["message"] for e in obj["events"] if e["kind"] == "sweep"]
     assert all(m.startswith("node 1 (lt-h2): unreachable, not checked") for m in swept), swept
     assert wait_for(lambda: _nothing_left(hosts, job_id, runtime), timeout=60), "the lost host's container ends too"
+    # and attach's SSH session on the cut host, whose client end was reset while it was away (the tests after this
+    # one find the hosts empty)
+    assert wait_for(lambda: all(not tb.pids(host) for host in hosts), timeout=30), "nothing at all left on the hosts"
 
 
 def test_an_image_missing_on_one_host_with_pull_never_is_refused_before_anything_starts(
