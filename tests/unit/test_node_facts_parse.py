@@ -216,30 +216,37 @@ def test_an_ssh_host_whose_answer_does_not_parse_is_one_problem_of_that_host() -
 
 
 class _Clock:
-    """A node whose `date` answers ``skew`` seconds ahead of this machine, ``trips`` seconds after being asked."""
+    """A node whose `date` answers ``skew`` seconds ahead of this machine, ``trips`` seconds after being asked, on a
+    clock of the test's own (``time``, put in place of launch's): a loaded machine's late wake-ups change nothing."""
 
     def __init__(self, skew: float, trips: list[float]) -> None:
-        self.skew, self.trips = skew, list(trips)
+        self.skew, self.trips, self.now = skew, list(trips), 1_000_000.0
+
+    def time(self) -> float:
+        return self.now
 
     def run_on_node(self, plan, index, argv, timeout):
         assert argv == ["date", "+%s.%N"]
-        import time
-
         trip = self.trips.pop(0)
-        now = time.time()
-        time.sleep(trip)
-        return SimpleNamespace(code=0, out=f"{now + trip / 2 + self.skew:.9f}\n", err="")
+        answered = self.now + trip / 2 + self.skew  # read half-way, on the node's clock
+        self.now += trip
+        return SimpleNamespace(code=0, out=f"{answered:.9f}\n", err="")
 
 
-def test_clock_skew_is_read_on_launchs_own_round_trips_and_warned_of_only_beyond_their_uncertainty() -> None:
+def test_clock_skew_is_read_on_launchs_own_round_trips_and_warned_of_only_beyond_their_uncertainty(monkeypatch) -> None:
     """Issue 34: `launch check` warned of a 4 s skew between hosts sharing one clock, from the facts' round trip in
     which node 0 waits for its peers' port test. Read on short trips of its own, the skew is the shortest's."""
+    from launcher.run import checks
     from launcher.run.checks import Skew, measure_skew
 
-    shared = measure_skew(_Clock(0.0, [0.2, 0.02, 0.1]), 0)
-    assert shared is not None and abs(shared.seconds) < 0.02 and 0.009 < shared.uncertainty < 0.05
+    def measured(node: _Clock) -> Skew | None:
+        monkeypatch.setattr(checks, "time", node)
+        return measure_skew(node, 0)
+
+    shared = measured(_Clock(0.0, [0.2, 0.02, 0.1]))
+    assert shared is not None and abs(shared.seconds) < 1e-6 and shared.uncertainty == pytest.approx(0.01)
     assert not shared.beyond(2.0)
-    ahead = measure_skew(_Clock(5.0, [0.02, 0.02, 0.02]), 0)
+    ahead = measured(_Clock(5.0, [0.02, 0.02, 0.02]))
     assert ahead is not None and abs(ahead.seconds - 5.0) < 0.02 and ahead.beyond(2.0)
     # the facts' own trip (8 s of port test, the node's clock read at its end): 4 s "skew", 4 s uncertain
     waited = Skew.on_trip(108.0, 100.0, 108.0)
