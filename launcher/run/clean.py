@@ -62,7 +62,6 @@ def clean(cluster: ClusterSpec, older_than_s: float, job_id: str | None = None, 
         backend.close()
 
 
-
 def collect(backend: Backend, plan: Plan, store: str) -> list[str]:
     """The job store ``store`` has filed ``plan``'s job to its end: ask each host of ``plan`` (once a host) to remove
     the job's run directory there (``launcher.node.follow.collect``); what each host kept, and why, one line each."""
