@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +95,46 @@ def step_batches(spec: DataSpec, start_step: int, max_steps: int) -> Iterator[di
         indices = indexer.indices(step)
         yield _joined([source.batch(indices[i * spec.chunk : (i + 1) * spec.chunk], _generator(spec.seed, start))
                        for i, start in enumerate(spec.chunk_starts(step))])
+
+
+def prefetched(batches: Iterator[dict[str, torch.Tensor]], depth: int = 2,
+               pin: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+    """The same batches in the same order, made ``depth`` ahead in a background thread while the device
+    computes (torch's ops release the GIL), and pinned when ``pin`` so the copy to the GPU is asynchronous.
+
+    A source error is raised here, at the batch it would have been; closing this iterator stops the thread.
+    """
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not offer({key: value.pin_memory() for key, value in batch.items()} if pin else batch):
+                    return
+            offer(done)
+        except BaseException as exc:  # handed to the training loop, which raises it as the source would have
+            offer(exc)
+
+    thread = threading.Thread(target=produce, name="launch-data", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 def split_micro_batches(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:

@@ -166,7 +166,7 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
 
     from launcher.metrics.reporter import Reporter
     from launcher.recipes import checkpoint
-    from launcher.recipes.data import DataSpec, split_micro_batches, step_batches
+    from launcher.recipes.data import DataSpec, prefetched, split_micro_batches, step_batches
     from launcher.recipes.strategies import (
         TrainOptions,
         build_trainer,
@@ -196,7 +196,10 @@ def train(args: argparse.Namespace, ds_config: dict | None) -> int:
     reporter.resume_at(start)
     reporter.extra.update(grad_accum=args.grad_accum)
     loss, saved = None, start
-    for step, batch in enumerate(step_batches(spec, start, args.max_steps), start=start + 1):
+    batches = step_batches(spec, start, args.max_steps)
+    if trainer.device.type == "cuda":  # made ahead while the GPU computes; a CPU rank's cores are busy computing
+        batches = prefetched(batches, pin=True)
+    for step, batch in enumerate(batches, start=start + 1):
         loss = trainer.step(split_micro_batches(batch, args.grad_accum))
         reporter.extra["samples_consumed"] = step * spec.global_batch  # the data position: global samples
         reporter.step(samples=samples, tokens=samples * info.tokens_per_sample, loss=loss)
