@@ -24,7 +24,8 @@ from launcher.store.db import Store
 from launcher.store.rows import NodeRow
 from launcher.store.states import NodeState
 
-DRAIN_S = 5.0  # how long the node watchers may take to read their nodes' last lines, all together
+DRAIN_S = 5.0  # how long the node watchers may go without a line while they read their nodes' last lines
+DRAIN_MAX_S = 120.0  # and the most they may take, all together
 
 
 class _Unreached(NodeHandle):
@@ -239,10 +240,17 @@ class Nodes:
         self.drain()
 
     def drain(self) -> None:
-        """Let the watchers read their nodes' last lines: 5 s for all of them together."""
-        deadline = time.monotonic() + DRAIN_S
-        for watcher in self.watchers:
-            watcher.join(max(0.0, deadline - time.monotonic()))
+        """Let the watchers read their nodes' last lines (an agent's journal read to its end when its stream stopped
+        short): while they bring lines, until none came for ``DRAIN_S`` or ``DRAIN_MAX_S`` in all."""
+        started = time.monotonic()
+        received, came_at = -1, started
+        while (reading := [watcher for watcher in self.watchers if not watcher.done]):
+            now, count = time.monotonic(), sum(watcher.count for watcher in self.watchers)
+            if count != received:
+                received, came_at = count, now
+            if now - came_at >= DRAIN_S or now - started >= DRAIN_MAX_S:
+                return
+            reading[0].join(0.1)
 
     def record_exits(self) -> None:
         for watcher in self.watchers:

@@ -101,6 +101,12 @@ class Attention:
         self._away = None
         return Away(away.left, away.back, caught_up, now, away.what)
 
+    def ended(self, caught_up: bool, now: float) -> Away | None:
+        """The absence the attempt ended in (its nodes ended while the loop was away), if any: ``caught_up`` once
+        their last lines were read."""
+        away, self._away = self._away, None
+        return None if away is None else Away(away.left, away.back, caught_up, now, away.what)
+
     @property
     def waiting(self) -> bool:
         """Verdicts wait: the loop was away and has not caught up yet."""

@@ -40,7 +40,7 @@ from launcher.run.finish import Outcome, finish
 from launcher.run.intake import Intake
 from launcher.run.liveness import HangDetector, Liveness
 from launcher.run.nodes import Nodes, in_charge, kept_record
-from launcher.run.nodetime import AWAY_S, Attention
+from launcher.run.nodetime import AWAY_S, Attention, Away
 from launcher.run.notify import Notifier
 from launcher.run.replanning import Moved, Replanner, on_nodes_left, without_twice_failed
 from launcher.run.restarts import why_not_restart
@@ -417,7 +417,9 @@ class Supervisor:
             for event in self._events(nodes, fed, judging=not attention.waiting):
                 state, do = step(state, event)
                 if do is not Do.WATCH:
-                    return self._act(do, event, nodes)
+                    outcome = self._act(do, event, nodes)
+                    self._say_away(attention.ended(all(w.done for w in nodes.watchers), time.time()), held=False)
+                    return outcome
             time.sleep(POLL_S)
 
     def _take_in(self, attention: Attention, nodes: Nodes) -> None:
@@ -434,11 +436,15 @@ class Supervisor:
         if waited is not None:
             self.say("store_locked", waited.describe(), {"seconds": round(waited.seconds, 1), "rows": waited.rows},
                      held=True)
-        back = attention.settle(heard, time.time())
+        self._say_away(attention.settle(heard, time.time()))
+
+    def _say_away(self, back: Away | None, held: bool = True) -> None:
+        """The loop's absence, once it caught up with its nodes (or judged on what came, or the attempt ended: then
+        filed at once, the rounds being over)."""
         if back is not None:
             self.say("supervisor_away", back.describe(),
                      {"seconds": round(back.seconds, 1), "caught_up": back.caught_up,
-                      "caught_up_after_s": round(back.settled - back.back, 1)}, held=True)
+                      "caught_up_after_s": round(back.settled - back.back, 1)}, held=held)
 
     def _events(self, nodes: Nodes, fed: set[int], judging: bool = True) -> Iterator[Event]:
         """This round's events in the order ``step`` takes them; each is looked for only once the ones before

@@ -316,3 +316,35 @@ def test_an_oom_killed_rank_is_explained_from_the_kernel_log(tmp_path, home, mem
     assert failure["reason"].startswith("killed by the kernel's OOM killer"), failure["reason"]
     assert str(failure["pid"]) in failure["reason"]
     assert "OOM killer" in run_cli(home, "status", job_id).stdout
+
+
+def test_a_supervisor_stopped_while_the_job_ends_takes_in_every_line_after(tmp_path, home):
+    """Issue 34: the detached supervisor and its keeper SIGSTOPped while the program prints more than a pipe holds
+    and exits, and its node agent, its stdout full and unread, gives up on it and exits too: back, the supervisor
+    reads the rest from the node's journal. The job SUCCEEDS with every line once, in order, and says it was away."""
+    lines, gate = 3000, tmp_path / "go"
+    program = Path(__file__).resolve().parent.parent / "programs" / "gated_burst.py"
+    job = write_yaml(tmp_path / "job.yaml", {
+        "name": "burst", "entrypoint": ["python", str(program)], "resources": {"nodes": 1, "nproc_per_node": 1},
+        "env": {"GATE_FILE": str(gate), "LINES": str(lines)}})
+    job_id = run_cli(home, "submit", str(job), "--detach").stdout.strip()
+    running = wait_for(lambda: (obj := status_json(home, job_id))["state"] == "RUNNING" and obj["supervisor"]["pid"]
+                       and obj, timeout=60)
+    assert running, status_json(home, job_id)
+    supervisor = running["supervisor"]["pid"]
+    keeper = int(Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(keeper, signal.SIGSTOP)
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        gate.touch()
+        # the program, torchrun and the node agent (once its stdout took nothing for 10 s) all exit unread
+        assert wait_for(lambda: proctree.job_pids(job_id) == [], timeout=90), proctree.job_pids(job_id)
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+        os.kill(keeper, signal.SIGCONT)
+    done = wait_for_state(home, job_id, ("SUCCEEDED", "FAILED", "CANCELLED"), timeout=60)
+    assert done["state"] == "SUCCEEDED", done["reason"]
+    shown = [int(m) for m in re.findall(r"burst line (\d+) x", run_cli(home, "logs", job_id).stdout)]
+    assert shown == list(range(lines)), (len(shown), shown[:3], shown[-3:])
+    said = run_cli(home, "status", job_id).stdout
+    assert re.search(r"supervisor_away +supervisor was away \d+ s; caught up", said), said

@@ -111,7 +111,9 @@ class LocalNode(NodeHandle):
         assert self._proc.stdout is not None
         yield from self._first
         for raw in iter(self._proc.stdout.readline, b""):
-            yield raw.decode("utf-8", "replace").rstrip("\n")
+            if not raw.endswith(b"\n"):  # cut short as the agent exited mid-write: its journal has it whole
+                break
+            yield raw.decode("utf-8", "replace")[:-1]
         self._proc.stdout.close()
         try:  # its stdout closes as it exits (its code is then known), or when a newer supervisor took the job
             self._proc.wait(STDOUT_CLOSED_WAIT_S)
