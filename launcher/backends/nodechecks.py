@@ -16,8 +16,8 @@ from launcher.spec.container import ContainerSpec
 
 FACTS_TIMEOUT_S = 1800.0 + 360.0  # a preflight may pull a container image (launch.node.facts.PULL_TIMEOUT_S)
 HOST_MEMORY_SHARE = 0.85  # of a node's memory a job may plan to use (the rest: the OS, page cache, other work)
-RUN_ROOT_HINT = ("where a node gives its logins a systemd runtime directory (PAM: `/run/user/UID`, `XDG_RUNTIME_DIR`), "
-                 "the run root is there instead, where no other user can make it (docs/JOURNALS.md \"Run directories\")")
+RUN_ROOT_HINT = ("the run root is $XDG_RUNTIME_DIR/launch, else a /tmp/launch-UID-* directory of this user's "
+                 "(docs/JOURNALS.md \"Run directories\")")
 STALE_BUILD_LOCK_S = 1800.0  # a torch build lock this old was left by a killed build (DeepSpeed's ops build in minutes)
 
 

@@ -253,8 +253,9 @@ def build_locks(root: str | None) -> list[dict]:
 
 
 def run_root_error() -> str | None:
-    """Why this user's root of run directories cannot be used (another user made it first, it is a symlink or open
-    to others), naming it and its owner; None when it can (made now, mode 0700, if missing)."""
+    """Why the root of this user's new run directories cannot be used (another user's ``$XDG_RUNTIME_DIR/launch``,
+    an own root open to others, a /tmp others may change without its sticky bit), naming it and its owner; None when
+    it can (made now, mode 0700, if missing)."""
     try:
         rundir.private_dir(rundir.run_root())
     except (rundir.RunDirError, OSError) as exc:

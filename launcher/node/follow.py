@@ -51,7 +51,7 @@ from .protocol import (
     frame_mark,
     kind_of,
 )
-from .rundir import RunDirError, job_run_dir, mark_store, run_root, stores
+from .rundir import RunDirError, existing_run_dir, job_run_dir, mark_store, roots, run_root, stores
 
 POLL_S = 0.1
 TOUCH_S = 1.0
@@ -108,10 +108,9 @@ def follow(req: FollowRequest, out: int = 1) -> int:
 
     try:
         try:
-            run_dir = os.path.join(run_root(), job_id)
-            if not os.path.isdir(run_dir):
+            run_dir = existing_run_dir(job_id)  # checked: this user's, private
+            if run_dir is None:
                 return lost(f"no run directory for job {job_id} on this node")
-            run_dir = job_run_dir(job_id)  # checked: this user's, private
             fd = os.open(journal_path(run_dir, node), os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             return lost(f"no journal for node {node} of job {job_id} on this node")
@@ -183,13 +182,6 @@ def _tail(fd: int, run_dir: str, node: int, after: int, out: int, lost, generati
             raise ReaderGone
 
 
-def _existing_run_dir(job_id: str) -> str | None:
-    """The job's run directory on this node, checked, if it exists (never created here)."""
-    if not os.path.isdir(os.path.join(run_root(), job_id)):
-        return None
-    return job_run_dir(job_id)
-
-
 def fenced_request(req: SweepRequest | SignalRequest) -> dict | None:
     """The newer generation's record when a supervisor of generation ``req.generation`` asks something only the
     one in charge of node ``req.node`` may (signal, end); None while it is, or when no generation is given
@@ -198,7 +190,7 @@ def fenced_request(req: SweepRequest | SignalRequest) -> dict | None:
     if generation is None or node is None or req.job_id is None:
         return None
     try:
-        run_dir = _existing_run_dir(req.job_id)
+        run_dir = existing_run_dir(req.job_id)
     except (RunDirError, OSError):
         return None
     return fenced_by(run_dir, node, generation) if run_dir is not None else None
@@ -216,7 +208,7 @@ def fence(req: FenceRequest) -> int:
     and the agent refuse readers of an older generation. ``taken``: it was written."""
     node = req.node
     try:
-        run_dir = _existing_run_dir(req.job_id)
+        run_dir = existing_run_dir(req.job_id)
     except (RunDirError, OSError) as exc:
         return _answer({"error": f"cannot use the run directory of job {req.job_id}: {exc}"})
     if run_dir is None or not os.path.exists(journal_path(run_dir, node)):
@@ -246,7 +238,7 @@ def clean(req: CleanRequest) -> int:
     try:
         removed, kept = clean_dirs(req.job_id, req.older_than_s, req.dry_run)
     except OSError as exc:
-        return _answer({"removed": [], "kept": {}, "error": f"cannot list {run_root()}: {exc}"})
+        return _answer({"removed": [], "kept": {}, "error": f"cannot list the run roots: {exc}"})
     return _answer({"removed": removed, "kept": kept})
 
 
@@ -254,15 +246,11 @@ def clean_dirs(job_id: str | None, older_than_s: float, dry_run: bool = False,
                skip: str | None = None) -> tuple[list[str], dict[str, str]]:
     """(the job ids whose run directories were removed, those kept and why): see ``clean``; ``skip``: a job id left
     alone (the calling agent's own)."""
-    try:
-        names = [job_id] if job_id else [name for name in sorted(os.listdir(run_root())) if name != skip]
-    except FileNotFoundError:
-        names = []
     removed: list[str] = []
     kept: dict[str, str] = {}
-    for name in names:
+    for root, name in _listed(job_id, skip):
         try:
-            run_dir = _existing_run_dir(name)
+            run_dir = existing_run_dir(name) if root is None else job_run_dir(name, root)
         except (RunDirError, OSError) as exc:
             kept[name] = str(exc)[:300]
             continue
@@ -278,6 +266,20 @@ def clean_dirs(job_id: str | None, older_than_s: float, dry_run: bool = False,
     return removed, kept
 
 
+def _listed(job_id: str | None, skip: str | None) -> list[tuple[str | None, str]]:
+    """(root, name) of each run directory ``clean_dirs`` looks at: ``job_id``'s (its root found later), or every
+    entry but ``skip`` and the dot files (``SWEPT_MARK``) in each of this user's roots."""
+    if job_id:
+        return [(None, job_id)]
+    found: list[tuple[str | None, str]] = []
+    for root in roots():
+        try:
+            found += [(root, name) for name in sorted(os.listdir(root)) if name != skip and not name.startswith(".")]
+        except FileNotFoundError:
+            continue
+    return found
+
+
 def collect(job_id: str, store: str, wait_s: float = AGENT_EXIT_WAIT_S) -> tuple[list[str], dict[str, str]]:
     """The job store ``store`` has filed job ``job_id`` to its end: say so in the job's run directory here, and remove
     the directory once every store that followed the job here has filed it too (a supervisor that comes back, or
@@ -285,23 +287,24 @@ def collect(job_id: str, store: str, wait_s: float = AGENT_EXIT_WAIT_S) -> tuple
     up to ``wait_s``: an agent exits just after its ``@exit``). Only this user's directory of this job: checked as
     ``job_run_dir`` does (this user's, private, no symlink) and holding this job's record. (removed, kept: why)."""
     try:
-        root = os.open(run_root(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return [], {}
-    except OSError as exc:
-        return [], {job_id: f"cannot open {run_root()}: {exc}"}
+        run_dir = existing_run_dir(job_id)
+        if run_dir is None:
+            return [], {}
+        root = os.open(os.path.dirname(run_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (RunDirError, OSError) as exc:
+        return [], {job_id: str(exc)[:300]}
     try:
         fcntl.flock(root, fcntl.LOCK_EX)  # one collector at a time (nodes of the job on one host, or sharing /tmp)
-        return _collect(job_id, store, wait_s)
+        return _collect(job_id, run_dir, store, wait_s)
     finally:
         os.close(root)
 
 
-def _collect(job_id: str, store: str, wait_s: float) -> tuple[list[str], dict[str, str]]:
+def _collect(job_id: str, run_dir: str, store: str, wait_s: float) -> tuple[list[str], dict[str, str]]:
     try:
-        run_dir = _existing_run_dir(job_id)
-        if run_dir is None:
-            return [], {}
+        if not os.path.lexists(run_dir):
+            return [], {}  # another collector removed it while this one waited for the lock
+        run_dir = job_run_dir(job_id, os.path.dirname(run_dir))
         if _record_job_id(run_dir) != job_id:
             return [], {job_id: "it holds no record of this job (job.json): not removed"}
         mark_store(run_dir, store, filed=True)
@@ -375,7 +378,7 @@ def _kept(run_dir: str, older_than_s: float) -> str | None:
 def record(req: RecordRequest) -> int:
     """Print the job as its supervisor recorded it in the run directory (``job.json``), or why not."""
     try:
-        run_dir = _existing_run_dir(req.job_id)
+        run_dir = existing_run_dir(req.job_id)
         if run_dir is None:
             return _answer({"error": f"no run directory of job {req.job_id} on this node"})
         fd = os.open(os.path.join(run_dir, RECORD_FILE), os.O_RDONLY | os.O_NOFOLLOW)

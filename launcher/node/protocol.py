@@ -484,7 +484,7 @@ class FactsRequest(Request):
 
     modules: tuple[str, ...] = ()
     workdir: str | None = None
-    run_root: bool = False  # whether this user's root of run directories can be used (another user made it first?)
+    run_root: bool = False  # whether the root of this user's run directories can be used
     ifaces: tuple[str, ...] = ()
     resolve_self: bool = False
     gpus: bool = False

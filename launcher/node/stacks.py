@@ -68,8 +68,8 @@ def collect(job_id: str, run_dir: str | None, node: int | None = None) -> dict:
         dumps = list(pool.map(lambda tree: dump(tool, tree.pid), trees))
     ranks = [{"rank": tree.rank, "local_rank": tree.local_rank, "pid": tree.pid, "stack": stack, "error": error}
              for tree, (stack, error) in zip(trees, dumps)]
-    run_dir = run_dir or os.path.join(rundir.run_root(), job_id)
-    traces = sorted(glob.glob(os.path.join(run_dir, "ranks", "nccl_trace_rank_*")))  # the ranks' LAUNCH_RUN_DIR
+    run_dir = run_dir or _run_dir(job_id)
+    traces = sorted(glob.glob(os.path.join(run_dir, "ranks", "nccl_trace_rank_*"))) if run_dir else []  # their LAUNCH_RUN_DIR
     flight, problems = {}, []
     for path in traces:
         suffix = path.rsplit("_", 1)[-1]
@@ -133,6 +133,14 @@ def _plain(value, budget: list[int], depth: int = 0):
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(item, budget, depth + 1) for item in value]
     return str(value)[:1000]
+
+
+def _run_dir(job_id: str) -> str | None:
+    """The job's run directory on this node, None without one (or one that is not safely this user's)."""
+    try:
+        return rundir.existing_run_dir(job_id)
+    except (rundir.RunDirError, OSError):
+        return None
 
 
 def main(req: StacksRequest) -> int:

@@ -74,8 +74,10 @@ def test_cancel_never_signals_a_process_that_took_over_the_supervisors_pid(tmp_p
 
 
 def test_a_run_directory_made_by_another_user_stops_the_launch_with_nothing_started(tmp_path, home):
-    """Issue 39, item 6: a co-tenant who made the run root first once failed the job at start with `launch check`
-    silent; preflight now names the directory and its owner (exit 3), and so does `launch check`."""
+    """Issue 39, item 6: a run root another user made first once failed the job at start with `launch check` silent;
+    preflight now names the directory and its owner (exit 3), and so does `launch check`. Only root can do this to
+    ``$XDG_RUNTIME_DIR/launch`` (the runtime directory is the user's, closed): the /tmp root is one no one can make
+    first (tests/integration/test_leases.py, with a second user)."""
     if os.geteuid() != 0:
         pytest.skip("making a directory owned by another user needs root")
     runtime = tmp_path / "runtime"

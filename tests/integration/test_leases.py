@@ -243,22 +243,49 @@ def test_kill_9_of_the_holders_agents_frees_its_leases_at_once_and_no_other_user
     print(f"after kill -9 of the holder's agents: the waiting job found the leases free in {free - killed_at:.2f} s, "
           f"its first rank started in {started - killed_at:.2f} s")
 
-    # issue 39, item 6: b makes c's run root first (/tmp/launch-UID: the hosts log in without PAM, so without a
-    # systemd runtime directory). c's job is refused at preflight, naming the directory, its owner and what to do.
-    theirs = Path(f"/tmp/launch-{c.uid}")
-    shutil.rmtree(theirs, ignore_errors=True)  # one an earlier session's user of this uid left
-    made = b.python(f"import os; os.mkdir({str(theirs)!r}, 0o700)", bed.env(b))
+
+def test_a_run_root_another_user_made_first_no_longer_stops_a_job_which_is_taken_over_and_cleaned(
+        testbed: tb.Testbed, unix_users: dict[str, User]) -> None:
+    """Issue 39, item 6: b makes /tmp/launch-UID of c first (the root of c's run directories before: the hosts log in
+    without PAM, so without a runtime directory), and plants a directory and a symlink at names of the new roots. c's
+    job still starts, in a root c made (found by its owner), is taken over by a second supervisor (`fence`, `record`
+    and `follow` find it there) and its run directory goes once the taker filed its end. Before, the job was refused."""
+    _, b, c = unix_users.values()
+    bed = Bed(testbed, unix_users, slots=1)
+    theirs = [Path(f"/tmp/launch-{c.uid}"), Path(f"/tmp/launch-{c.uid}-000000000000")]
+    link = Path(f"/tmp/launch-{c.uid}-000000000001")
+    for path in [*theirs, *Path("/tmp").glob(f"launch-{c.uid}-*")]:  # what an earlier session's users left
+        if path.is_symlink():
+            path.unlink()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    planted = b.python(f"import os; [os.mkdir(p, 0o700) for p in {[str(p) for p in theirs]!r}]; "
+                       f"os.symlink({str(b.dir)!r}, {str(link)!r})", bed.env(b))
     try:
-        assert made.returncode == 0 and theirs.stat().st_uid == b.uid, made.stderr
-        refused = c.run(["submit", *_submit_args(bed, c, "c")], bed.env(c))
-        said = " ".join(refused.stderr.split())
-        assert refused.returncode == 3 and "Traceback" not in said, said
-        assert (f"lt-h1: the job's run directory cannot be made there: {theirs} belongs to {b.name} (uid {b.uid}), "
-                f"not to this user ({c.name} (uid {c.uid})): refusing to use it") in said, said
-        assert "ask them or an administrator to remove it" in said and "/run/user/UID" in said, said
-        assert not bed.times(c, "c").exists(), "nothing started"
+        assert planted.returncode == 0 and all(p.lstat().st_uid == b.uid for p in [*theirs, link]), planted.stderr
+        job_file, cluster_file = bed.files(c, "c")
+        submit = c.popen(["submit", job_file, "--cluster", cluster_file], bed.env(c))
+        job_id = _until_started(bed, c, "c", submit)
+        assert job_id, _why(submit)
+        roots = [p for p in Path("/tmp").glob(f"launch-{c.uid}-*") if not p.is_symlink() and p.stat().st_uid == c.uid]
+        assert len(roots) == 1 and roots[0].stat().st_mode & 0o777 == 0o700, roots
+        run_dir = roots[0] / job_id
+        assert (run_dir / "node0.journal").exists() and (run_dir / "node1.journal").exists()
+        assert all(os.listdir(p) == [] for p in theirs), "nothing of c's in what b made"
+
+        taker = c.popen(["attach", job_id, "--takeover"], bed.env(c))
+        code, said = _ended(submit)
+        assert code == 5 and "taken over by a newer supervisor" in said, said
+        bed.release("c")
+        out, err = taker.communicate(timeout=180)
+        assert taker.returncode == 0 and f"job {job_id}: SUCCEEDED" in err, err + out[-2000:]
+        assert not run_dir.exists(), "the one store that followed the job filed it: its run directory went"
+        assert [p.lstat().st_uid for p in [*theirs, link]] == [b.uid] * 3, "b's left as they were"
     finally:
-        shutil.rmtree(theirs, ignore_errors=True)
+        bed.release("c")
+        for path in theirs:
+            shutil.rmtree(path, ignore_errors=True)
+        link.unlink(missing_ok=True)
 
 
 QUICKER = """

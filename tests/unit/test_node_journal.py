@@ -42,12 +42,12 @@ def _eventually(condition, timeout: float = 30.0) -> bool:
     return True
 
 
-def _start(argv: list[str], env_extra: dict[str, str] | None = None, ranked: bool = False,
+def _start(argv: list[str], env_extra: dict[str, str] | None = None, ranked: bool = False, job_id: str | None = None,
            **extra) -> tuple[str, subprocess.Popen]:
-    """The agent of node NODE of a new job, started as backends start it (request and secrets on stdin); its stdout
-    a pipe the test reads (bytes). ``env_extra``: the agent's environment beside LAUNCH_JOB_ID (its run root);
-    ``ranked``: the command is rank 0 (RANK=0), which the agent samples."""
-    job_id = JOB_PREFIX + uuid.uuid4().hex[:8]
+    """The agent of node NODE of a new job (``job_id``, else a new one), started as backends start it (request and
+    secrets on stdin); its stdout a pipe the test reads (bytes). ``env_extra``: the agent's environment beside
+    LAUNCH_JOB_ID (its run root); ``ranked``: the command is rank 0 (RANK=0), which the agent samples."""
+    job_id = job_id or JOB_PREFIX + uuid.uuid4().hex[:8]
     env = {"LAUNCH_JOB_ID": job_id, **({"RANK": "0"} if ranked else {})}
     request = {"job_id": job_id, "node": NODE, "argv": argv, "env": env, "cwd": "/",
                "secrets_on_stdin": True, "grace": 1.0, "sample_s": 0.3, **extra}
@@ -214,6 +214,32 @@ def test_follow_says_lost_when_the_agent_died_without_its_exit_and_when_there_is
     assert code == 0 and len(followed) == 1 and b"no journal for node 7" in followed[0]
     code, followed = _follow(JOB_PREFIX + "none", 0)
     assert code == 0 and len(followed) == 1 and b"no run directory" in followed[0]
+
+
+def test_a_job_under_the_old_run_root_is_still_followed_and_cleaned() -> None:
+    """Issue 39, item 6: the run root was /tmp/launch-UID, which another user could make first; new jobs go in a
+    root found by its owner, and a job whose run directory is in the old one (started by the launch before) is
+    still followed by a new reader and cleaned."""
+    legacy = Path(rundir.TMP_DIR) / f"launch-{os.getuid()}"
+    if legacy.exists() and legacy.lstat().st_uid != os.getuid():
+        pytest.skip(f"{legacy} is another user's here")
+    job_id = JOB_PREFIX + "old-" + uuid.uuid4().hex[:8]
+    old = rundir.job_run_dir(job_id, str(legacy))  # where the launch before made it
+    assert Path(rundir.run_root()) != legacy
+    job_id, proc = _start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"], job_id=job_id)
+    started = frame_data(_read_until(proc, "up")[0])
+    assert started["run_dir"] == old, "the agent of a job whose run directory is there goes on there"
+    assert proc.stdout is not None
+    proc.stdout.close()  # its supervisor is gone: a new one follows
+    follower = subprocess.Popen(node_argv(sys.executable, "follow", {"job_id": job_id, "node": NODE, "after": 1}),
+                                stdout=subprocess.PIPE)
+    assert follower.stdout is not None
+    assert output_texts([follower.stdout.readline().rstrip(b"\n")]) == ["up"]
+    os.kill(started["pid"], signal.SIGTERM)
+    rest, _ = follower.communicate(timeout=30)
+    assert kind_of_line(rest.split(b"\n")[-2]) == "exit" and proc.wait(30) == 128 + signal.SIGTERM
+    cleaned = subprocess.run(node_argv(sys.executable, "clean", {"job_id": job_id}), capture_output=True, timeout=60)
+    assert json.loads(cleaned.stdout) == {"removed": [job_id], "kept": {}} and not Path(old).exists()
 
 
 def test_a_followers_lost_reader_ends_the_follower_not_the_job() -> None:
