@@ -29,6 +29,7 @@ class Sampler:
         self.transport: nccl.Transport | None = None
         self.peaks: dict[int, int] = {}
         self.emptied = False  # an empty sample sent since the last ranks were found
+        self.scan = proctree.JobScan(job_id, node)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -39,7 +40,7 @@ class Sampler:
             wait = min(self.every, wait * 2)
 
     def sample(self) -> None:
-        trees = proctree.rank_trees(proctree.job_procs(self.job_id, self.node))
+        trees = proctree.rank_trees(self.scan.procs())
         if not trees:
             if self.rendezvous_port:
                 self.out.event(FrameKind.SAMPLE, {"t": time.time(), "ranks": [], "joined": rendezvous.joined(self.rendezvous_port)})
