@@ -17,7 +17,9 @@ For each size, with and without added latency, both tools in one round on the sa
       read as it comes). pdsh's ``-f`` is then at least the host count: it holds a session until its command
       exits, and torchruns it has not started yet would hold the started ones in their rendezvous for ever.
       The two tools alternate which goes first from round to round at each size.
-The hosts' CPU of each (``node_cpu``): what the hosts' sshd listeners reaped from the sessions of its run.
+The hosts' CPU of each (``node_cpu``): what the hosts' sshd listeners reaped from the sessions of its run. With
+``--breakdown`` the cluster's python is a wrapper that times every node process (``WRAPPER``), and each tool's hosts'
+CPU is split by process: the facts probe, the agent's own, torchrun with its rank, the end's commands, the rest (sshd).
 
 Latency: this machine's kernel has no ``sch_netem`` (``tc ... netem`` fails with "Specified qdisc kind is
 unknown"), so the delay is a forwarding proxy in the root namespace that holds every chunk of the SSH
@@ -107,6 +109,27 @@ sys.exit(code)
 RANK_LINE = re.compile(r"hello from rank (\S+)")
 # One write: under PYTHONUNBUFFERED (as launch plans it) print's pieces are separate writes, and torchrun's tee then
 # puts the rank's prefix inside the line ("hello from rank[15]:  15").
+# --breakdown: the cluster's python is this wrapper, which runs the real one and files, for every node process it
+# starts, the host, the node command (facts, agent, clean...: the argument after BOOT and its payload; torchrun's
+# module; a script's name), when it ran and the CPU it and what it waited for spent (bash's ``times``).
+WRAPPER = """#!/bin/bash
+what=python; args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    -c) what="${args[i+3]:-c}"; break ;;
+    -m) what="${args[i+1]}"; break ;;
+    -*) ;;
+    *) what="${args[i]##*/}"; break ;;
+  esac
+done
+t0=$EPOCHREALTIME
+REAL "$@"
+rc=$?
+t1=$EPOCHREALTIME
+spent=$(times | tail -n 1)
+echo "$HOSTNAME $what $t0 $t1 $spent" >> LOG
+exit $rc
+"""
 HELLO = ("import os, socket\n"
          "os.write(1, f\"hello from rank {os.environ.get('RANK')} on {socket.gethostname()}\\n\".encode())\n")
 
@@ -177,13 +200,14 @@ def proxied_files(bed: testbed.Testbed, work: Path) -> tuple[Path, Path]:
 
 # ---------------------------------------------------------------- one measurement each
 
-def cluster_yaml(bed: testbed.Testbed, n: int, work: Path, delayed: tuple[Path, Path] | None, fanout: int) -> Path:
+def cluster_yaml(bed: testbed.Testbed, n: int, work: Path, delayed: tuple[Path, Path] | None, fanout: int,
+                 python: str = PYTHON) -> Path:
     config, known = delayed or (bed.ssh_config, bed.known_hosts)
     lines = ["name: bench", "backend: ssh",
              f"ssh: {{user: root, key_file: {bed.key_file}, known_hosts: {known}, config_file: {config}, "
              f"fanout: {fanout}}}",
              "nodes:", *(f"  - {{host: {h.name}, address: {h.address}, gpus: 0}}" for h in bed.hosts[:n]),
-             f"python: {PYTHON}", f"workdir: {work}"]
+             f"python: {python}", f"workdir: {work}"]
     path = work / f"cluster-{n}-{'d' if delayed else 'n'}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -376,11 +400,13 @@ def one_round(bed: testbed.Testbed, n: int, work: Path, cluster: Path, config: P
     order = ["pdsh", "launch"] if pdsh_first else ["launch", "pdsh"]
     row: dict = {"n": n, "first": order[0], "load_before": load_avg()}
     for name in order:
-        before = node_cpu(bed)
+        before, (offset, _), t0 = node_cpu(bed), timed_procs(work, 0), time.time()
         row[name] = tools[name]()
         time.sleep(1.0)  # the sessions' sshd processes exit and are reaped
         row[name]["left"] = kill_left(bed, n)  # none, unless a run timed out or a tool leaves processes behind
         row[name]["node_cpu_s"] = node_cpu(bed) - before
+        if args.breakdown:
+            row[name]["breakdown"] = breakdown(timed_procs(work, offset)[1], row[name]["node_cpu_s"], n, t0)
     return row
 
 
@@ -395,6 +421,47 @@ def prepare_work(work: Path) -> None:
         (package / "__init__.py").write_text("")
     (fake / "run.py").write_text(FAKE_RUN)
     (work / "pdsh-run").mkdir()
+    wrapper = work / "python-timed"
+    wrapper.write_text(WRAPPER.replace("REAL", shlex.quote(PYTHON)).replace("LOG", shlex.quote(str(work / "procs.log"))))
+    wrapper.chmod(0o755)
+
+
+def timed_procs(work: Path, offset: int) -> tuple[int, list[dict]]:
+    """The node processes ``python-timed`` filed after byte ``offset`` of its log: (the log's end, each process's
+    host, command, start, end and CPU seconds with what it waited for)."""
+    try:
+        data = (work / "procs.log").read_bytes()
+    except OSError:
+        return offset, []
+    procs = []
+    for line in data[offset:].decode(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) != 6:
+            continue
+        user, system = (int(v.split("m")[0]) * 60 + float(v.split("m")[1].rstrip("s")) for v in fields[4:6])
+        procs.append({"host": fields[0], "what": fields[1], "t0": float(fields[2]), "t1": float(fields[3]),
+                      "cpu_s": user + system})
+    return len(data), procs
+
+
+def breakdown(procs: list[dict], node_cpu_s: float, n: int, t0: float) -> dict:
+    """The hosts' CPU a host by node process (an agent's own: its tree less the torchrun it waited for), the rest
+    (sshd, shells) from ``node_cpu_s``; and when each kind of process first started and last ended, from ``t0``."""
+    by: dict[str, float] = {}
+    span: dict[str, list[float]] = {}
+    for proc in procs:
+        by[proc["what"]] = by.get(proc["what"], 0.0) + proc["cpu_s"]
+        first, last = span.setdefault(proc["what"], [proc["t0"], proc["t1"]])
+        span[proc["what"]] = [min(first, proc["t0"]), max(last, proc["t1"])]
+    nested = {"hello.py", "torch.distributed.run"} if "agent" in by else {"hello.py"}  # pdsh starts torchrun itself
+    top = sum(cpu for what, cpu in by.items() if what not in nested)
+    if "agent" in by:
+        by["agent"] -= by.get("torch.distributed.run", 0.0)
+    if "torch.distributed.run" in by:
+        by["torch.distributed.run"] -= by.get("hello.py", 0.0)
+    by["sshd and the rest"] = node_cpu_s - top
+    return {"cpu_a_host_s": {what: round(cpu / n, 3) for what, cpu in by.items()},
+            "spans_s": {what: [round(a - t0, 2), round(b - t0, 2)] for what, (a, b) in span.items()}}
 
 
 def load_avg() -> str:
@@ -438,12 +505,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds at sizes below 64 (64: --rounds-64)")
     parser.add_argument("--rounds-64", type=int, default=1)
     parser.add_argument("--delay-ms", type=float, default=10.0)
+    parser.add_argument("--no-latency", action="store_true", help="only the rows without added latency")
     parser.add_argument("--fanout", type=int, default=32, help="pdsh -f (launch's default cap is 32 too)")
     parser.add_argument("--work", default="/tmp/bench-fanout")
     parser.add_argument("--profile", action="store_true", help="also run launch at the largest size under cProfile")
     parser.add_argument("--light", action="store_true", help="a torchrun stand-in that does not import torch")
     parser.add_argument("--torchrun", action="store_true",
                         help="against pdsh starting launch's planned torchrun, to every rank's line (issue 33)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="the hosts' CPU by node process (facts, agent, torchrun...): the node's python timed")
     parser.add_argument("--pdsh-timeout", type=float, default=600.0, help="with --torchrun: pdsh's run at most")
     parser.add_argument("--rendezvous-sizes", default="", help="also time bare torchrun (pdsh), static vs c10d")
     parser.add_argument("--rendezvous-timeout", type=float, default=240.0)
@@ -474,10 +544,12 @@ def main() -> int:
         proxy = start_proxy(bed, args.delay_ms)
         delayed = proxied_files(bed, work)
         ports = iter(range(29700, 29800))
-        for label, files in (("none", None), (f"{args.delay_ms:g} ms each way", delayed)):
+        passes = [("none", None), (f"{args.delay_ms:g} ms each way", delayed)]
+        for label, files in passes[:1] if args.no_latency else passes:
             config = files[0] if files else bed.ssh_config
             for n in sizes:
-                cluster = cluster_yaml(bed, n, work, files, args.fanout)
+                cluster = cluster_yaml(bed, n, work, files, args.fanout,
+                                       str(work / "python-timed") if args.breakdown else PYTHON)
                 for _ in range(args.rounds_64 if n >= 64 else args.rounds):
                     row = one_round(bed, n, work, cluster, config, args, next(ports),
                                     pdsh_first=args.torchrun and sum(r["n"] == n for r in results["rows"]) % 2 == 1)
@@ -521,6 +593,14 @@ def summarise(results: dict) -> None:
     for row in results["rows"]:
         groups.setdefault((row["delay"], row["n"]), []).append(row)
     (summarise_torchrun if results["torchrun"] else summarise_started)(groups)
+    for (delay, n), rows in groups.items():
+        for tool in ("launch", "pdsh"):
+            found = [r[tool]["breakdown"] for r in rows if "breakdown" in r[tool]]
+            if found:
+                kinds = sorted({what for b in found for what in b["cpu_a_host_s"]})
+                parts = ", ".join(f"{what} {median(b['cpu_a_host_s'].get(what, 0.0) for b in found) * 1000:.0f}"
+                                  for what in kinds)
+                print(f"{delay:>16} {n:>5} {tool}: the hosts' CPU a host by process, ms: {parts}")
 
 
 def summarise_started(groups: dict[tuple[str, int], list[dict]]) -> None:
