@@ -254,11 +254,7 @@ def test_a_run_root_another_user_made_first_no_longer_stops_a_job_which_is_taken
     bed = Bed(testbed, unix_users, slots=1)
     theirs = [Path(f"/tmp/launch-{c.uid}"), Path(f"/tmp/launch-{c.uid}-000000000000")]
     link = Path(f"/tmp/launch-{c.uid}-000000000001")
-    for path in [*theirs, *Path("/tmp").glob(f"launch-{c.uid}-*")]:  # what an earlier session's users left
-        if path.is_symlink():
-            path.unlink()
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+    _remove_run_roots(c.uid)  # what an earlier session's users left
     planted = b.python(f"import os; [os.mkdir(p, 0o700) for p in {[str(p) for p in theirs]!r}]; "
                        f"os.symlink({str(b.dir)!r}, {str(link)!r})", bed.env(b))
     try:
@@ -283,9 +279,16 @@ def test_a_run_root_another_user_made_first_no_longer_stops_a_job_which_is_taken
         assert [p.lstat().st_uid for p in [*theirs, link]] == [b.uid] * 3, "b's left as they were"
     finally:
         bed.release("c")
-        for path in theirs:
+        _remove_run_roots(c.uid)
+
+
+def _remove_run_roots(uid: int) -> None:
+    """Whatever is at the names of the run roots of ``uid`` in /tmp (``launcher/node/rundir.py``)."""
+    for path in [*Path("/tmp").glob(f"launch-{uid}"), *Path("/tmp").glob(f"launch-{uid}-*")]:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
             shutil.rmtree(path, ignore_errors=True)
-        link.unlink(missing_ok=True)
 
 
 QUICKER = """
