@@ -384,14 +384,22 @@ class Agent:
                 self._sweep()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], enter_cwd: bool = False) -> int:
     """``agent REQUEST_JSON`` (``protocol.AgentRequest``); with ``secrets_on_stdin`` the next stdin line is a JSON
-    object of secrets."""
+    object of secrets. ``enter_cwd``: the agent was started elsewhere (preflight's probe, kept) and first goes to the
+    request's ``cwd``, where a backend starts every other agent."""
     try:
         req = AgentRequest.from_json(argv[0])
     except RequestError as exc:
         print(f"launch node agent: {exc}", file=sys.stderr, flush=True)
         return 2
+    if enter_cwd and req.cwd:
+        try:
+            os.chdir(req.cwd)
+        except OSError as exc:
+            print(f"launch node agent: cannot enter the job's workdir {req.cwd}: {exc.strerror or exc}", file=sys.stderr,
+                  flush=True)
+            return 126
     secrets = json.loads(sys.stdin.readline() or "{}") if req.secrets_on_stdin else {}
     go = (lambda: sys.stdin.readline().strip() == "go") if req.lease is not None and req.lease.go_on_stdin else None
     return serve(req, Output(sys.stdout.fileno()), secrets, go)

@@ -325,12 +325,13 @@ def answer(req: FactsRequest) -> dict:
     return out
 
 
-def main(argv: list[str]) -> int:
-    """``facts REQUEST_JSON`` (``protocol.FactsRequest``); a request this node side cannot read exits 2, saying why."""
+def main(text: str) -> FactsRequest | None:
+    """``facts REQUEST_JSON`` (``protocol.FactsRequest``): the answer on stdout, and the request; None for a request
+    this node side cannot read (said on stderr)."""
     try:
-        req = FactsRequest.from_json(argv[0])
+        req = FactsRequest.from_json(text)
     except RequestError as exc:
         print(f"launch node side: facts: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return None
     print(json.dumps(answer(req)), flush=True)
-    return 0
+    return req

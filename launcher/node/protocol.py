@@ -480,7 +480,9 @@ class FactsRequest(Request):
     whether its host name resolves, with ``gpus`` its GPUs and their processes, with ``master`` its route there; a
     ``port``: free, or listened on for ``listen_s`` (``expect`` peers), or reached at ``connect`` within ``wait_s``;
     its ``kernel_log``; torch's JIT ``build_locks`` (under ``extensions_dir``, None: torch's default); the job's
-    ``container``; a ``pythons`` survey; its host's ``leases`` in the same probe."""
+    ``container``; a ``pythons`` survey; its host's ``leases`` in the same probe. With ``agent_within_s`` the probe,
+    once it has answered, waits that long for an agent request on stdin and becomes that agent (``main``): preflight's
+    interpreter starts the job, one a node instead of two."""
 
     modules: tuple[str, ...] = ()
     workdir: str | None = None
@@ -500,6 +502,7 @@ class FactsRequest(Request):
     container: ContainerCheck | None = None
     pythons: PythonsSurvey | None = None
     leases: LeaseRequest | None = None
+    agent_within_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -496,3 +496,42 @@ def test_the_unattended_watchdog_times_contact_on_the_monotonic_clock_whatever_t
     assert _eventually(lambda: ended == ["unattended"], timeout=5.0), "the reader gone, the job was never ended"
     relayed.set()
     watchdog.join(5)
+
+
+def _held_probe(job_id: str) -> subprocess.Popen:
+    """Preflight's facts probe told to become the agent (``agent_within_s``), run as the SSH backend runs it: through
+    bash, tagged with the job, not in the workdir."""
+    command = render_command(node_argv(sys.executable, "facts", {"modules": ["json"], "agent_within_s": 60.0}),
+                             {"LAUNCH_JOB_ID": job_id, "LAUNCH_NODE": "1"}, replace_shell=False)
+    return subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd="/")
+
+
+def test_preflights_probe_answers_then_becomes_the_agent_in_the_jobs_workdir(tmp_path: Path) -> None:
+    job_id = _job_id()
+    probe = _held_probe(job_id)
+    assert probe.stdout is not None and probe.stdin is not None
+    assert json.loads(probe.stdout.readline())["missing"] == [], "the facts answer first"
+    parent_cwd = ("import os; parent = os.getppid(); grandparent = open(f'/proc/{parent}/stat').read().rsplit(')', 1)[1].split()[1]; "
+                  "print('agent in', os.readlink(f'/proc/{parent}/cwd'), parent, 'under', grandparent, flush=True)")
+    request = {"job_id": job_id, "node": 1, "argv": [sys.executable, "-c", parent_cwd], "cwd": str(tmp_path),
+               "env": {"LAUNCH_JOB_ID": job_id, "LAUNCH_NODE": "1"}, "secrets_on_stdin": True, "grace": 1.0}
+    out, _ = probe.communicate(json.dumps(request).encode() + b"\n{}\n", timeout=60)
+    lines = out.decode().splitlines()
+    assert probe.returncode == 0, lines
+    [started] = frames(lines, "started")
+    assert f"agent in {tmp_path} {started['pid']} under {probe.pid}" in output_texts(lines), \
+        "the probe's own interpreter (bash's one child) ran it, from the workdir"
+    assert frames(lines, "exit") == [{"code": 0}]
+
+
+def test_a_probe_told_nothing_exits_having_started_nothing_and_one_sent_to_a_missing_workdir_says_so(tmp_path: Path) -> None:
+    probe = _held_probe(_job_id())
+    out, _ = probe.communicate(b"", timeout=60)
+    assert probe.returncode == 0 and len(out.decode().splitlines()) == 1, "the answer, then nothing"
+    job_id = _job_id()
+    probe = _held_probe(job_id)
+    request = {"job_id": job_id, "node": 1, "argv": ["true"], "cwd": str(tmp_path / "gone")}
+    out, _ = probe.communicate(json.dumps(request).encode() + b"\n", timeout=60)
+    assert probe.returncode == 126
+    assert f"launch node agent: cannot enter the job's workdir {tmp_path / 'gone'}: No such file or directory" in out.decode()

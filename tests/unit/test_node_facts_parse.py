@@ -204,13 +204,13 @@ def test_an_ssh_host_whose_answer_does_not_parse_is_one_problem_of_that_host() -
     backend.cluster = cluster
     backend._pool = SimpleNamespace(get=lambda target, on_peer=None: SimpleNamespace(peer_address=lambda: "10.0.0.2"))
     backend.targets = [SimpleNamespace(alias=f"gpu-0{i}") for i in range(plan.nnodes)]
-    backend.node_command = lambda *args, **kwargs: ({"hcas": "mlx5_0", "dev": "ib0"}, None)
+    backend._held_probe = lambda *args, **kwargs: ({"hcas": "mlx5_0", "dev": "ib0"}, None)  # the job starts at once
     master: Future = Future()
     master.set_result("10.0.0.1")
     address, network, problems, facts = backend._check(plan, 1, cluster.nodes[1], master)
     assert problems == ["gpu-01: malformed facts answer: hcas: Input should be a valid list"]
     assert facts == NodeFacts() and network.interface == ""
-    backend.node_command = lambda *args, **kwargs: ({"hcas": ["mlx5_0"], "dev": "ib0"}, None)
+    backend._held_probe = lambda *args, **kwargs: ({"hcas": ["mlx5_0"], "dev": "ib0"}, None)
     address, network, problems, facts = backend._check(plan, 1, cluster.nodes[1], master)
     assert network.interface == "ib0" and network.ib_hcas == ("mlx5_0",) and facts.dev == "ib0"
 

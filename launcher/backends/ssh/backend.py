@@ -8,13 +8,17 @@ travel on the channel's stdin, never on a command line. The agent starts the nod
 lines; ``follow`` reads them again over a new channel from the line the supervisor had (the
 supervisor decides, on evidence, when a node out of contact is lost: ``launcher.run.contact``);
 ``terminate`` signals the agent by PID and start time; the sweep ends whatever is still tagged. One connection per host serves the whole submit:
-preflight, the version comparison, sync, setup, start and watch.
+preflight, the version comparison, sync, setup, start and watch. Preflight's facts probe of a job that starts at once
+stays on its channel (``HeldProbe``) and becomes the node's agent when ``start`` sends the request there: one
+interpreter a node, not two (about 50 ms of a host's CPU, issue 33); a later start (a restart) starts a new agent.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import ClassVar
@@ -29,14 +33,14 @@ from launcher.backends.failures import LOST_NODE_EXIT
 from launcher.backends.follow import FollowHandle, follow_request, whole_lines
 from launcher.backends.nodechecks import FACTS_TIMEOUT_S, facts_request, node_problems, parse_facts
 from launcher.backends.ssh import sync
-from launcher.backends.ssh.connection import CONNECTION_ERRORS, Pool, error_text, fan_out
+from launcher.backends.ssh.connection import CONNECTION_ERRORS, Connection, Pool, error_text, fan_out
 from launcher.backends.ssh.hostkeys import HostKeyError
 from launcher.backends.ssh.planning import SSHPlanning
 from launcher.backends.ssh.settings import SSHSettings
 from launcher.backends.ssh.spec import SSHCluster
 from launcher.backends.stopping import term_then_kill
 from launcher.errors import LaunchError, NodeStartError
-from launcher.node.protocol import Frame, FrameKind, Request, SignalRequest, early_output, parse
+from launcher.node.protocol import FactsRequest, Frame, FrameKind, Request, SignalRequest, early_output, parse
 from launcher.node.ship import node_argv
 from launcher.plan.netenv import AUTO, NodeNetwork
 from launcher.plan.planner import NodePlan, Plan
@@ -46,19 +50,36 @@ from launcher.spec.cluster import NodeSpec
 START_TIMEOUT_S = 30.0
 CLEANUP_CONNECT_S = 1.0
 EXIT_STATUS_WAIT_S = 2.0
+HOLD_S = 600.0  # how long preflight's probe waits to become the node's agent (then it exits, having started nothing)
+HOLD_MARGIN_S = 60.0  # a probe kept longer than HOLD_S less this is not used: a new agent starts instead
+
+
+@dataclasses.dataclass
+class HeldProbe:
+    """Preflight's facts probe of one node, kept on its channel to become the node's agent (``agent_within_s``)."""
+
+    channel: paramiko.Channel
+    lines: Iterator[str]  # its output after the facts answer (the agent's, once it has its request)
+    key: tuple[str, str]  # the interpreter and job it runs: it serves only a start of the same
+    since: float  # monotonic
+
+    def usable(self, key: tuple[str, str]) -> bool:
+        return (key == self.key and time.monotonic() - self.since < HOLD_S - HOLD_MARGIN_S
+                and not self.channel.closed and not self.channel.exit_status_ready())
 
 
 class SSHNode(NodeHandle):
     """One node agent, followed over its SSH channel; ``generation``: its supervisor's (for its signals)."""
 
-    def __init__(self, index: int, backend: SSHBackend, plan: Plan, channel: paramiko.Channel, generation: int) -> None:
+    def __init__(self, index: int, backend: SSHBackend, plan: Plan, channel: paramiko.Channel, generation: int,
+                 stream: Iterator[str] | None = None) -> None:
         self.index = index
         self._backend = backend
         self._plan = plan
         self._generation = generation
         self._channel = channel
         self._host = backend.targets[index].alias
-        self._stream = _channel_lines(channel)
+        self._stream = stream if stream is not None else _channel_lines(channel)
         self._early: list[str] = []
         self.start_ticks: int | None = None
 
@@ -171,6 +192,7 @@ class SSHBackend(Backend[SSHCluster]):
         self._pool = Pool(settings, cluster.ssh.connect_timeout)
         self._unreachable: set[int] = set()
         self._guard = threading.Lock()
+        self._held: dict[int, HeldProbe] = {}  # node index -> preflight's probe, to become its agent
 
     @property
     def pool(self) -> Pool:
@@ -233,9 +255,13 @@ class SSHBackend(Backend[SSHCluster]):
         )
         wanted = leasing.preflight_request(self, plan, index)  # who holds what the job needs here, in the same probe
         workdir = None if self.cluster.sync_workdir else request.workdir  # made by the sync at start
-        request = dataclasses.replace(request, workdir=workdir, leases=wanted)
+        hold = plan.queue != "wait"  # the agents start right after preflight (not after a wait for the leases)
+        request = dataclasses.replace(request, workdir=workdir, leases=wanted, agent_within_s=HOLD_S if hold else None)
         host = self.targets[index].alias
-        answer, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
+        if hold:
+            answer, error = self._held_probe(plan, index, conn, request)
+        else:
+            answer, error = self.node_command(plan, index, "facts", request, timeout=FACTS_TIMEOUT_S)
         if answer is None:
             missing = error and ("not found" in error or "No such file" in error)
             why = (f"python interpreter '{plan.python}' not found (cluster.yaml python)" if missing
@@ -249,6 +275,42 @@ class SSHBackend(Backend[SSHCluster]):
         if not problems and wanted:
             problems = leasing.preflight_problems(host, plan, answer)
         return address, network, problems, facts
+
+    def _held_probe(self, plan: Plan, index: int, conn: Connection, request: FactsRequest) -> tuple[dict | None, str | None]:
+        """Run the facts probe on a channel of its own that stays open once it answered (its stderr merged, as an
+        agent's is), kept in ``_held`` to become the node's agent; (its answer, None) or (None, why not)."""
+        host = self.targets[index].alias
+        tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(index)}  # the agent it may become is the job's
+        argv = node_argv(plan.python, "facts", request)
+        seen: list[str] = []
+        try:
+            channel = conn.exec(render_command(argv, tag, replace_shell=False), combine=True)
+        except CONNECTION_ERRORS as exc:
+            return None, f"{host}: connection lost: {exc}"
+        since, lines = time.monotonic(), _channel_lines(channel)
+        channel.settimeout(FACTS_TIMEOUT_S)
+        try:
+            for line in lines:
+                if not line.startswith("{"):
+                    seen.append(line)
+                    continue
+                answer = json.loads(line)
+                channel.settimeout(None)
+                with self._guard:
+                    self._held[index] = HeldProbe(channel, lines, (plan.python, plan.job_id), since)
+                return answer, None
+        except TimeoutError:
+            channel.close()
+            return None, f"{host}: `{argv[0]}` did not answer within {FACTS_TIMEOUT_S:.0f} s"
+        except CONNECTION_ERRORS as exc:
+            channel.close()
+            return None, f"{host}: connection lost: {exc}"
+        except ValueError:
+            channel.close()
+            return None, f"unreadable answer: {line[:200]}"
+        channel.status_event.wait(EXIT_STATUS_WAIT_S)
+        channel.close()
+        return None, "\n".join(seen).strip()[-300:] or f"exit {channel.exit_status}"
 
     def start(self, plan: Plan, context: StartContext) -> tuple[Plan, Sequence[SSHNode]]:
         """Sync and set up every node (once, all in parallel), then start every agent in parallel once they all
@@ -266,13 +328,21 @@ class SSHBackend(Backend[SSHCluster]):
 
         def lease_one(node: NodePlan) -> SSHNode:
             context.stage(Stage.START, node.index, node.host, StageState.RUNNING)
-            conn = self._pool.get(self.targets[node.index])
-            tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
             start = agent_start(plan, node, context.grace, context.secrets, leasing.agent_lease(self, plan, node),
                                 context.generation, context.record)
-            channel = conn.exec(render_command(start.argv, tag, node.cwd, replace_shell=False), combine=True)
+            with self._guard:
+                held = self._held.pop(node.index, None)
+            if held is not None and held.usable((plan.python, plan.job_id)):
+                channel, stream = held.channel, held.lines  # preflight's probe reads the request and becomes the agent
+            else:
+                if held is not None:
+                    held.channel.close()
+                conn = self._pool.get(self.targets[node.index])
+                tag = {"LAUNCH_JOB_ID": plan.job_id, "LAUNCH_NODE": str(node.index)}
+                channel = conn.exec(render_command(start.argv, tag, node.cwd, replace_shell=False), combine=True)
+                stream = None
             channel.sendall(start.stdin)
-            handle = SSHNode(node.index, self, plan, channel, context.generation)
+            handle = SSHNode(node.index, self, plan, channel, context.generation, stream)
             handle.wait_leased(START_TIMEOUT_S)
             return handle
 
@@ -389,5 +459,9 @@ class SSHBackend(Backend[SSHCluster]):
         return CommandResult(result.code, result.out, result.err)
 
     def close(self) -> None:
-        """Close every SSH connection."""
+        """Close every SSH connection (a probe kept and never told to start reads the end of its stdin and exits)."""
+        with self._guard:
+            held, self._held = self._held, {}
+        for probe in held.values():
+            probe.channel.close()
         self._pool.close()
