@@ -116,18 +116,24 @@ WRAPPER = """#!/bin/bash
 what=python; args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
-    -c) what="${args[i+3]:-c}"; break ;;
+    -c) case "${args[i+1]}" in
+          *launch_node*) what="${args[i+3]}" ;;
+          *torch.distributed.run*) what=torch.distributed.run ;;
+          *) what=c ;;
+        esac; break ;;
     -m) what="${args[i+1]}"; break ;;
     -*) ;;
     *) what="${args[i]##*/}"; break ;;
   esac
 done
 t0=$EPOCHREALTIME
-REAL "$@"
+@REAL@ "$@"
 rc=$?
 t1=$EPOCHREALTIME
-spent=$(times | tail -n 1)
-echo "$HOSTNAME $what $t0 $t1 $spent" >> LOG
+times > @LOG@.$$
+read -r user system < <(tail -n 1 @LOG@.$$)
+rm -f @LOG@.$$
+echo "$HOSTNAME $what $t0 $t1 $user $system" >> @LOG@
 exit $rc
 """
 HELLO = ("import os, socket\n"
@@ -422,7 +428,7 @@ def prepare_work(work: Path) -> None:
     (fake / "run.py").write_text(FAKE_RUN)
     (work / "pdsh-run").mkdir()
     wrapper = work / "python-timed"
-    wrapper.write_text(WRAPPER.replace("REAL", shlex.quote(PYTHON)).replace("LOG", shlex.quote(str(work / "procs.log"))))
+    wrapper.write_text(WRAPPER.replace("@REAL@", shlex.quote(PYTHON)).replace("@LOG@", shlex.quote(str(work / "procs.log"))))
     wrapper.chmod(0o755)
 
 
@@ -445,20 +451,24 @@ def timed_procs(work: Path, offset: int) -> tuple[int, list[dict]]:
 
 
 def breakdown(procs: list[dict], node_cpu_s: float, n: int, t0: float) -> dict:
-    """The hosts' CPU a host by node process (an agent's own: its tree less the torchrun it waited for), the rest
-    (sshd, shells) from ``node_cpu_s``; and when each kind of process first started and last ended, from ``t0``."""
+    """The hosts' CPU a host by node process, each one's own (less what ran within it on its host: an agent's
+    torchrun, a torchrun's rank; a facts probe that became the agent is ``facts+agent``), the rest (sshd, shells)
+    from ``node_cpu_s``; and when each kind of process first started and last ended, from ``t0``."""
     by: dict[str, float] = {}
     span: dict[str, list[float]] = {}
+    top = 0.0
     for proc in procs:
-        by[proc["what"]] = by.get(proc["what"], 0.0) + proc["cpu_s"]
-        first, last = span.setdefault(proc["what"], [proc["t0"], proc["t1"]])
-        span[proc["what"]] = [min(first, proc["t0"]), max(last, proc["t1"])]
-    nested = {"hello.py", "torch.distributed.run"} if "agent" in by else {"hello.py"}  # pdsh starts torchrun itself
-    top = sum(cpu for what, cpu in by.items() if what not in nested)
-    if "agent" in by:
-        by["agent"] -= by.get("torch.distributed.run", 0.0)
-    if "torch.distributed.run" in by:
-        by["torch.distributed.run"] -= by.get("hello.py", 0.0)
+        outer = [o for o in procs if o is not proc and o["host"] == proc["host"] and o["t0"] < proc["t0"]
+                 and proc["t1"] <= o["t1"]]
+        inner = [i for i in procs if i is not proc and i["host"] == proc["host"] and proc["t0"] < i["t0"]
+                 and i["t1"] <= proc["t1"] and not any(proc["t0"] < o["t0"] and o["t1"] <= proc["t1"] and
+                                                       o["t0"] < i["t0"] for o in procs if o["host"] == proc["host"]
+                                                       and o is not i and o is not proc and i["t1"] <= o["t1"])]
+        what = "facts+agent" if proc["what"] == "facts" and inner else proc["what"]
+        by[what] = by.get(what, 0.0) + proc["cpu_s"] - sum(i["cpu_s"] for i in inner)
+        top += 0.0 if outer else proc["cpu_s"]
+        first, last = span.setdefault(what, [proc["t0"], proc["t1"]])
+        span[what] = [min(first, proc["t0"]), max(last, proc["t1"])]
     by["sshd and the rest"] = node_cpu_s - top
     return {"cpu_a_host_s": {what: round(cpu / n, 3) for what, cpu in by.items()},
             "spans_s": {what: [round(a - t0, 2), round(b - t0, 2)] for what, (a, b) in span.items()}}
