@@ -12,8 +12,9 @@ a Python 3.10+; a ``launcher`` the node may have installed is left alone. BOOT f
 (``''``, first on ``sys.path`` under ``-c``) off the path (``safepath``): the agent starts in the job's workdir, where
 a co-tenant's ``json.py`` would otherwise run as the job's user (the ranks' own program still sees its directory). Every command but ``facts`` and ``slurm``
 (which read the job interpreter's installed packages) uses the standard library alone and starts without ``site``
-(``-S``): in a virtualenv, site's processing of its .pth files was about 25 ms of CPU a start, and every node of
-every job starts two such commands (agent, follow) beside its facts probe.
+(``-S``): in a virtualenv, site's processing of its .pth files was about 25 ms of CPU a start. Over SSH, the facts
+probe of a job that starts at once becomes the node's agent (``FactsRequest.agent_within_s``): one interpreter, with
+site, starts the job on each node.
 """
 
 from __future__ import annotations
