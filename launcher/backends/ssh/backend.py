@@ -10,7 +10,7 @@ supervisor decides, on evidence, when a node out of contact is lost: ``launcher.
 ``terminate`` signals the agent by PID and start time; the sweep ends whatever is still tagged. One connection per host serves the whole submit:
 preflight, the version comparison, sync, setup, start and watch. Preflight's facts probe of a job that starts at once
 stays on its channel (``HeldProbe``) and becomes the node's agent when ``start`` sends the request there: one
-interpreter a node, not two (about 50 ms of a host's CPU, issue 33); a later start (a restart) starts a new agent.
+interpreter a node, not two (about 90 ms of a host's CPU, issue 33); a later start (a restart) starts a new agent.
 """
 
 from __future__ import annotations
