@@ -173,7 +173,6 @@ class NodeWatcher:
         self._samples: dict[int, ProcessSample] = {}
         self._program_logged: dict[int, dict[str, float]] = {}  # a rank's numbers from its latest Trainer-style log line
         self._agent_exit: int | None = None
-        self._caught_up = False  # the journal of an agent that exited was read once more, to its end
         self._recorded: failures.RecordedError | None = None
         self._reported: int | None = None
         self._barrier = ExitBarrierTrace()
@@ -223,13 +222,12 @@ class NodeWatcher:
                 self.fenced = self.fenced or handle.fenced
                 if self.fenced is not None:  # a newer supervisor took the job: its loop stops this one
                     return
-                if self._follow is None or self._stop.is_set() or self._caught_up:
+                if self._follow is None or self._stop.is_set():
                     return
                 if handle.poll() is not None:  # the agent exited: its stream is whole once it brought the @exit
-                    if self._agent_exit is not None or not self._catch_up():
-                        return
-                    handle = self.handle
-                    continue
+                    if self._agent_exit is None:
+                        self._catch_up(log)
+                    return
                 prior = self._after_try
                 error = handle.error or "the stream ended without the agent's exit"
                 with self._lock:  # a try that connected but brought nothing counts as a failed one
@@ -274,18 +272,19 @@ class NodeWatcher:
             self._relay.note(f"node {self.handle.index}: reading its output failed: {exc!r}")
         return got
 
-    def _catch_up(self) -> bool:
-        """Follow the journal of an agent that exited before its stream brought its ``@exit`` (its stdout gave up on a
-        reader that stopped taking lines, a paused supervisor): once, from ``count``, to its end. Whether it could."""
+    def _catch_up(self, log: CappedLog | None) -> None:
+        """Read the journal of an agent that exited before its stream brought its ``@exit`` (its stdout gave up on a
+        reader that stopped taking lines, a paused supervisor), from ``count`` to its end (its ``@exit``, or ``@lost``
+        for an agent killed before writing one). Only its lines: how the node ended is still its own handle's word."""
         assert self._follow is not None
-        self._caught_up = True
         try:
-            self.handle = self._follow(self.handle.index, self.count, self.agent)
+            followed = self._follow(self.handle.index, self.count, self.agent)
         except Exception as exc:  # noqa: BLE001 - its lines after ``count`` stay in its journal (``launch attach``)
             self._relay.note(f"node {self.handle.index}: its agent exited before its last lines came, and its journal "
                              f"could not be read after line {self.count}: {exc}")
-            return False
-        return True
+            return
+        self._read(followed, log)
+        self._mark()
 
     def _again(self) -> NodeHandle | None:
         """Follow the node's journal again from ``count``, pacing the tries; None once given up."""
