@@ -4,7 +4,7 @@ LAUNCH := $(VENV)/bin/launch
 export LAUNCH_HOME ?= $(HOME)/.launch
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: demo test lint ops setup setup-test
+.PHONY: demo test lint ops bytecode setup setup-test
 
 setup:
 	@scripts/setup.sh
@@ -21,10 +21,7 @@ demo: setup
 # and a module whose fixture runs jobs on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 test: setup-test
-	@$(MAKE) --no-print-directory -j2 lint ops
-	@# The suite starts the CLI, supervisors and agents thousands of times: where PYTHONDONTWRITEBYTECODE is set
-	@# (CI's machines) each start compiled launcher's modules again, about 0.15 s of CPU, unless compiled here once.
-	@$(VENV)/bin/python -m compileall -q launcher tests tools >/dev/null
+	@$(MAKE) --no-print-directory -j3 lint ops bytecode
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The checkers (rules and reasons in pyproject.toml): ruff, then mypy at the Python floor.
@@ -37,3 +34,14 @@ lint: setup-test
 # first one waiting on torch's build lock; a lock file an interrupted build left is removed). About 1.5 min of CPU.
 ops: setup-test
 	@$(VENV)/bin/python -c "from tests.helpers import build_deepspeed_ops_before_the_suite as build; build()"
+
+# Where PYTHONDONTWRITEBYTECODE is set (CI's machines) every process compiles again the modules it imports from
+# source, and the suite starts thousands: bytecode written here once, while the checkers run, for launcher's modules
+# (each CLI, supervisor or agent start: about 0.15 s of CPU), the test modules as pytest rewrites their asserts
+# (every xdist worker rewrote all of them: 13.6 s of CPU to collect the suite, 5 s with them written) and what
+# the ranks import that the install left uncompiled (transformers, Lightning, DeepSpeed, Accelerate: 1.4-3.5 s a process).
+bytecode: setup-test
+	@$(VENV)/bin/python -m compileall -q launcher tests tools >/dev/null
+	@PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest -q -p no:cacheprovider --collect-only >/dev/null
+	@PYTHONDONTWRITEBYTECODE= DS_ACCELERATOR=cpu $(VENV)/bin/python -c "import accelerate, deepspeed, lightning, transformers; \
+		from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, GPT2LMHeadModel, Trainer, TrainingArguments"
