@@ -16,10 +16,12 @@ demo: setup
 	$(LAUNCH) submit jobs/cifar10_convnet.yaml
 	$(LAUNCH) status --last
 
-# Three pytest workers (pytest-xdist) share the machine's two cores (the bed tests wait more than they compute);
-# tests that need the machine-wide beds (namespaced hosts, Slurm, Ray, podman) run by bed, each bed on one worker,
-# and a module whose fixture runs jobs on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 3
+# Four pytest workers (pytest-xdist) share the machine's two cores: the suite waits more than it computes (three
+# workers kept them about half busy: 22 CPU-minutes in a 26-minute run), and the wall time is the work over the
+# workers once no bed's tests alone take longer (each bed's are about a quarter of the work); tests that need the
+# machine-wide beds (namespaced hosts, Slurm, Ray, podman) run by bed, each bed on one worker, and a module whose
+# fixture runs jobs on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 4
 test: setup-test
 	@$(MAKE) --no-print-directory -j3 lint ops bytecode
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) $(PYTEST_ARGS)

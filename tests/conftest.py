@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# Under pytest-xdist (make test: three workers) every test that needs something the machine holds once runs on
+# Under pytest-xdist (make test: four workers) every test that needs something the machine holds once runs on
 # the worker that holds it: a test bed (tests/testbed_fixture.py: bed "a" or "b", by module, with Slurm, Ray and
 # the Unix users on theirs) or podman's image store (its modules are bed "a"'s).
 BED_FIXTURES = frozenset({"testbed", "testbeds", "slurm", "slurm_cluster", "ray_cluster", "unix_users"})
@@ -77,7 +77,7 @@ SHARED_FIXTURE_MODULES = frozenset({"test_observed_programs", "test_strategies",
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist (make test: three workers) sends every test of a bed's modules to one worker, and every test of a
+    """xdist (make test: four workers) sends every test of a bed's modules to one worker, and every test of a
     SHARED_FIXTURE_MODULES module to one, the other tests one by one: a bed or a module's jobs are made once.
     (xdist's own loadgroup cannot do it under pytest 9: the group it writes into a test's id does not reach the
     scheduler.)"""
